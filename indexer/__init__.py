@@ -1,0 +1,1 @@
+"""Offline indexer: load -> chunk -> embed -> index -> verify -> publish."""

@@ -1,0 +1,67 @@
+"""One Deadline per request: the retrieval budget and the client's deadline, in one object."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+class Deadline:
+    """Tracks the retrieval+rerank budget and the caller's overall deadline.
+
+    Every stage asks it how much time is left instead of keeping its own timeout.
+    `clock` returns seconds (monotonic); tests pass a fake clock.
+    """
+
+    __slots__ = ("_budget_end", "_client_end", "_clock", "_start")
+
+    def __init__(
+        self,
+        budget_ms: float,
+        client_timeout_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
+        self._start = clock()
+        self._budget_end = self._start + budget_ms / 1000.0
+        self._client_end = None if client_timeout_s is None else self._start + client_timeout_s
+
+    def elapsed_ms(self) -> float:
+        return (self._clock() - self._start) * 1000.0
+
+    def budget_left_ms(self) -> float:
+        """Time left for retrieval+rerank, never beyond the client's deadline."""
+        end = self._budget_end
+        if self._client_end is not None:
+            end = min(end, self._client_end)
+        return max(0.0, (end - self._clock()) * 1000.0)
+
+    def client_left_s(self) -> float | None:
+        """Seconds until the caller's deadline, or None when the caller set none."""
+        if self._client_end is None:
+            return None
+        return max(0.0, self._client_end - self._clock())
+
+    def client_expired(self) -> bool:
+        return self._client_end is not None and self._clock() >= self._client_end
+
+    def budget_exhausted(self) -> bool:
+        return self.budget_left_ms() <= 0.0
+
+
+class StageTimer:
+    """Context manager that measures one stage once, in milliseconds."""
+
+    __slots__ = ("_clock", "_t0", "ms")
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._t0 = 0.0
+        self.ms = 0.0
+
+    def __enter__(self) -> StageTimer:
+        self._t0 = self._clock()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.ms = (self._clock() - self._t0) * 1000.0

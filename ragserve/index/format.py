@@ -1,0 +1,155 @@
+"""The on-disk index format: versioned folders, a manifest with checksums, atomic publish.
+
+Layout of an index root:
+
+    <root>/CURRENT        symlink to the published version folder (replaced atomically)
+    <root>/v000003/       manifest.json, hnsw.bin, chunks.jsonl
+    <root>/.build-*/      a build in progress (ignored; removed by the next build)
+
+A reader resolves CURRENT once and then only touches that folder, so a publish never changes
+files under a running server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ragserve.errors import IndexLoadError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+CURRENT = "CURRENT"
+HNSW_FILE = "hnsw.bin"
+CHUNKS_FILE = "chunks.jsonl"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    version: int
+    embedder_id: str
+    dim: int
+    count: int
+    files: dict[str, str]  # file name -> sha256 hex
+    space: str = "cosine"
+    hnsw: dict[str, int] = field(default_factory=dict)
+    chunking: dict[str, Any] = field(default_factory=dict)
+    documents: int = 0
+    created_at: str = ""
+    format: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("manifest is not a JSON object")
+        if data.get("format") != FORMAT_VERSION:
+            raise ValueError(f"unsupported index format {data.get('format')!r}")
+        return cls(**data)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def version_dir_name(version: int) -> str:
+    return f"v{version:06d}"
+
+
+def resolve_current(root: Path) -> Path:
+    """The published version folder of an index root (or `root` itself if it is a version folder)."""
+    if (root / MANIFEST).is_file():
+        return root
+    link = root / CURRENT
+    if not link.exists():
+        raise IndexLoadError(f"no published index at {root} (missing {CURRENT}); run the indexer first")
+    return link.resolve()
+
+
+def read_verified_manifest(folder: Path) -> Manifest:
+    """Read the manifest and check every listed file against its checksum."""
+    try:
+        manifest = Manifest.from_json((folder / MANIFEST).read_text())
+    except FileNotFoundError as exc:
+        raise IndexLoadError(f"index at {folder} has no {MANIFEST}") from exc
+    except (ValueError, TypeError) as exc:
+        raise IndexLoadError(f"index manifest at {folder} is corrupt: {exc}") from exc
+    for name, expected in manifest.files.items():
+        path = folder / name
+        if not path.is_file():
+            raise IndexLoadError(f"index file {path} is missing")
+        actual = sha256_file(path)
+        if actual != expected:
+            raise IndexLoadError(f"index file {path} fails its checksum (corrupt or truncated)")
+    return manifest
+
+
+def latest_version(root: Path) -> int:
+    try:
+        return read_verified_manifest(resolve_current(root)).version
+    except IndexLoadError:
+        versions = [int(p.name[1:]) for p in root.glob("v[0-9]*") if p.name[1:].isdigit()]
+        return max(versions, default=0)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in folder.iterdir():
+        if path.is_file():
+            with path.open("rb") as handle:
+                os.fsync(handle.fileno())
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def new_build_dir(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    # Leftovers of killed builds are never published; clear them.
+    for stale in root.glob(".build-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    build = root / f".build-{os.getpid()}"
+    build.mkdir()
+    return build
+
+
+def publish(root: Path, build: Path, manifest: Manifest, keep: int = 2) -> Path:
+    """Write the manifest, fsync, move the build into place and flip CURRENT atomically."""
+    (build / MANIFEST).write_text(manifest.to_json())
+    _fsync_tree(build)
+    final = root / version_dir_name(manifest.version)
+    if final.exists():
+        shutil.rmtree(final)
+    build.rename(final)
+    tmp_link = root / f".{CURRENT}.tmp"
+    if tmp_link.is_symlink() or tmp_link.exists():
+        tmp_link.unlink()
+    tmp_link.symlink_to(final.name)
+    os.replace(tmp_link, root / CURRENT)
+    _fsync_dir(root)
+    _prune(root, keep=keep, current=final)
+    return final
+
+
+def _prune(root: Path, keep: int, current: Path) -> None:
+    versions = sorted(p for p in root.glob("v[0-9]*") if p.is_dir())
+    for old in versions[:-keep]:
+        if old != current:
+            shutil.rmtree(old, ignore_errors=True)

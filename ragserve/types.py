@@ -1,0 +1,116 @@
+"""Domain values shared by the pipeline, the backends and the protocol adapters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A piece of a source document, as stored in the docstore."""
+
+    chunk_id: str
+    doc_id: str
+    text: str
+    title: str = ""
+    source: str = ""
+    start: int = 0
+    end: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Passage:
+    """A retrieved chunk with its score, in the order it is given to the prompt."""
+
+    chunk: Chunk
+    score: float
+    rank: int = 0
+
+
+@dataclass(slots=True)
+class StageTimings:
+    """Milliseconds per stage, each recorded once and reused for responses, metrics and logs."""
+
+    embed_ms: float = 0.0
+    search_ms: float = 0.0
+    rerank_ms: float = 0.0
+    retrieval_total_ms: float = 0.0
+    prompt_ms: float = 0.0
+    ttft_ms: float = 0.0
+    generation_ms: float = 0.0
+    total_ms: float = 0.0
+    time_per_output_token_ms: float = 0.0
+
+
+@dataclass(slots=True)
+class Degraded:
+    """What was cut short to hold the budget; a degraded request still succeeds."""
+
+    budget_exhausted: bool = False
+    search_truncated: bool = False
+    rerank_skipped: bool = False
+    rerank_truncated: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+@dataclass(frozen=True, slots=True)
+class RetrieveParams:
+    """A validated retrieval request."""
+
+    query: str
+    top_k: int
+    budget_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateParams:
+    """A validated generation request."""
+
+    max_tokens: int
+    temperature: float
+
+
+@dataclass(slots=True)
+class RetrievalResult:
+    passages: list[Passage]
+    timings: StageTimings
+    degraded: Degraded
+    index_version: str
+    rerank_tiers: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    prefix_cache_hit_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationChunk:
+    """One step of a generator stream: new text and, on the last step, usage and finish reason."""
+
+    text: str
+    finished: bool = False
+    finish_reason: str = ""
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FinalSummary:
+    usage: Usage
+    timings: StageTimings
+    degraded: Degraded
+    finish_reason: str
+    generator_model: str
+
+
+QueryEvent = RetrievalResult | TokenDelta | FinalSummary

@@ -1,0 +1,171 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RetrieveRequest(_message.Message):
+    __slots__ = ("query", "top_k", "budget_ms")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    top_k: int
+    budget_ms: int
+    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ...) -> None: ...
+
+class Passage(_message.Message):
+    __slots__ = ("doc_id", "chunk_id", "text", "score", "title", "rank")
+    DOC_ID_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    doc_id: str
+    chunk_id: str
+    text: str
+    score: float
+    title: str
+    rank: int
+    def __init__(self, doc_id: _Optional[str] = ..., chunk_id: _Optional[str] = ..., text: _Optional[str] = ..., score: _Optional[float] = ..., title: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
+
+class StageTimings(_message.Message):
+    __slots__ = ("embed_ms", "search_ms", "rerank_ms", "retrieval_total_ms", "prompt_ms", "ttft_ms", "generation_ms", "total_ms", "time_per_output_token_ms")
+    EMBED_MS_FIELD_NUMBER: _ClassVar[int]
+    SEARCH_MS_FIELD_NUMBER: _ClassVar[int]
+    RERANK_MS_FIELD_NUMBER: _ClassVar[int]
+    RETRIEVAL_TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_MS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_MS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+    TIME_PER_OUTPUT_TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
+    embed_ms: float
+    search_ms: float
+    rerank_ms: float
+    retrieval_total_ms: float
+    prompt_ms: float
+    ttft_ms: float
+    generation_ms: float
+    total_ms: float
+    time_per_output_token_ms: float
+    def __init__(self, embed_ms: _Optional[float] = ..., search_ms: _Optional[float] = ..., rerank_ms: _Optional[float] = ..., retrieval_total_ms: _Optional[float] = ..., prompt_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., generation_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., time_per_output_token_ms: _Optional[float] = ...) -> None: ...
+
+class DegradedFlags(_message.Message):
+    __slots__ = ("budget_exhausted", "search_truncated", "rerank_skipped", "rerank_truncated", "notes")
+    BUDGET_EXHAUSTED_FIELD_NUMBER: _ClassVar[int]
+    SEARCH_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    RERANK_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    RERANK_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    budget_exhausted: bool
+    search_truncated: bool
+    rerank_skipped: bool
+    rerank_truncated: bool
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, budget_exhausted: _Optional[bool] = ..., search_truncated: _Optional[bool] = ..., rerank_skipped: _Optional[bool] = ..., rerank_truncated: _Optional[bool] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RetrieveResponse(_message.Message):
+    __slots__ = ("passages", "timings", "degraded", "index_version", "rerank_tiers")
+    PASSAGES_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    INDEX_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RERANK_TIERS_FIELD_NUMBER: _ClassVar[int]
+    passages: _containers.RepeatedCompositeFieldContainer[Passage]
+    timings: StageTimings
+    degraded: DegradedFlags
+    index_version: str
+    rerank_tiers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., index_version: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class QueryRequest(_message.Message):
+    __slots__ = ("query", "top_k", "budget_ms", "max_tokens", "temperature")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    top_k: int
+    budget_ms: int
+    max_tokens: int
+    temperature: float
+    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ...) -> None: ...
+
+class RetrievalEvent(_message.Message):
+    __slots__ = ("passages", "timings", "degraded", "index_version", "rerank_tiers")
+    PASSAGES_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    INDEX_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RERANK_TIERS_FIELD_NUMBER: _ClassVar[int]
+    passages: _containers.RepeatedCompositeFieldContainer[Passage]
+    timings: StageTimings
+    degraded: DegradedFlags
+    index_version: str
+    rerank_tiers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., index_version: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TokenEvent(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("prompt_tokens", "completion_tokens", "prefix_cache_hit_tokens")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    completion_tokens: int
+    prefix_cache_hit_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ...) -> None: ...
+
+class FinalEvent(_message.Message):
+    __slots__ = ("usage", "timings", "degraded", "finish_reason", "generator_model")
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    GENERATOR_MODEL_FIELD_NUMBER: _ClassVar[int]
+    usage: Usage
+    timings: StageTimings
+    degraded: DegradedFlags
+    finish_reason: str
+    generator_model: str
+    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., finish_reason: _Optional[str] = ..., generator_model: _Optional[str] = ...) -> None: ...
+
+class QueryEvent(_message.Message):
+    __slots__ = ("retrieval", "token", "final")
+    RETRIEVAL_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    retrieval: RetrievalEvent
+    token: TokenEvent
+    final: FinalEvent
+    def __init__(self, retrieval: _Optional[_Union[RetrievalEvent, _Mapping]] = ..., token: _Optional[_Union[TokenEvent, _Mapping]] = ..., final: _Optional[_Union[FinalEvent, _Mapping]] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InfoResponse(_message.Message):
+    __slots__ = ("index_version", "index_chunks", "embedder_model", "generator_model", "rerank_tiers", "retrieval_budget_ms")
+    INDEX_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INDEX_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDER_MODEL_FIELD_NUMBER: _ClassVar[int]
+    GENERATOR_MODEL_FIELD_NUMBER: _ClassVar[int]
+    RERANK_TIERS_FIELD_NUMBER: _ClassVar[int]
+    RETRIEVAL_BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
+    index_version: str
+    index_chunks: int
+    embedder_model: str
+    generator_model: str
+    rerank_tiers: _containers.RepeatedScalarFieldContainer[str]
+    retrieval_budget_ms: int
+    def __init__(self, index_version: _Optional[str] = ..., index_chunks: _Optional[int] = ..., embedder_model: _Optional[str] = ..., generator_model: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., retrieval_budget_ms: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,43 @@
+"""Request validation: raw field values in, validated domain params out, InvalidArgument otherwise."""
+
+from __future__ import annotations
+
+import math
+
+from ragserve.config import Settings
+from ragserve.errors import InvalidArgument
+from ragserve.types import GenerateParams, RetrieveParams
+
+# Retrieval budgets outside this range are almost surely a unit mistake (seconds vs ms).
+MAX_BUDGET_MS = 60_000
+
+
+def validate_retrieve(settings: Settings, query: str, top_k: int, budget_ms: int) -> RetrieveParams:
+    text = query.strip()
+    if not text:
+        raise InvalidArgument("query", "must not be empty")
+    if len(query) > settings.max_query_chars:
+        raise InvalidArgument("query", f"must be at most {settings.max_query_chars} characters, got {len(query)}")
+    if "\x00" in query:
+        raise InvalidArgument("query", "must not contain NUL characters")
+    if top_k < 0 or top_k > settings.max_top_k:
+        raise InvalidArgument("top_k", f"must be between 0 (server default) and {settings.max_top_k}, got {top_k}")
+    if budget_ms < 0 or budget_ms > MAX_BUDGET_MS:
+        raise InvalidArgument("budget_ms", f"must be between 0 (server default) and {MAX_BUDGET_MS}, got {budget_ms}")
+    return RetrieveParams(
+        query=text,
+        top_k=top_k or settings.default_top_k,
+        budget_ms=budget_ms or settings.retrieval_budget_ms,
+    )
+
+
+def validate_generate(settings: Settings, max_tokens: int, temperature: float) -> GenerateParams:
+    limit = settings.generator.max_tokens_limit
+    if max_tokens < 0 or max_tokens > limit:
+        raise InvalidArgument("max_tokens", f"must be between 0 (server default) and {limit}, got {max_tokens}")
+    if not math.isfinite(temperature) or temperature < 0.0 or temperature > 2.0:
+        raise InvalidArgument("temperature", f"must be between 0 and 2, got {temperature}")
+    return GenerateParams(
+        max_tokens=max_tokens or settings.generator.default_max_tokens,
+        temperature=temperature,
+    )
