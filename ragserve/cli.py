@@ -148,6 +148,35 @@ def retrieve(
         raise typer.Exit(1) from None
 
 
+@app.command()
+def health(
+    host: str = "127.0.0.1",
+    port: int = 50051,
+    uds: str = "",
+    wait: Annotated[float, typer.Option(help="Keep probing up to this many seconds")] = 0.0,
+) -> None:
+    """Exit 0 when the service reports SERVING (usable as a readiness probe)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    give_up = time.monotonic() + wait
+    status = "UNKNOWN"
+    with grpc.insecure_channel(_target(host, port, uds)) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
+                status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            except grpc.RpcError as exc:
+                status = exc.code().name
+            if status == "SERVING" or time.monotonic() >= give_up:
+                break
+            time.sleep(0.5)
+    typer.echo(status)
+    if status != "SERVING":
+        raise typer.Exit(1)
+
+
 def main() -> None:
     # vLLM's engine core is a spawned process: everything that starts it runs under this guard.
     app()

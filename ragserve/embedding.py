@@ -56,7 +56,9 @@ class SentenceTransformerEmbedder:
         except OSError as exc:
             raise ConfigError(f"cannot load embedder {model!r} (RAGSERVE_EMBEDDER_MODEL): {exc}") from exc
         self._model_id = DEFAULT_EMBEDDER if model in _DEFAULT_ALIASES else model
-        dim = self._model.get_sentence_embedding_dimension()
+        # Renamed in sentence-transformers 6; keep working with older releases too.
+        get_dim = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        dim = get_dim()
         if dim is None:
             raise ConfigError(f"embedder {model!r} does not report an embedding dimension")
         self._dim = int(dim)

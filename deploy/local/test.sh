@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Set up (as for the demo) and run the whole test suite, lint and type checks included.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bash deploy/local/setup.sh
+# shellcheck disable=SC1091
+. .venv/bin/activate
+ruff check .
+mypy ragserve indexer
+pytest -v -ra "$@"

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from indexer.build import build_index
+from ragserve.embedding import SentenceTransformerEmbedder
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE_DOCS = REPO / "indexer" / "sample_docs"
+
+
+@pytest.fixture(scope="session")
+def embedder() -> SentenceTransformerEmbedder:
+    return SentenceTransformerEmbedder()
+
+
+@pytest.fixture(scope="session")
+def sample_index(tmp_path_factory: pytest.TempPathFactory, embedder: SentenceTransformerEmbedder) -> Path:
+    """The bundled sample corpus, indexed once per test session with the real MiniLM."""
+    root = tmp_path_factory.mktemp("index") / "sample"
+    build_index(SAMPLE_DOCS, root, embedder, progress=False)
+    return root

@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from indexer.build import build_index
+from ragserve.embedding import SentenceTransformerEmbedder
+from ragserve.errors import IndexLoadError
+from ragserve.index.format import CHUNKS_FILE, CURRENT, HNSW_FILE, MANIFEST, resolve_current
+from ragserve.index.hnsw import HnswIndex
+from tests.conftest import SAMPLE_DOCS
+
+
+def test_search_finds_the_right_document(sample_index: Path, embedder: SentenceTransformerEmbedder) -> None:
+    index = HnswIndex.load(sample_index)
+    assert index.embedder_id == embedder.model_id
+    assert index.count > 32  # several chunks per document
+    vector = embedder.embed_queries(["How many bits per element does a Bloom filter need?"])[0]
+    hits = index.search(vector, k=3, ef=64)
+    assert hits[0].chunk.doc_id == "bloom-filters.txt"
+    assert hits[0].score >= hits[1].score >= hits[2].score
+
+
+def test_doc_ids_are_paths_relative_to_the_root(sample_index: Path) -> None:
+    index = HnswIndex.load(sample_index)
+    doc_ids = {hit.chunk.doc_id for hit in index.search(index_vector(index), k=index.count, ef=index.count)}
+    assert doc_ids == {p.name for p in SAMPLE_DOCS.iterdir() if p.suffix in {".md", ".txt"}}
+
+
+def index_vector(index: HnswIndex):  # any unit vector of the right size
+    import numpy as np
+
+    v = np.ones(index.dim, dtype=np.float32)
+    return v / np.linalg.norm(v)
+
+
+@pytest.fixture
+def index_copy(sample_index: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "copy"
+    shutil.copytree(sample_index, target, symlinks=True)
+    return target
+
+
+@pytest.mark.parametrize("victim", [HNSW_FILE, CHUNKS_FILE])
+def test_corrupt_file_is_refused(index_copy: Path, victim: str) -> None:
+    path = resolve_current(index_copy) / victim
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])  # truncated
+    with pytest.raises(IndexLoadError, match="checksum"):
+        HnswIndex.load(index_copy)
+
+
+def test_corrupt_manifest_is_refused(index_copy: Path) -> None:
+    (resolve_current(index_copy) / MANIFEST).write_text("{not json")
+    with pytest.raises(IndexLoadError, match="corrupt"):
+        HnswIndex.load(index_copy)
+
+
+def test_missing_index_has_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(IndexLoadError, match="run the indexer"):
+        HnswIndex.load(tmp_path / "nothing-here")
+
+
+def test_republish_bumps_version_and_flips_current(tmp_path: Path, embedder: SentenceTransformerEmbedder) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("Alpha document\nThe alpha particle is a helium nucleus.")
+    root = tmp_path / "idx"
+    first = build_index(docs, root, embedder, progress=False)
+    (docs / "b.md").write_text("# Beta\nBeta decay emits an electron or a positron.")
+    second = build_index(docs, root, embedder, progress=False)
+    assert (first.version, second.version) == (1, 2)
+    assert (root / CURRENT).resolve() == second.folder
+    loaded = HnswIndex.load(root)
+    assert loaded.version == "2"
+    assert loaded.manifest.documents == 2
+    assert not list(root.glob(".build-*"))

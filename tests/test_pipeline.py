@@ -1,0 +1,116 @@
+"""The pipeline with the real embedder and index, and a generator fake (named as such)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from ragserve.budget import Deadline
+from ragserve.embedding import SentenceTransformerEmbedder
+from ragserve.errors import DeadlineExpired
+from ragserve.index.hnsw import HnswIndex
+from ragserve.pipeline import RagPipeline
+from ragserve.prompt import Prompt
+from ragserve.types import (
+    FinalSummary,
+    GenerateParams,
+    GenerationChunk,
+    RetrievalResult,
+    RetrieveParams,
+    TokenDelta,
+    Usage,
+)
+
+
+class FakeGenerator:
+    """Streams fixed words with a delay; records the prompt it was given."""
+
+    model_id = "fake-generator"
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.prompts: list[Prompt] = []
+
+    async def start(self) -> None:
+        return None
+
+    async def stream(self, prompt: Prompt, params: GenerateParams, request_id: str) -> AsyncIterator[GenerationChunk]:
+        self.prompts.append(prompt)
+        words = ["The ", "answer ", "is ", "[1]."]
+        for i, word in enumerate(words):
+            await asyncio.sleep(self.delay_s)
+            last = i == len(words) - 1
+            yield GenerationChunk(word, last, "stop" if last else "", Usage(100, len(words), 64) if last else None)
+
+    async def check_health(self) -> None:
+        return None
+
+    def unfinished_requests(self) -> int:
+        return 0
+
+    async def close(self) -> None:
+        return None
+
+
+@pytest.fixture
+def pipeline_factory(sample_index: Path, embedder: SentenceTransformerEmbedder):
+    executor = ThreadPoolExecutor(2)
+
+    def make(generator: FakeGenerator | None = None) -> RagPipeline:
+        return RagPipeline(embedder, HnswIndex.load(sample_index), generator or FakeGenerator(), executor)
+
+    yield make
+    executor.shutdown()
+
+
+def test_query_yields_retrieval_then_tokens_then_final(pipeline_factory) -> None:
+    fake = FakeGenerator()
+    pipeline = pipeline_factory(fake)
+    params = RetrieveParams("Who discovered penicillin?", top_k=3, budget_ms=10_000)
+
+    async def collect() -> list[object]:
+        return [e async for e in pipeline.query(params, GenerateParams(16, 0.0), Deadline(10_000), "r1")]
+
+    events = asyncio.run(collect())
+    assert isinstance(events[0], RetrievalResult)
+    assert events[0].passages[0].chunk.doc_id == "discovery-of-penicillin.txt"
+    assert [p.rank for p in events[0].passages] == [1, 2, 3]
+    assert all(isinstance(e, TokenDelta) for e in events[1:-1])
+    final = events[-1]
+    assert isinstance(final, FinalSummary)
+    assert final.usage.prefix_cache_hit_tokens == 64
+    assert final.timings.embed_ms > 0 and final.timings.ttft_ms > 0
+    # The prompt carries the retrieved passages in rank order, then the question.
+    assert "discovery-of-penicillin.txt" in fake.prompts[0].user
+
+
+def test_tiny_budget_still_returns_results_flagged(pipeline_factory) -> None:
+    pipeline = pipeline_factory()
+    params = RetrieveParams("Bloom filter false positives", top_k=4, budget_ms=1)
+    result = asyncio.run(pipeline.retrieve(params, Deadline(1)))
+    assert len(result.passages) == 4
+    assert result.degraded.budget_exhausted
+    assert result.degraded.search_truncated
+
+
+def test_expired_client_deadline_stops_before_work(pipeline_factory) -> None:
+    pipeline = pipeline_factory()
+    params = RetrieveParams("anything", top_k=3, budget_ms=70)
+    with pytest.raises(DeadlineExpired):
+        asyncio.run(pipeline.retrieve(params, Deadline(70, client_timeout_s=0.0)))
+
+
+def test_client_deadline_bounds_generation(pipeline_factory) -> None:
+    pipeline = pipeline_factory(FakeGenerator(delay_s=0.5))
+    params = RetrieveParams("anything", top_k=2, budget_ms=70)
+
+    async def run() -> None:
+        async for _ in pipeline.query(params, GenerateParams(16, 0.0), Deadline(70, client_timeout_s=0.8), "r2"):
+            pass
+
+    with pytest.raises(DeadlineExpired):
+        asyncio.run(run())
