@@ -1,4 +1,10 @@
-"""Build and publish an index version from one document source."""
+"""Build and publish an index version from one document source.
+
+Incremental: when the published version was built with the same embedder and chunking, documents
+whose content hash is unchanged keep their chunks and vectors; only new or changed documents are
+embedded, and documents no longer in the source are dropped. HNSW and BM25 are rebuilt over the
+result (seconds, against minutes of embedding).
+"""
 
 from __future__ import annotations
 
@@ -7,94 +13,219 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
+import orjson
 from tqdm import tqdm
 
 from indexer.chunking import ChunkingConfig, chunk_document, embedding_text
 from indexer.loaders import Document, Skipped, SourceError, iter_source
-from ragserve.embedding import SentenceTransformerEmbedder
+from ragserve.errors import IndexLoadError
+from ragserve.index.bm25 import build_bm25
 from ragserve.index.format import (
     CHUNKS_FILE,
+    DOCUMENTS_FILE,
     HNSW_FILE,
+    VECTORS_FILE,
     Manifest,
     latest_version,
     new_build_dir,
     publish,
     read_verified_manifest,
+    resolve_current,
     sha256_file,
 )
-from ragserve.index.hnsw import DEFAULT_EF_CONSTRUCTION, DEFAULT_M, HnswIndex, build_hnsw, write_chunks
+from ragserve.index.hnsw import DEFAULT_EF_CONSTRUCTION, DEFAULT_M, HnswIndex, build_hnsw, read_chunks, write_chunks
 from ragserve.types import Chunk
+
+
+class IndexingEmbedder(Protocol):
+    """An Embedder that also exposes its tokenizer (chunks are cut in the model's own tokens)."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    def embed_documents(self, texts: list[str], batch_size: int = 64) -> np.ndarray: ...
 
 
 @dataclass
 class BuildReport:
     version: int = 0
     folder: Path | None = None
+    published: bool = False
     documents: int = 0
+    embedded: int = 0  # documents (re-)embedded in this run
+    reused: int = 0  # unchanged documents whose vectors were kept
+    removed: int = 0  # documents of the previous version no longer in the source
     chunks: int = 0
     skipped: list[Skipped] = field(default_factory=list)
     seconds: float = 0.0
+    embed_seconds: float = 0.0
 
     @property
     def docs_per_second(self) -> float:
         return self.documents / self.seconds if self.seconds else 0.0
 
 
-def build_index(
-    source: Path,
-    out: Path,
-    embedder: SentenceTransformerEmbedder,
-    chunking: ChunkingConfig | None = None,
-    batch_size: int = 64,
-    progress: bool = True,
-    on_skip: Callable[[Skipped], None] | None = None,
-) -> BuildReport:
-    started = time.perf_counter()
-    chunking = chunking or ChunkingConfig()
-    report = BuildReport()
+@dataclass(frozen=True)
+class _Previous:
+    """What an incremental build may reuse from the published version."""
+
+    hashes: dict[str, str]
+    chunks: dict[str, list[Chunk]]
+    vectors: dict[str, np.ndarray]
+
+
+def _load_previous(out: Path, embedder_id: str, chunking: ChunkingConfig) -> _Previous | None:
+    try:
+        folder = resolve_current(out)
+        manifest = read_verified_manifest(folder)
+    except IndexLoadError:
+        return None  # nothing published, or corrupt: build from scratch
+    same_settings = manifest.embedder_id == embedder_id and manifest.chunking == _chunking_dict(chunking)
+    if not same_settings or VECTORS_FILE not in manifest.files or DOCUMENTS_FILE not in manifest.files:
+        return None
+    chunks = read_chunks(folder / CHUNKS_FILE)
+    matrix = np.load(folder / VECTORS_FILE, allow_pickle=False)
+    hashes: dict[str, str] = {}
+    by_doc: dict[str, list[Chunk]] = {}
+    vectors: dict[str, np.ndarray] = {}
+    with (folder / DOCUMENTS_FILE).open("rb") as handle:
+        for line in handle:
+            rec = orjson.loads(line)
+            first, n = int(rec["first_row"]), int(rec["chunks"])
+            hashes[rec["doc_id"]] = rec["hash"]
+            by_doc[rec["doc_id"]] = chunks[first : first + n]
+            vectors[rec["doc_id"]] = matrix[first : first + n]
+    return _Previous(hashes, by_doc, vectors)
+
+
+def _chunking_dict(chunking: ChunkingConfig) -> dict[str, Any]:
+    return {"size_tokens": chunking.size_tokens, "overlap_tokens": chunking.overlap_tokens}
+
+
+def load_documents(source: Path, report: BuildReport, on_skip: Callable[[Skipped], None] | None) -> list[Document]:
     documents: list[Document] = []
+    seen: set[str] = set()
     for item in iter_source(source):
+        if isinstance(item, Document) and item.doc_id in seen:
+            item = Skipped(item.source, f"duplicate document id {item.doc_id!r}")
         if isinstance(item, Skipped):
             report.skipped.append(item)
             if on_skip:
                 on_skip(item)
-        else:
-            documents.append(item)
+            continue
+        seen.add(item.doc_id)
+        documents.append(item)
     if not documents:
-        raise SourceError(f"no indexable documents in {source} (.txt and .md files, or a BEIR corpus.jsonl)")
+        raise SourceError(
+            f"no indexable documents in {source} (.txt, .md, .html and .pdf files, or a BEIR corpus.jsonl)"
+        )
+    return documents
+
+
+def build_index(
+    source: Path,
+    out: Path,
+    embedder: IndexingEmbedder,
+    chunking: ChunkingConfig | None = None,
+    batch_size: int = 64,
+    progress: bool = True,
+    on_skip: Callable[[Skipped], None] | None = None,
+    incremental: bool = True,
+    embedder_backend: str = "torch",
+) -> BuildReport:
+    started = time.perf_counter()
+    chunking = chunking or ChunkingConfig()
+    report = BuildReport()
+    documents = load_documents(source, report, on_skip)
+    previous = _load_previous(out, embedder.model_id, chunking) if incremental else None
+
+    per_doc_chunks: dict[str, list[Chunk]] = {}
+    per_doc_vectors: dict[str, np.ndarray] = {}
+    todo: list[Document] = []
+    for doc in documents:
+        if previous is not None and previous.hashes.get(doc.doc_id) == doc.content_hash:
+            per_doc_chunks[doc.doc_id] = previous.chunks[doc.doc_id]
+            per_doc_vectors[doc.doc_id] = previous.vectors[doc.doc_id]
+        else:
+            todo.append(doc)
+    report.reused = len(documents) - len(todo)
+    report.embedded = len(todo)
+    current_ids = {d.doc_id for d in documents}
+    report.removed = len(set(previous.hashes) - current_ids) if previous else 0
+    report.documents = len(documents)
+
+    if previous is not None and not todo and not report.removed:
+        # Nothing changed: keep serving the published version instead of minting an identical one.
+        report.version = latest_version(out)
+        report.folder = resolve_current(out)
+        report.chunks = sum(len(c) for c in per_doc_chunks.values())
+        report.seconds = time.perf_counter() - started
+        return report
+
+    embed_started = time.perf_counter()
+    bar = tqdm(total=len(todo), unit="doc", desc="chunk+embed", disable=not progress)
+    # Groups of documents, so the bar shows documents/s and an ETA; large enough that the
+    # embedder's length-sorted batches pad little.
+    group = max(1, batch_size * 4)
+    for i in range(0, len(todo), group):
+        docs = todo[i : i + group]
+        doc_chunks = [chunk_document(doc, embedder.tokenizer, chunking) for doc in docs]
+        flat = [c for cs in doc_chunks for c in cs]
+        matrix = (
+            embedder.embed_documents([embedding_text(c) for c in flat], batch_size)
+            if flat
+            else np.zeros((0, embedder.dim), dtype=np.float32)
+        )
+        row = 0
+        for doc, cs in zip(docs, doc_chunks, strict=True):
+            per_doc_chunks[doc.doc_id] = cs
+            per_doc_vectors[doc.doc_id] = matrix[row : row + len(cs)]
+            row += len(cs)
+        bar.update(len(docs))
+    bar.close()
+    report.embed_seconds = time.perf_counter() - embed_started
 
     chunks: list[Chunk] = []
-    bar = tqdm(total=len(documents), unit="doc", desc="chunk+embed", disable=not progress)
-    # Embed in groups of documents so the bar shows documents/s and a real ETA.
-    group = max(1, batch_size // 2)
     vectors: list[np.ndarray] = []
-    for i in range(0, len(documents), group):
-        batch_chunks = [
-            c for doc in documents[i : i + group] for c in chunk_document(doc, embedder.tokenizer, chunking)
-        ]
-        if batch_chunks:
-            vectors.append(embedder.embed_documents([embedding_text(c) for c in batch_chunks], batch_size))
-            chunks.extend(batch_chunks)
-        bar.update(len(documents[i : i + group]))
-    bar.close()
-    matrix = np.concatenate(vectors) if vectors else np.zeros((0, embedder.dim), dtype=np.float32)
+    records: list[bytes] = []
+    for doc in documents:
+        cs = per_doc_chunks[doc.doc_id]
+        records.append(
+            orjson.dumps({"doc_id": doc.doc_id, "hash": doc.content_hash, "first_row": len(chunks), "chunks": len(cs)})
+        )
+        chunks.extend(cs)
+        vectors.append(per_doc_vectors[doc.doc_id])
+    matrix = np.ascontiguousarray(np.concatenate(vectors), dtype=np.float32)
 
     version = latest_version(out) + 1
     build = new_build_dir(out)
     build_hnsw(matrix, build / HNSW_FILE)
     write_chunks(build / CHUNKS_FILE, chunks)
+    np.save(build / VECTORS_FILE, matrix, allow_pickle=False)
+    (build / DOCUMENTS_FILE).write_bytes(b"\n".join(records) + b"\n")
+    bm25_files = build_bm25([embedding_text(c) for c in chunks], build)
+    names = [HNSW_FILE, CHUNKS_FILE, VECTORS_FILE, DOCUMENTS_FILE, *bm25_files]
     manifest = Manifest(
         version=version,
         embedder_id=embedder.model_id,
         dim=embedder.dim,
         count=len(chunks),
-        files={name: sha256_file(build / name) for name in (HNSW_FILE, CHUNKS_FILE)},
+        files={name: sha256_file(build / name) for name in names},
         hnsw={"M": DEFAULT_M, "ef_construction": DEFAULT_EF_CONSTRUCTION},
-        chunking={"size_tokens": chunking.size_tokens, "overlap_tokens": chunking.overlap_tokens},
+        chunking=_chunking_dict(chunking),
         documents=len(documents),
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        bm25={"library": "bm25s", "stopwords": "en", "stemmer": "english"},
+        embedder_backend=embedder_backend,
     )
     folder = publish(out, build, manifest)
     # Verify what was published the way the server will load it.
@@ -102,7 +233,7 @@ def build_index(
     HnswIndex.load(out)
     report.version = version
     report.folder = folder
-    report.documents = len(documents)
+    report.published = True
     report.chunks = len(chunks)
     report.seconds = time.perf_counter() - started
     return report

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from indexer.build import build_index
+from indexer.build import IndexingEmbedder, build_index
 from indexer.chunking import ChunkingConfig
 from indexer.loaders import Skipped, SourceError
 from ragserve.config import DEFAULT_EMBEDDER, Settings
@@ -25,35 +25,70 @@ def _root() -> None:
 
 @app.command()
 def build(
-    source: Annotated[Path, typer.Argument(help="A folder of .txt/.md files, or a BEIR corpus.jsonl")],
+    source: Annotated[Path, typer.Argument(help="A folder of .txt/.md/.html/.pdf files, or a BEIR corpus.jsonl")],
     out: Annotated[Path | None, typer.Option(help="Index root (default: RAGSERVE_INDEX_PATH)")] = None,
     embedder: Annotated[str, typer.Option(help="Embedder HF id or local path")] = DEFAULT_EMBEDDER,
-    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    device: Annotated[str, typer.Option(help="cpu or cuda (torch backend)")] = "cpu",
+    backend: Annotated[str, typer.Option(help="Embedding backend: torch or onnx")] = "torch",
+    int8: Annotated[bool, typer.Option(help="ONNX backend: int8 dynamic quantization")] = True,
+    full: Annotated[bool, typer.Option(help="Re-embed every document (ignore the published version)")] = False,
     chunk_tokens: Annotated[int, typer.Option(help="Chunk size in tokenizer tokens")] = 200,
     overlap_tokens: Annotated[int, typer.Option(help="Overlap between chunks in tokens")] = 40,
     batch_size: Annotated[int, typer.Option(min=1, help="Embedding batch size")] = 64,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:
-    """Index SOURCE and publish a new version atomically."""
-    from ragserve.embedding import SentenceTransformerEmbedder
-
+    """Index SOURCE and publish a new version atomically (incremental over the published one)."""
     target = out or Settings().index_path
+    if backend not in ("torch", "onnx"):
+        typer.echo(f"error: --backend must be torch or onnx, got {backend!r}", err=True)
+        raise typer.Exit(2)
     try:
         chunking = ChunkingConfig(chunk_tokens, overlap_tokens)
-        model = SentenceTransformerEmbedder(embedder, device=device)
+        # Check the source before loading a model: a typo fails in milliseconds, not seconds.
+        if not source.exists():
+            raise SourceError(f"{source} does not exist")
+        if not progress:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # the model-loading bar too: --no-progress means quiet
+        model = load_embedder(embedder, backend, device, int8)
 
         def warn(item: Skipped) -> None:
-            typer.echo(f"skipped {item.source}: {item.reason}", err=True)
+            if not item.ignored:
+                typer.echo(f"skipped {item.source}: {item.reason}", err=True)
 
-        report = build_index(source, target, model, chunking, batch_size, progress, on_skip=warn)
+        report = build_index(
+            source,
+            target,
+            model,
+            chunking,
+            batch_size,
+            progress,
+            on_skip=warn,
+            incremental=not full,
+            embedder_backend="onnx-int8" if backend == "onnx" and int8 else backend,
+        )
     except (SourceError, RagError, ValueError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    what = f"published version {report.version}" if report.published else f"unchanged: version {report.version}"
     typer.echo(
-        f"published version {report.version} at {report.folder}: {report.documents} documents, "
-        f"{report.chunks} chunks, {len(report.skipped)} skipped, {report.seconds:.1f} s "
-        f"({report.docs_per_second:.1f} documents/s)"
+        f"{what} at {report.folder}: {report.documents} documents ({report.embedded} embedded, "
+        f"{report.reused} unchanged, {report.removed} removed), {report.chunks} chunks, "
+        f"{sum(not s.ignored for s in report.skipped)} skipped, "
+        f"{sum(s.ignored for s in report.skipped)} ignored (unsupported type), "
+        f"{report.seconds:.1f} s ({report.docs_per_second:.1f} documents/s)"
     )
+
+
+def load_embedder(model: str, backend: str, device: str, int8: bool) -> IndexingEmbedder:
+    if backend == "onnx":
+        from ragserve.embedding_onnx import OnnxEmbedder
+
+        return OnnxEmbedder(model, quantize=int8)
+    from ragserve.embedding import SentenceTransformerEmbedder
+
+    return SentenceTransformerEmbedder(model, device=device)
 
 
 def main() -> None:

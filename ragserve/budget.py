@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from ragserve import tracing
 
 
 class Deadline:
@@ -50,18 +54,29 @@ class Deadline:
 
 
 class StageTimer:
-    """Context manager that measures one stage once, in milliseconds."""
+    """Context manager that measures one stage once, in milliseconds.
 
-    __slots__ = ("_clock", "_t0", "ms")
+    A named stage is also a tracing span when tracing is on (the same start and end).
+    """
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+    __slots__ = ("_clock", "_span", "_t0", "ms", "name")
+
+    def __init__(self, name: str = "", clock: Callable[[], float] = time.perf_counter) -> None:
+        self.name = name
         self._clock = clock
+        self._span: AbstractContextManager[Any] | None = None
         self._t0 = 0.0
         self.ms = 0.0
 
     def __enter__(self) -> StageTimer:
+        if self.name and tracing.enabled():
+            self._span = tracing.stage_span(self.name)
+            self._span.__enter__()
         self._t0 = self._clock()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.ms = (self._clock() - self._t0) * 1000.0
+        if self._span is not None:
+            self._span.__exit__(*exc)
+            self._span = None

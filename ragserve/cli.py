@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
 import time
 from pathlib import Path
 from typing import Annotated
@@ -17,11 +15,10 @@ from ragserve.errors import RagError
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="ragserve: a low-latency RAG sidecar.")
 
 
-def _setup_logging() -> None:
-    logging.basicConfig(
-        level=os.environ.get("RAGSERVE_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+def _setup_logging(default_format: str = "json") -> None:
+    from ragserve.logs import setup_logging
+
+    setup_logging(default_format)
 
 
 @app.command()
@@ -53,7 +50,7 @@ def prepare_models(
     force: Annotated[bool, typer.Option(help="Convert again even if already prepared")] = False,
 ) -> None:
     """Convert the bundled SmolLM2-135M-Instruct GGUF into an HF folder vLLM loads (once)."""
-    _setup_logging()
+    _setup_logging("text")
     from ragserve.model_prep import prepare_generator
 
     try:
@@ -175,6 +172,40 @@ def health(
     typer.echo(status)
     if status != "SERVING":
         raise typer.Exit(1)
+
+
+@app.command("cache-flush")
+def cache_flush(
+    redis_url: Annotated[str | None, typer.Option(help="Redis URL (RAGSERVE_CACHE_REDIS_URL)")] = None,
+    namespace: Annotated[str | None, typer.Option(help="Key prefix (RAGSERVE_CACHE_NAMESPACE)")] = None,
+) -> None:
+    """Drop every retrieval cache entry in the shared Redis cache (only this cache's namespace)."""
+    from ragserve.config import CacheSettings
+
+    cfg = CacheSettings()
+    if cfg.backend != "redis" and redis_url is None:
+        typer.echo(
+            f"the cache backend is {cfg.backend!r}: an in-process cache lives in the server and is emptied by "
+            "restarting it; publishing a new index version also makes every older entry unreachable"
+        )
+        return
+    from ragserve.cache.base import CacheBackendError
+    from ragserve.cache.redis_cache import RedisStore
+
+    store = RedisStore(redis_url or cfg.redis_url, namespace=namespace or cfg.namespace)
+
+    async def run() -> int:
+        try:
+            return await store.flush()
+        finally:
+            await store.close()
+
+    try:
+        dropped = asyncio.run(run())
+    except CacheBackendError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"dropped {dropped} cache entries from {store.url} (namespace {store.namespace!r})")
 
 
 def main() -> None:

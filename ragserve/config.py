@@ -41,6 +41,9 @@ class GeneratorSettings(BaseSettings):
     gpu_memory_utilization: float = 0.80
     # KV cache size for the CPU backend, in GiB (exported as VLLM_CPU_KVCACHE_SPACE).
     cpu_kvcache_space_gib: int = 1
+    # CPUs for the CPU backend's OpenMP threads (exported as VLLM_CPU_OMP_THREADS_BIND), e.g. "0" or
+    # "0-1"; empty keeps vLLM's own choice ("auto": the worker on core 0, core 1 reserved).
+    cpu_omp_threads_bind: str = ""
     max_num_seqs: int = 16
     default_max_tokens: int = 128
     max_tokens_limit: int = 1024
@@ -48,6 +51,70 @@ class GeneratorSettings(BaseSettings):
 
     def resolved_model(self) -> str:
         return self.model or str(default_generator_path())
+
+
+class CacheSettings(BaseSettings):
+    """Retrieval cache. Environment variables use the RAGSERVE_CACHE_ prefix."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_CACHE_", extra="ignore")
+
+    # memory: in-process LRU (default); redis: shared by many sidecars; off: no cache.
+    backend: Literal["memory", "redis", "off"] = "memory"
+    ttl_s: float = Field(default=3600.0, gt=0)
+    # Results cut short by the budget: 0 = never cached; else cached this long (and flagged on a hit).
+    degraded_ttl_s: float = Field(default=0.0, ge=0)
+    # In-process LRU bounds.
+    max_entries: int = Field(default=10_000, ge=1)
+    max_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # Key prefix in Redis; sidecars serving different corpora on one Redis need different ones.
+    namespace: str = "ragserve"
+    # The most a Redis call may add to a request (also bounds a paused or stopped server).
+    redis_timeout_ms: float = Field(default=20.0, gt=0)
+    redis_connect_timeout_ms: float = Field(default=200.0, gt=0)
+    redis_pool_size: int = Field(default=16, ge=1)
+    redis_health_check_interval_s: float = Field(default=5.0, ge=0)
+    # Circuit breaker: open after this many consecutive failures, probe again after the cool-down.
+    breaker_failures: int = Field(default=3, ge=1)
+    breaker_cooldown_s: float = Field(default=1.0, ge=0)
+    # Semantic reuse of a near-duplicate query's entry (guarded against changes in meaning).
+    semantic: bool = False
+    semantic_threshold: float = Field(default=0.95, gt=0, le=1)
+    semantic_window: int = Field(default=1024, ge=1)
+
+
+class RerankSettings(BaseSettings):
+    """Cross-encoder reranking. Environment variables use the RAGSERVE_RERANK_ prefix."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_RERANK_", extra="ignore")
+
+    # off: fused order only (the default: no cross-encoder weights ship with the project);
+    # one-tier: tier 1 only; two-tier: tier 1 over the candidates, tier 2 over tier 1's best.
+    mode: Literal["off", "one-tier", "two-tier"] = "off"
+    tier1_model: str = "cross-encoder/ms-marco-MiniLM-L-2-v2"
+    tier2_model: str = "cross-encoder/ms-marco-MiniLM-L-6-v2"
+    # Most pairs each tier may score; the budget usually decides fewer.
+    tier1_max_depth: int = Field(default=20, ge=2)
+    tier2_max_depth: int = Field(default=5, ge=2)
+    # Fused candidates handed to tier 1 (search returns at least top_k anyway).
+    candidates: int = Field(default=20, ge=2)
+    # budget: depth from the time left (the point); fixed: always the max depths (for comparison).
+    depth_policy: Literal["budget", "fixed"] = "budget"
+    # onnx: ONNX Runtime, int8 dynamic quantization on CPU (exported once into onnx_cache_dir).
+    backend: Literal["torch", "onnx"] = "onnx"
+    device: Literal["cpu", "cuda"] = "cpu"
+    # Query + chunk tokens; matched to the indexer's 200-token chunks plus a question.
+    max_seq_len: int = Field(default=256, ge=16, le=512)
+    batch_size: int = Field(default=4, ge=1)
+    # ONNX Runtime intra-op threads per call (0: one per CPU in `cpus`, else ORT's default).
+    threads: int = Field(default=0, ge=0)
+    # CPUs the reranker's model calls run on, e.g. "1" or "0,1"; empty: no pinning.
+    cpus: str = ""
+    # Time kept back from the budget for building the response.
+    reserve_ms: float = Field(default=2.0, ge=0)
+    onnx_cache_dir: Path = Field(default_factory=lambda: default_home() / "rerank-onnx")
+    # The architecture-identical test models have random heads: refused unless this is set (benchmarks).
+    allow_random_heads: bool = False
 
 
 class Settings(BaseSettings):
@@ -66,15 +133,73 @@ class Settings(BaseSettings):
     embedder_device: Literal["cpu", "cuda"] = "cpu"
 
     retrieval_budget_ms: int = 70
-    default_top_k: int = 5
+    # Passages per answer: each adds ~200 prompt tokens (TTFT) and, for a small model, distraction.
+    default_top_k: int = 3
     max_top_k: int = 50
     max_query_chars: int = 2000
     # HNSW breadth at query time: at least top_k, usually more for recall.
     hnsw_ef_search: int = 64
 
+    # Index backend: the published hnswlib+BM25 folder at index_path, or a Qdrant collection.
+    index_backend: Literal["hnsw", "qdrant"] = "hnsw"
+    # Qdrant: a server/cluster URL (http://host:6333), ":memory:", or a local folder path.
+    qdrant_url: str = ""
+    qdrant_api_key: str = Field(default="", repr=False)
+    # The collection alias the indexer flips to each new version.
+    qdrant_collection: str = "ragserve"
+    # dense (HNSW only), bm25 (lexical only) or hybrid (both, fused).
+    retrieval_mode: Literal["dense", "bm25", "hybrid"] = "hybrid"
+    # rrf (reciprocal rank fusion) or weighted (min-max normalized scores, fusion_dense_weight).
+    fusion: Literal["rrf", "weighted"] = "rrf"
+    fusion_dense_weight: float = Field(default=0.5, ge=0.0, le=1.0)
+    rrf_k: int = Field(default=60, ge=1)
+    # Candidates taken from each list before fusing.
+    fusion_candidates: int = Field(default=100, ge=1)
+    # Embed queries with ONNX Runtime instead of torch (exported once to a cache folder).
+    embedder_backend: Literal["torch", "onnx"] = "torch"
+    embedder_onnx_int8: bool = True
+    # Seconds between checks of the index root for a newly published version (0 = no hot reload).
+    index_reload_interval_s: float = Field(default=2.0, ge=0.0)
+
+    # "stable": fixed template prefix first (default). "naive": a benchmark baseline only.
+    prompt_layout: Literal["stable", "naive"] = "stable"
+
     # Threads for model calls (embedding), kept off the event loop.
     model_threads: int = 2
     max_in_flight: int = 64
+    # What an overloaded caller is told to wait before retrying (grpc-retry-pushback-ms).
+    overload_retry_after_ms: int = 100
     shutdown_grace_s: float = 10.0
+    # Retrieval-only mode: no generator is loaded and Query answers FAILED_PRECONDITION.
+    generation_enabled: bool = True
+
+    # Access control. Loopback and Unix sockets need nothing; any other address requires
+    # allow_non_loopback together with TLS (tls_cert_file/tls_key_file) or an auth token.
+    allow_non_loopback: bool = False
+    auth_token: str = Field(default="", repr=False)
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    # With a CA file, clients must present a certificate signed by it (mTLS).
+    tls_client_ca_file: str = ""
+
+    # Keepalive for long-lived sidecar channels: clients may ping every keepalive_min_ping_ms.
+    keepalive_time_ms: int = 30_000
+    keepalive_timeout_ms: int = 10_000
+    keepalive_min_ping_ms: int = 10_000
+    # Connections are recycled after this age (0 = never), with a grace period for open calls.
+    max_connection_age_ms: int = 0
+    max_connection_age_grace_ms: int = 30_000
+    max_message_bytes: int = 4 * 1024 * 1024
+    # OpenTelemetry spans per request and per stage, continuing the caller's trace (W3C
+    # traceparent in gRPC metadata). Exported over OTLP/gRPC when an endpoint is set, else to stderr.
+    tracing_enabled: bool = False
+    tracing_otlp_endpoint: str = ""
+    # Prometheus /metrics on a separate port (0 = off); loopback unless configured otherwise.
+    metrics_port: int = 9464
+    metrics_host: str = "127.0.0.1"
+    # How often the generator's health is probed; a dead engine turns health NOT_SERVING.
+    health_probe_interval_s: float = 2.0
 
     generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
+    rerank: RerankSettings = Field(default_factory=RerankSettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)

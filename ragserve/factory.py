@@ -5,29 +5,81 @@ from __future__ import annotations
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
-from ragserve.config import Settings
+from ragserve.cache.base import RetrievalCache
+from ragserve.config import CacheSettings, Settings
 from ragserve.embedding import Embedder, SentenceTransformerEmbedder
 from ragserve.errors import ConfigError
 from ragserve.generate.base import Generator
 from ragserve.index.base import SearchIndex
+from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
 from ragserve.pipeline import RagPipeline
+from ragserve.rerank.base import Reranker
 
 log = logging.getLogger(__name__)
 
 
 def make_embedder(settings: Settings) -> Embedder:
+    if settings.embedder_backend == "onnx":
+        from ragserve.embedding_onnx import OnnxEmbedder
+
+        return OnnxEmbedder(settings.embedder_model, quantize=settings.embedder_onnx_int8)
     return SentenceTransformerEmbedder(settings.embedder_model, device=settings.embedder_device)
 
 
 def make_index(settings: Settings) -> SearchIndex:
+    if settings.index_backend == "qdrant":
+        from ragserve.index.qdrant_index import QdrantIndex
+
+        return QdrantIndex.connect(settings.qdrant_url, settings.qdrant_collection, settings.qdrant_api_key or None)
     return HnswIndex.load(settings.index_path)
+
+
+def make_retrieval_options(settings: Settings) -> RetrievalOptions:
+    return RetrievalOptions(
+        mode=settings.retrieval_mode,
+        fusion=settings.fusion,
+        rrf_k=settings.rrf_k,
+        dense_weight=settings.fusion_dense_weight,
+        candidates=settings.fusion_candidates,
+    )
 
 
 def make_generator(settings: Settings) -> Generator:
     from ragserve.generate.vllm_engine import VllmGenerator
 
     return VllmGenerator(settings.generator)
+
+
+def make_cache(settings: Settings | CacheSettings) -> RetrievalCache | None:
+    """The retrieval cache from RAGSERVE_CACHE_* settings (None when the backend is "off")."""
+    from ragserve.cache.circuit import CircuitBreaker
+    from ragserve.cache.layer import StoreBackedCache
+    from ragserve.cache.memory import MemoryStore
+    from ragserve.cache.semantic import SemanticIndex
+
+    cfg = settings.cache if isinstance(settings, Settings) else settings
+    if cfg.backend == "off":
+        return None
+    if cfg.backend == "redis":
+        from ragserve.cache.redis_cache import RedisStore
+
+        store: MemoryStore | RedisStore = RedisStore(
+            cfg.redis_url,
+            namespace=cfg.namespace,
+            timeout_s=cfg.redis_timeout_ms / 1000.0,
+            connect_timeout_s=cfg.redis_connect_timeout_ms / 1000.0,
+            pool_size=cfg.redis_pool_size,
+            health_check_interval_s=cfg.redis_health_check_interval_s,
+        )
+    else:
+        store = MemoryStore(max_entries=cfg.max_entries, max_bytes=cfg.max_bytes)
+    semantic = SemanticIndex(cfg.semantic_threshold, cfg.semantic_window) if cfg.semantic else None
+    breaker = CircuitBreaker(cfg.breaker_failures, cfg.breaker_cooldown_s)
+    log.info("retrieval cache: %s (ttl %.0f s, semantic %s)", cfg.backend, cfg.ttl_s, "on" if semantic else "off")
+    return StoreBackedCache(
+        store, ttl_s=cfg.ttl_s, degraded_ttl_s=cfg.degraded_ttl_s, breaker=breaker, semantic=semantic
+    )
 
 
 def check_compatible(embedder: Embedder, index: SearchIndex) -> None:
@@ -39,12 +91,78 @@ def check_compatible(embedder: Embedder, index: SearchIndex) -> None:
         )
 
 
+def parse_cpus(spec: str, setting: str) -> frozenset[int] | None:
+    """ "0", "0,1" or "0-3" -> a CPU set; empty -> None (no pinning)."""
+    if not spec.strip():
+        return None
+    cpus: set[int] = set()
+    try:
+        for part in spec.split(","):
+            lo, _, hi = part.strip().partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError as exc:
+        raise ConfigError(f"{setting}={spec!r} is not a CPU list like 1 or 0,1 or 0-3") from exc
+    return frozenset(cpus)
+
+
+def make_reranker(settings: Settings) -> Reranker | None:
+    """The cross-encoder tiers from RAGSERVE_RERANK_*; None when the mode is off.
+
+    A configured model that cannot be loaded stops start-up with a message naming the model and
+    the setting: serving a fused order while claiming a reranker would mislead.
+    """
+    from ragserve.rerank.cross_encoder import OnnxCrossEncoder, TorchCrossEncoder
+    from ragserve.rerank.tiered import Tier, TieredReranker
+
+    cfg = settings.rerank
+    if cfg.mode == "off":
+        return None
+    cpus = parse_cpus(cfg.cpus, "RAGSERVE_RERANK_CPUS")
+    threads = cfg.threads or (len(cpus) if cpus else 0)
+    wanted = [("tier1", cfg.tier1_model, "RAGSERVE_RERANK_TIER1_MODEL", cfg.tier1_max_depth)]
+    if cfg.mode == "two-tier":
+        wanted.append(("tier2", cfg.tier2_model, "RAGSERVE_RERANK_TIER2_MODEL", cfg.tier2_max_depth))
+    tiers = []
+    for name, model, setting, depth in wanted:
+        if not model.strip():
+            raise ConfigError(f"{setting} is empty but RAGSERVE_RERANK_MODE={cfg.mode} needs a model")
+        encoder: OnnxCrossEncoder | TorchCrossEncoder
+        if cfg.backend == "onnx":
+            encoder = OnnxCrossEncoder(
+                model, setting, cfg.onnx_cache_dir, cfg.device, cfg.max_seq_len, threads=threads, cpus=cpus
+            )
+        else:
+            encoder = TorchCrossEncoder(model, setting, cfg.device, cfg.max_seq_len, cpus=cpus)
+        if encoder.random_head and not cfg.allow_random_heads:
+            raise ConfigError(
+                f"reranker model {model!r} ({setting}) is an architecture-identical test model with a random "
+                "head: its scores are not relevance. Configure a trained cross-encoder, or set "
+                "RAGSERVE_RERANK_ALLOW_RANDOM_HEADS=true for latency benchmarks only"
+            )
+        if encoder.random_head:
+            log.warning("%s %s has a RANDOM HEAD (test model): its order is not relevance", name, model)
+        tiers.append(Tier(name, encoder, depth, cfg.batch_size))
+    log.info("reranker: %s, %s backend, depth policy %s", cfg.mode, cfg.backend, cfg.depth_policy)
+    return TieredReranker(tiers, cfg.candidates, cfg.depth_policy, cfg.reserve_ms, cfg.max_seq_len)
+
+
 def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipeline:
     """Load and wire every part; the generator is started separately (it is async)."""
     embedder = make_embedder(settings)
     index = make_index(settings)
     check_compatible(embedder, index)
     log.info("index version %s loaded: %d chunks from %s", index.version, index.count, settings.index_path)
+    reranker = make_reranker(settings)
     generator = make_generator(settings) if with_generator else None
     executor = ThreadPoolExecutor(max_workers=settings.model_threads, thread_name_prefix="ragserve-model")
-    return RagPipeline(embedder, index, generator, executor, ef_search=settings.hnsw_ef_search)
+    return RagPipeline(
+        embedder,
+        index,
+        generator,
+        executor,
+        ef_search=settings.hnsw_ef_search,
+        cache=make_cache(settings),
+        retrieval=make_retrieval_options(settings),
+        reranker=reranker,
+        prompt_layout=settings.prompt_layout,
+    )

@@ -8,17 +8,24 @@ the generator's tokens, then a final summary.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+import numpy as np
+
 from ragserve.budget import Deadline, StageTimer
+from ragserve.cache.base import CachedRetrieval, CacheHit, RetrievalCache
+from ragserve.cache.keys import RetrievalKey, retrieval_key
 from ragserve.embedding import Embedder
-from ragserve.errors import DeadlineExpired
+from ragserve.errors import ConfigError, DeadlineExpired
 from ragserve.generate.base import Generator
 from ragserve.index.base import SearchIndex
+from ragserve.index.fusion import RetrievalOptions, hybrid_search
 from ragserve.prompt import build_prompt, stable_order
+from ragserve.rerank.base import Reranker
 from ragserve.types import (
     Degraded,
     FinalSummary,
@@ -34,8 +41,21 @@ from ragserve.types import (
 
 T = TypeVar("T")
 
+log = logging.getLogger(__name__)
+
 # Below this much budget left after embedding, search uses the smallest breadth (ef = top_k).
 _MIN_BUDGET_FOR_FULL_SEARCH_MS = 5.0
+
+
+async def _resume(first: asyncio.Future[T], rest: AsyncIterator[T]) -> AsyncIterator[T]:
+    """The first item from an already started `anext`, then the rest of the same iterator."""
+    try:
+        item = await first
+    except StopAsyncIteration:
+        return
+    yield item
+    async for item in rest:
+        yield item
 
 
 class RagPipeline:
@@ -46,12 +66,21 @@ class RagPipeline:
         generator: Generator | None,
         executor: ThreadPoolExecutor,
         ef_search: int = 64,
+        cache: RetrievalCache | None = None,
+        retrieval: RetrievalOptions | None = None,
+        reranker: Reranker | None = None,
+        prompt_layout: str = "stable",
     ) -> None:
         self.embedder = embedder
         self.index = index
         self.generator = generator
         self._executor = executor
         self._ef_search = ef_search
+        self.retrieval = retrieval or RetrievalOptions()
+        self.cache = cache
+        self.reranker = reranker
+        # "stable" keeps the template prefix first (prefix cache); "naive" exists for baselines.
+        self.prompt_layout = prompt_layout
 
     async def _off_loop(self, fn: Callable[[], T]) -> T:
         # Model calls block for milliseconds: run them on the bounded executor, not the event loop.
@@ -62,15 +91,80 @@ class RagPipeline:
         if deadline.client_expired():
             raise DeadlineExpired(f"client deadline passed before {stage}")
 
+    def _cache_key(self, params: RetrieveParams, index: SearchIndex) -> RetrievalKey:
+        # Everything that changes the passage list; a rerank stage adds its model ids here.
+        rerank = tuple(self.reranker.describe()) if self.reranker is not None else ()
+        return retrieval_key(
+            params.query,
+            params.top_k,
+            index.version,
+            (self.embedder.model_id,),
+            (f"ef={self._ef_search}", self.retrieval.cache_tag(params.dedupe_documents), *rerank),
+        )
+
+    async def _cache_lookup(self, key: RetrievalKey, query_vector: np.ndarray | None = None) -> CacheHit | None:
+        # The cache must never fail a request: any error is a miss (implementations already count it).
+        assert self.cache is not None
+        try:
+            if query_vector is None:
+                return await self.cache.get(key)
+            return await self.cache.get_similar(key, query_vector)
+        except Exception:
+            log.exception("retrieval cache lookup failed; continuing without it")
+            return None
+
+    def _cache_store(self, key: RetrievalKey, result: RetrievalResult, query_vector: np.ndarray) -> None:
+        assert self.cache is not None
+        entry = CachedRetrieval(
+            tuple(result.passages),
+            result.index_version,
+            tuple(result.rerank_tiers),
+            key.query,
+            result.degraded.is_degraded(),
+        )
+        try:
+            self.cache.put(key, entry, query_vector)
+        except Exception:
+            log.exception("retrieval cache write failed; continuing without it")
+
+    @staticmethod
+    def _from_cache(hit: CacheHit, timings: StageTimings, deadline: Deadline) -> RetrievalResult:
+        degraded = Degraded()
+        if hit.kind == "semantic":
+            degraded.note(f"passages reused from a near-duplicate query: {hit.entry.query!r}")
+        if hit.entry.degraded:
+            degraded.note("cached passages come from a ranking that was cut short by the budget")
+        timings.retrieval_total_ms = deadline.elapsed_ms()
+        entry = hit.entry
+        return RetrievalResult(
+            list(entry.passages), timings, degraded, entry.index_version, list(entry.rerank_tiers), cache_hit=True
+        )
+
     async def retrieve(self, params: RetrieveParams, deadline: Deadline) -> RetrievalResult:
         timings = StageTimings()
         degraded = Degraded()
         index = self.index  # one version for the whole request, even if a reload swaps it
 
+        cache_key = None
+        if self.cache is not None:
+            cache_key = self._cache_key(params, index)
+            with StageTimer("cache") as t:
+                hit = await self._cache_lookup(cache_key)
+            timings.cache_ms = t.ms
+            if hit is not None:
+                return self._from_cache(hit, timings, deadline)
+
         self._check_client(deadline, "embedding")
-        with StageTimer() as t:
+        with StageTimer("embed") as t:
             vectors = await self._off_loop(lambda: self.embedder.embed_queries([params.query]))
         timings.embed_ms = t.ms
+
+        if self.cache is not None and cache_key is not None and self.cache.semantic_enabled:
+            with StageTimer("semantic_cache") as t:
+                hit = await self._cache_lookup(cache_key, vectors[0])
+            timings.cache_ms += t.ms
+            if hit is not None:
+                return self._from_cache(hit, timings, deadline)
 
         self._check_client(deadline, "search")
         ef = max(self._ef_search, params.top_k)
@@ -79,16 +173,45 @@ class RagPipeline:
             degraded.search_truncated = True
             degraded.note("search breadth cut to top_k: budget nearly spent after embedding")
         query_vector = vectors[0]
-        with StageTimer() as t:
-            hits = await self._off_loop(lambda: index.search(query_vector, params.top_k, ef))
+        # The reranker reorders a deeper candidate list than the caller asked for.
+        fetch_k = params.top_k if self.reranker is None else max(params.top_k, self.reranker.candidates)
+        ef = max(ef, fetch_k)
+        with StageTimer("search") as t:
+            hits, _ = await self._off_loop(
+                lambda: hybrid_search(
+                    index, params.query, query_vector, fetch_k, ef, self.retrieval, params.dedupe_documents
+                )
+            )
         timings.search_ms = t.ms
 
         passages = stable_order([Passage(hit.chunk, hit.score) for hit in hits])
-        passages = [Passage(p.chunk, p.score, rank) for rank, p in enumerate(passages, start=1)]
+        rerank_tiers: list[str] = []
+        if self.reranker is not None:
+            passages, rerank_tiers = await self._rerank(params.query, passages, deadline, timings, degraded)
+        passages = [Passage(p.chunk, p.score, rank) for rank, p in enumerate(passages[: params.top_k], start=1)]
         timings.retrieval_total_ms = deadline.elapsed_ms()
         if deadline.budget_exhausted():
             degraded.budget_exhausted = True
-        return RetrievalResult(passages, timings, degraded, index.version)
+        result = RetrievalResult(passages, timings, degraded, index.version, rerank_tiers)
+        # The cache decides what a result cut short by the budget is worth (by default: not stored).
+        if self.cache is not None and cache_key is not None:
+            self._cache_store(cache_key, result, query_vector)
+        return result
+
+    async def _rerank(
+        self, query: str, passages: list[Passage], deadline: Deadline, timings: StageTimings, degraded: Degraded
+    ) -> tuple[list[Passage], list[str]]:
+        """Reorder under the Deadline; it decides depth before each batch. Never fails the request."""
+        reranker = self.reranker
+        assert reranker is not None
+        with StageTimer("rerank") as t:
+            outcome = await self._off_loop(lambda: reranker.rerank(query, passages, deadline))
+        timings.rerank_ms = t.ms
+        degraded.rerank_skipped = outcome.skipped
+        degraded.rerank_truncated = outcome.truncated
+        for note in outcome.notes:
+            degraded.note(note)
+        return outcome.passages, outcome.tiers
 
     async def query(
         self,
@@ -98,14 +221,13 @@ class RagPipeline:
         request_id: str,
     ) -> AsyncIterator[QueryEvent]:
         if self.generator is None:
-            raise RuntimeError("pipeline built without a generator")
+            raise ConfigError("generation is disabled on this server (RAGSERVE_GENERATION_ENABLED=false); use Retrieve")
         started = time.perf_counter()
         retrieval = await self.retrieve(params, deadline)
-        yield retrieval
 
         timings = retrieval.timings
-        with StageTimer() as t:
-            prompt = build_prompt(params.query, retrieval.passages)
+        with StageTimer("prompt") as t:
+            prompt = build_prompt(params.query, retrieval.passages, self.prompt_layout)
         timings.prompt_ms = t.ms
 
         gen_start = time.perf_counter()
@@ -113,9 +235,13 @@ class RagPipeline:
         usage = Usage(0, 0, 0)
         finish_reason = ""
         remaining = deadline.client_left_s()
+        stream = self.generator.stream(prompt, gen, request_id)
+        # Hand the prompt to the engine before the retrieval event is sent: prefill overlaps the send.
+        first = asyncio.ensure_future(anext(stream))
         try:
+            yield retrieval
             async with asyncio.timeout(remaining):
-                async for step in self.generator.stream(prompt, gen, request_id):
+                async for step in _resume(first, stream):
                     if step.text:
                         if first_token_at is None:
                             first_token_at = time.perf_counter()
@@ -125,6 +251,13 @@ class RagPipeline:
                         finish_reason = step.finish_reason
         except TimeoutError as exc:
             raise DeadlineExpired("client deadline passed during generation") from exc
+        finally:
+            # The caller went away (or failed) before the first step: abort the engine request.
+            if not first.done():
+                first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            if isinstance(stream, AsyncGenerator):
+                await stream.aclose()
 
         end = time.perf_counter()
         timings.generation_ms = (end - gen_start) * 1000.0

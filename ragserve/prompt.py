@@ -57,7 +57,9 @@ def stable_order(passages: list[Passage]) -> list[Passage]:
     return sorted(passages, key=lambda p: (-p.score, p.chunk.chunk_id))
 
 
-def build_prompt(question: str, passages: list[Passage]) -> Prompt:
+def build_prompt(question: str, passages: list[Passage], layout: str = "stable") -> Prompt:
+    """`layout="naive"` puts the question before the instructions (a baseline for benchmarks only:
+    every prompt then differs from its first tokens and the prefix cache cannot help)."""
     parts = ["<passages>"]
     for number, passage in enumerate(passages, start=1):
         chunk = passage.chunk
@@ -67,4 +69,6 @@ def build_prompt(question: str, passages: list[Passage]) -> Prompt:
         )
     parts.append("</passages>")
     parts.append(f"Question: {_neutralize(question.strip())}")
+    if layout == "naive":
+        return Prompt(system=f"Question: {_neutralize(question.strip())}\n\n{SYSTEM_PREFIX}", user="\n".join(parts))
     return Prompt(system=SYSTEM_PREFIX, user="\n".join(parts))

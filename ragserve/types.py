@@ -40,6 +40,7 @@ class StageTimings:
     generation_ms: float = 0.0
     total_ms: float = 0.0
     time_per_output_token_ms: float = 0.0
+    cache_ms: float = 0.0  # retrieval cache lookups (exact, and semantic when enabled)
 
 
 @dataclass(slots=True)
@@ -55,6 +56,12 @@ class Degraded:
     def note(self, text: str) -> None:
         self.notes.append(text)
 
+    def is_degraded(self) -> bool:
+        """True when anything was cut short (such a result is not cached)."""
+        return bool(
+            self.budget_exhausted or self.search_truncated or self.rerank_skipped or self.rerank_truncated or self.notes
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class RetrieveParams:
@@ -63,6 +70,8 @@ class RetrieveParams:
     query: str
     top_k: int
     budget_ms: int
+    # At most one passage per source document.
+    dedupe_documents: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +89,8 @@ class RetrievalResult:
     degraded: Degraded
     index_version: str
     rerank_tiers: list[str] = field(default_factory=list)
+    # Served from the retrieval cache: embedding, search and rerank were skipped.
+    cache_hit: bool = False
 
 
 @dataclass(frozen=True, slots=True)

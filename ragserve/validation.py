@@ -12,7 +12,9 @@ from ragserve.types import GenerateParams, RetrieveParams
 MAX_BUDGET_MS = 60_000
 
 
-def validate_retrieve(settings: Settings, query: str, top_k: int, budget_ms: int) -> RetrieveParams:
+def validate_retrieve(
+    settings: Settings, query: str, top_k: int, budget_ms: int, dedupe_documents: bool = False
+) -> RetrieveParams:
     text = query.strip()
     if not text:
         raise InvalidArgument("query", "must not be empty")
@@ -28,6 +30,7 @@ def validate_retrieve(settings: Settings, query: str, top_k: int, budget_ms: int
         query=text,
         top_k=top_k or settings.default_top_k,
         budget_ms=budget_ms or settings.retrieval_budget_ms,
+        dedupe_documents=dedupe_documents,
     )
 
 

@@ -15,4 +15,6 @@ def test_generated_stubs_match_the_proto(tmp_path: Path) -> None:
     committed = sorted(p.relative_to(REPO) for p in (REPO / "ragserve" / "v1").glob("*_pb2*.py*"))
     assert fresh == committed
     for relative in fresh:
-        assert (tmp_path / relative).read_text() == (REPO / relative).read_text(), f"{relative} drifted: run protos/generate.py"
+        assert (tmp_path / relative).read_text() == (REPO / relative).read_text(), (
+            f"{relative} drifted: run protos/generate.py"
+        )

@@ -10,6 +10,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
+# The retrieval cache tests start a real redis-server (Debian package) on a free loopback port.
+if ! command -v redis-server >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ]; then
+    apt-get update && apt-get install -y redis-server
+  else
+    echo "setup: redis-server is missing; install it with: sudo apt-get install -y redis-server" >&2
+  fi
+fi
+
 PYTHON=${PYTHON:-python3}
 ENGINE=${RAGSERVE_ENGINE:-cpu}
 TORCH_VERSION=2.13.0

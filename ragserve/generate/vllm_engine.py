@@ -59,6 +59,9 @@ class VllmGenerator:
         if self._settings.device == "cpu":
             # Read by the vLLM CPU backend when the engine process starts.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self._settings.cpu_kvcache_space_gib))
+            if self._settings.cpu_omp_threads_bind:
+                # Keep generation off the reranker's CPUs (RAGSERVE_RERANK_CPUS).
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self._settings.cpu_omp_threads_bind
         local = Path(self._model)
         if (local.is_absolute() or self._model.startswith(".")) and not (local / "config.json").is_file():
             raise ConfigError(

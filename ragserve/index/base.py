@@ -35,3 +35,17 @@ class SearchIndex(Protocol):
     def search(self, query_vector: np.ndarray, k: int, ef: int) -> list[ScoredChunk]:
         """The k nearest chunks by cosine similarity; `ef` trades recall for time."""
         ...
+
+
+@runtime_checkable
+class LexicalSearch(Protocol):
+    """An index that also keeps a lexical (BM25) index over the same chunks."""
+
+    @property
+    def lexical_available(self) -> bool:
+        """False for an index built before BM25 was added: hybrid then falls back to dense."""
+        ...
+
+    def search_lexical(self, query: str, k: int) -> list[ScoredChunk]:
+        """The k best chunks by BM25 score (only chunks sharing a term with the query)."""
+        ...

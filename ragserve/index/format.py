@@ -3,7 +3,7 @@
 Layout of an index root:
 
     <root>/CURRENT        symlink to the published version folder (replaced atomically)
-    <root>/v000003/       manifest.json, hnsw.bin, chunks.jsonl
+    <root>/v000003/       manifest.json, hnsw.bin, chunks.jsonl, vectors.npy, documents.jsonl, bm25/
     <root>/.build-*/      a build in progress (ignored; removed by the next build)
 
 A reader resolves CURRENT once and then only touches that folder, so a publish never changes
@@ -27,6 +27,9 @@ MANIFEST = "manifest.json"
 CURRENT = "CURRENT"
 HNSW_FILE = "hnsw.bin"
 CHUNKS_FILE = "chunks.jsonl"
+# Added with incremental builds and BM25; an index without them still loads (dense-only, full rebuild).
+VECTORS_FILE = "vectors.npy"
+DOCUMENTS_FILE = "documents.jsonl"
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,9 @@ class Manifest:
     documents: int = 0
     created_at: str = ""
     format: int = FORMAT_VERSION
+    # BM25 settings when the version has a lexical index (files under bm25/, listed in `files`).
+    bm25: dict[str, Any] = field(default_factory=dict)
+    embedder_backend: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -106,7 +112,9 @@ def latest_version(root: Path) -> int:
 
 def _fsync_tree(folder: Path) -> None:
     for path in folder.iterdir():
-        if path.is_file():
+        if path.is_dir():
+            _fsync_tree(path)
+        elif path.is_file():
             with path.open("rb") as handle:
                 os.fsync(handle.fileno())
     _fsync_dir(folder)

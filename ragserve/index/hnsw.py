@@ -11,10 +11,12 @@ import orjson
 
 from ragserve.errors import IndexLoadError
 from ragserve.index.base import ScoredChunk
+from ragserve.index.bm25 import Bm25Index
 from ragserve.index.format import CHUNKS_FILE, HNSW_FILE, Manifest, read_verified_manifest, resolve_current
 from ragserve.types import Chunk
 
-# Build-time defaults; query-time breadth (ef) comes from settings per request.
+# Build-time defaults, chosen by measurement (tests/bench/bench_hnsw.py, BENCHMARKS.md); query-time
+# breadth (ef) comes from settings per request.
 DEFAULT_M = 32
 DEFAULT_EF_CONSTRUCTION = 200
 
@@ -66,11 +68,19 @@ def build_hnsw(
 class HnswIndex:
     """A loaded index version. Read-only and safe to search from several threads."""
 
-    def __init__(self, folder: Path, manifest: Manifest, index: hnswlib.Index, chunks: list[Chunk]) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        manifest: Manifest,
+        index: hnswlib.Index,
+        chunks: list[Chunk],
+        bm25: Bm25Index | None = None,
+    ) -> None:
         self.folder = folder
         self.manifest = manifest
         self._index = index
         self._chunks = chunks
+        self._bm25 = bm25
         self._lock = threading.Lock()
 
     @classmethod
@@ -91,7 +101,8 @@ class HnswIndex:
             raise IndexLoadError(
                 f"index at {folder}: HNSW holds {index.get_current_count()} vectors, manifest says {manifest.count}"
             )
-        return cls(folder, manifest, index, chunks)
+        bm25 = Bm25Index.load(folder, manifest.count) if manifest.bm25 else None
+        return cls(folder, manifest, index, chunks, bm25)
 
     @property
     def version(self) -> str:
@@ -123,3 +134,12 @@ class HnswIndex:
             ScoredChunk(self._chunks[int(label)], float(1.0 - dist))
             for label, dist in zip(labels[0], distances[0], strict=True)
         ]
+
+    @property
+    def lexical_available(self) -> bool:
+        return self._bm25 is not None
+
+    def search_lexical(self, query: str, k: int) -> list[ScoredChunk]:
+        if self._bm25 is None:
+            return []
+        return [ScoredChunk(self._chunks[row], score) for row, score in self._bm25.search(query, k)]

@@ -12,14 +12,19 @@ import stat
 from pathlib import Path
 
 import grpc
+import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from ragserve import tracing
 from ragserve.config import Settings
-from ragserve.errors import ConfigError
-from ragserve.factory import make_pipeline
+from ragserve.errors import ConfigError, RagError
+from ragserve.factory import check_compatible, make_index, make_pipeline
+from ragserve.generate.base import Generator
+from ragserve.index.reload import IndexReloader, published_marker
 from ragserve.limiter import InFlightLimiter
 from ragserve.pipeline import RagPipeline
+from ragserve.server.auth import BearerTokenInterceptor, check_exposure
 from ragserve.server.servicer import RagServicer
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
@@ -27,20 +32,28 @@ from ragserve.v1 import rag_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RagService"].full_name
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# Per-method health: Retrieve keeps serving when only the generator is down.
+RETRIEVE_HEALTH_NAME = f"{SERVICE_NAME}/Retrieve"
 
-SERVER_OPTIONS = [
-    # A second server on the same port must fail to bind, not silently share it.
-    ("grpc.so_reuseport", 0),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    # Long-lived sidecar channels: allow client pings every 10 s, even between calls.
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-    ("grpc.http2.max_pings_without_data", 0),
-]
+
+def server_options(settings: Settings) -> list[tuple[str, int]]:
+    options = [
+        # A second server on the same port must fail to bind, not silently share it.
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+        # Long-lived sidecar channels: the server pings idle connections and lets clients ping
+        # as often as keepalive_min_ping_ms, even between calls, without a GOAWAY.
+        ("grpc.keepalive_time_ms", settings.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", settings.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", settings.keepalive_min_ping_ms),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+    if settings.max_connection_age_ms > 0:
+        options.append(("grpc.max_connection_age_ms", settings.max_connection_age_ms))
+        options.append(("grpc.max_connection_age_grace_ms", settings.max_connection_age_grace_ms))
+    return options
 
 
 def listen_address(settings: Settings) -> str:
@@ -66,12 +79,27 @@ def _clear_stale_socket(path: Path) -> None:
     raise ConfigError(f"another server is already listening on {path}")
 
 
+def _tls_credentials(settings: Settings) -> grpc.ServerCredentials:
+    try:
+        key = Path(settings.tls_key_file).read_bytes()
+        cert = Path(settings.tls_cert_file).read_bytes()
+        client_ca = Path(settings.tls_client_ca_file).read_bytes() if settings.tls_client_ca_file else None
+    except OSError as exc:
+        raise ConfigError(f"cannot read TLS files: {exc}") from exc
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
 def bind(server: grpc.aio.Server, settings: Settings) -> str:
     address = listen_address(settings)
     if settings.uds_path:
         _clear_stale_socket(Path(settings.uds_path))
     try:
-        port = server.add_insecure_port(address)
+        if settings.tls_cert_file and settings.tls_key_file:
+            port = server.add_secure_port(address, _tls_credentials(settings))
+        else:
+            port = server.add_insecure_port(address)
     except RuntimeError as exc:
         raise ConfigError(f"cannot listen on {address}: the address is in use or not available") from exc
     if not settings.uds_path and port == 0:
@@ -85,18 +113,24 @@ class RagServer:
     """The running service. `run()` serves until SIGTERM/SIGINT or `stop()`."""
 
     def __init__(self, settings: Settings) -> None:
+        check_exposure(settings)
+        if settings.tracing_enabled:
+            tracing.setup_tracing(settings.tracing_otlp_endpoint)
         self.settings = settings
-        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        interceptors = [BearerTokenInterceptor(settings.auth_token)] if settings.auth_token else []
+        self.server = grpc.aio.server(options=server_options(settings), interceptors=interceptors)
         self.health = health.aio.HealthServicer()
         self.pipeline: RagPipeline | None = None
         self._stop = asyncio.Event()
-        self._servicer = RagServicer(settings, InFlightLimiter(settings.max_in_flight))
+        self._background: list[asyncio.Task[None]] = []
+        limiter = InFlightLimiter(settings.max_in_flight, settings.overload_retry_after_ms)
+        self._servicer = RagServicer(settings, limiter)
         pb_grpc.add_RagServiceServicer_to_server(self._servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
 
-    async def _set_health(self, status: int) -> None:
-        for name in ("", SERVICE_NAME):
+    async def _set_health(self, status: int, names: tuple[str, ...] = ("", SERVICE_NAME, RETRIEVE_HEALTH_NAME)) -> None:
+        for name in names:
             await self.health.set(name, status)
 
     async def start(self) -> str:
@@ -104,17 +138,63 @@ class RagServer:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = bind(self.server, self.settings)
         await self.server.start()
+        if self.settings.metrics_port:
+            try:
+                prometheus_client.start_http_server(self.settings.metrics_port, addr=self.settings.metrics_host)
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot serve metrics on {self.settings.metrics_host}:{self.settings.metrics_port} "
+                    f"(RAGSERVE_METRICS_PORT): {exc}"
+                ) from exc
         log.info("listening on %s; loading models and index", address)
         loop = asyncio.get_running_loop()
-        pipeline = await loop.run_in_executor(None, make_pipeline, self.settings)
+        pipeline = await loop.run_in_executor(
+            None, lambda: make_pipeline(self.settings, with_generator=self.settings.generation_enabled)
+        )
         await loop.run_in_executor(None, pipeline.embedder.embed_queries, ["warm-up"])
         if pipeline.generator is not None:
             await pipeline.generator.start()
+            self._background.append(asyncio.create_task(self._watch_generator(pipeline.generator)))
+        if pipeline.reranker is not None:
+            # After the engine is up: each tier measures its cost at the load it will serve under.
+            await loop.run_in_executor(None, pipeline.reranker.warm_up)
+            log.info("rerank tiers: %s", "; ".join(pipeline.reranker.describe()))
         self.pipeline = pipeline
         self._servicer.pipeline = pipeline
+        if self.settings.index_backend == "hnsw" and self.settings.index_reload_interval_s > 0:
+            self._background.append(asyncio.create_task(self._index_reloader(pipeline).run()))
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("serving on %s (index version %s)", address, pipeline.index.version)
         return address
+
+    def _index_reloader(self, pipeline: RagPipeline) -> IndexReloader:
+        """Hot reload: a newly published version is verified, then swapped in (see index/reload.py)."""
+        root = self.settings.index_path
+        return IndexReloader(
+            marker=lambda: published_marker(root),
+            load=lambda: make_index(self.settings),
+            swap=lambda index: setattr(pipeline, "index", index),
+            current=lambda: pipeline.index,
+            accept=lambda index: check_compatible(pipeline.embedder, index),
+            interval_s=self.settings.index_reload_interval_s,
+        )
+
+    async def _watch_generator(self, generator: Generator) -> None:
+        """A dead engine turns overall health NOT_SERVING; Retrieve's own health stays SERVING."""
+        healthy = True
+        while True:
+            await asyncio.sleep(self.settings.health_probe_interval_s)
+            try:
+                await generator.check_health()
+                ok = True
+            except RagError as exc:
+                ok = False
+                if healthy:
+                    log.error("generator unhealthy: %s", exc)
+            if ok != healthy:
+                healthy = ok
+                status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+                await self._set_health(status, ("", SERVICE_NAME))
 
     def stop(self) -> None:
         self._stop.set()
@@ -133,6 +213,8 @@ class RagServer:
         """Health turns NOT_SERVING at once; new calls are refused; in-flight calls get the grace period."""
         log.info("shutting down (grace %.1f s)", self.settings.shutdown_grace_s)
         await self.health.enter_graceful_shutdown()
+        for task in self._background:
+            task.cancel()
         await self.server.stop(self.settings.shutdown_grace_s)
         if self.pipeline is not None and self.pipeline.generator is not None:
             await self.pipeline.generator.close()

@@ -29,6 +29,7 @@ def timings_pb(t: StageTimings) -> pb.StageTimings:
         generation_ms=t.generation_ms,
         total_ms=t.total_ms,
         time_per_output_token_ms=t.time_per_output_token_ms,
+        cache_ms=t.cache_ms,
     )
 
 
@@ -49,6 +50,7 @@ def retrieve_response_pb(result: RetrievalResult) -> pb.RetrieveResponse:
         degraded=degraded_pb(result.degraded),
         index_version=result.index_version,
         rerank_tiers=list(result.rerank_tiers),
+        cache_hit=result.cache_hit,
     )
 
 
@@ -63,6 +65,7 @@ def query_event_pb(event: RetrievalResult | TokenDelta | FinalSummary) -> pb.Que
                 degraded=degraded_pb(event.degraded),
                 index_version=event.index_version,
                 rerank_tiers=list(event.rerank_tiers),
+                cache_hit=event.cache_hit,
             )
         )
     return pb.QueryEvent(

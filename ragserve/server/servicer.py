@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import NoReturn
 
 import grpc
 
+from ragserve import metrics, tracing
 from ragserve.budget import Deadline
 from ragserve.config import Settings
 from ragserve.errors import RagError, Unavailable
 from ragserve.limiter import InFlightLimiter
+from ragserve.observability import observe_final, observe_request, observe_retrieval
 from ragserve.pipeline import RagPipeline
 from ragserve.server.convert import query_event_pb, retrieve_response_pb
 from ragserve.server.status import to_status
@@ -23,12 +26,61 @@ from ragserve.validation import validate_generate, validate_retrieve
 
 log = logging.getLogger(__name__)
 
+_MAX_REQUEST_ID = 64
 
-async def _abort(context: grpc.aio.ServicerContext, error: RagError, request_id: str, method: str) -> NoReturn:
-    status = to_status(error)
-    log.info("%s %s failed: %s %s", method, request_id, status.code.name, type(error).__name__)
-    await context.abort_with_status(status)
-    raise AssertionError("abort_with_status returned")  # pragma: no cover
+
+def request_id_of(context: grpc.aio.ServicerContext) -> str:
+    """The caller's x-request-id when it sent a sane one, else a fresh id."""
+    for key, value in context.invocation_metadata() or ():
+        if (
+            key == "x-request-id"
+            and isinstance(value, str)
+            and 0 < len(value) <= _MAX_REQUEST_ID
+            and value.isprintable()
+        ):
+            return value
+    return uuid.uuid4().hex
+
+
+class _Call:
+    """Per-call bookkeeping: request id, in-flight gauge, status metric and one log line at the end."""
+
+    def __init__(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        self.method = method
+        self.context = context
+        self.request_id = request_id_of(context)
+        self.started = time.perf_counter()
+        self.code = "OK"
+
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.started) * 1000.0
+
+    async def fail(self, error: RagError) -> NoReturn:
+        status = to_status(error)
+        self.code = status.code.name
+        log.info(
+            "request failed",
+            extra={
+                "request_id": self.request_id,
+                "method": self.method,
+                "code": self.code,
+                "error": type(error).__name__,
+            },
+        )
+        await self.context.abort_with_status(status)
+        raise AssertionError("abort_with_status returned")  # pragma: no cover
+
+    async def crash(self, error: Exception) -> NoReturn:
+        # A bug, not a caller's mistake: log it with its traceback here, send no internals to the caller.
+        self.code = "INTERNAL"
+        log.exception("request crashed", extra={"request_id": self.request_id, "method": self.method})
+        await self.context.abort(grpc.StatusCode.INTERNAL, f"internal error (request id {self.request_id})")
+        raise AssertionError("abort returned")  # pragma: no cover
+
+    def finish(self, cancelled: bool) -> None:
+        if cancelled and self.code == "OK":
+            self.code = "CANCELLED"
+        observe_request(self.method, self.code, self.elapsed_ms())
 
 
 class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
@@ -47,55 +99,118 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
         return Deadline(budget_ms, client_timeout_s=context.time_remaining())
 
     async def Retrieve(self, request: pb.RetrieveRequest, context: grpc.aio.ServicerContext) -> pb.RetrieveResponse:
-        request_id = uuid.uuid4().hex
+        call = _Call("Retrieve", context)
+        cancelled = True
         try:
-            with self._limiter.admit():
-                params = validate_retrieve(self._settings, request.query, request.top_k, request.budget_ms)
-                result = await self._ready().retrieve(params, self._deadline(params.budget_ms, context))
+            with (
+                tracing.request_span("ragserve.v1.RagService/Retrieve", context.invocation_metadata()),
+                self._limiter.admit(),
+            ):
+                metrics.IN_FLIGHT.inc()
+                try:
+                    params = validate_retrieve(
+                        self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents
+                    )
+                    result = await self._ready().retrieve(params, self._deadline(params.budget_ms, context))
+                finally:
+                    metrics.IN_FLIGHT.dec()
+            observe_retrieval(result)
+            log.info(
+                "retrieved",
+                extra={
+                    "request_id": call.request_id,
+                    "method": "Retrieve",
+                    "doc_ids": [p.chunk.doc_id for p in result.passages],
+                    "passage_chars": [len(p.chunk.text) for p in result.passages],
+                    "retrieval_ms": round(result.timings.retrieval_total_ms, 2),
+                },
+            )
+            cancelled = False
+            return retrieve_response_pb(result)
         except RagError as error:
-            await _abort(context, error, request_id, "Retrieve")
-        log.info(
-            "Retrieve %s ok: %d passages in %.1f ms (docs %s)",
-            request_id,
-            len(result.passages),
-            result.timings.retrieval_total_ms,
-            [p.chunk.doc_id for p in result.passages],
-        )
-        return retrieve_response_pb(result)
+            cancelled = False
+            await call.fail(error)
+        except (grpc.aio.AbortError, GeneratorExit):
+            cancelled = False
+            raise
+        except Exception as error:
+            cancelled = False
+            await call.crash(error)
+        finally:
+            call.finish(cancelled)
 
     async def Query(self, request: pb.QueryRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.QueryEvent]:
-        request_id = uuid.uuid4().hex
+        call = _Call("Query", context)
+        cancelled = True
         try:
-            with self._limiter.admit():
-                params = validate_retrieve(self._settings, request.query, request.top_k, request.budget_ms)
-                gen = validate_generate(self._settings, request.max_tokens, request.temperature)
-                deadline = self._deadline(params.budget_ms, context)
-                async for event in self._ready().query(params, gen, deadline, request_id):
-                    if isinstance(event, RetrievalResult):
-                        log.info("Query %s retrieved docs %s", request_id, [p.chunk.doc_id for p in event.passages])
-                    elif isinstance(event, FinalSummary):
-                        log.info(
-                            "Query %s ok: %d prompt tokens (%d cached), %d completion tokens, ttft %.0f ms",
-                            request_id,
-                            event.usage.prompt_tokens,
-                            event.usage.prefix_cache_hit_tokens,
-                            event.usage.completion_tokens,
-                            event.timings.ttft_ms,
-                        )
-                    yield query_event_pb(event)
+            with (
+                tracing.request_span("ragserve.v1.RagService/Query", context.invocation_metadata()),
+                self._limiter.admit(),
+            ):
+                metrics.IN_FLIGHT.inc()
+                try:
+                    params = validate_retrieve(
+                        self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents
+                    )
+                    gen = validate_generate(self._settings, request.max_tokens, request.temperature)
+                    deadline = self._deadline(params.budget_ms, context)
+                    async for event in self._ready().query(params, gen, deadline, call.request_id):
+                        if isinstance(event, RetrievalResult):
+                            observe_retrieval(event)
+                            log.info(
+                                "retrieved",
+                                extra={
+                                    "request_id": call.request_id,
+                                    "method": "Query",
+                                    "doc_ids": [p.chunk.doc_id for p in event.passages],
+                                    "passage_chars": [len(p.chunk.text) for p in event.passages],
+                                    "retrieval_ms": round(event.timings.retrieval_total_ms, 2),
+                                },
+                            )
+                        elif isinstance(event, FinalSummary):
+                            observe_final(event)
+                            log.info(
+                                "answered",
+                                extra={
+                                    "request_id": call.request_id,
+                                    "method": "Query",
+                                    "prompt_tokens": event.usage.prompt_tokens,
+                                    "prefix_cache_hit_tokens": event.usage.prefix_cache_hit_tokens,
+                                    "completion_tokens": event.usage.completion_tokens,
+                                    "ttft_ms": round(event.timings.ttft_ms, 1),
+                                    "finish_reason": event.finish_reason,
+                                },
+                            )
+                        yield query_event_pb(event)
+                finally:
+                    metrics.IN_FLIGHT.dec()
+            cancelled = False
         except RagError as error:
-            await _abort(context, error, request_id, "Query")
+            cancelled = False
+            await call.fail(error)
+        except (grpc.aio.AbortError, GeneratorExit):
+            cancelled = False
+            raise
+        except Exception as error:
+            cancelled = False
+            await call.crash(error)
+        finally:
+            call.finish(cancelled)
 
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
+        call = _Call("Info", context)
         try:
             pipeline = self._ready()
         except RagError as error:
-            await _abort(context, error, "-", "Info")
+            await call.fail(error)
+        generator = pipeline.generator
         return pb.InfoResponse(
             index_version=pipeline.index.version,
             index_chunks=pipeline.index.count,
             embedder_model=pipeline.embedder.model_id,
-            generator_model=pipeline.generator.model_id if pipeline.generator else "",
-            rerank_tiers=[],
+            generator_model=generator.model_id if generator else "",
+            rerank_tiers=pipeline.reranker.describe() if pipeline.reranker is not None else [],
             retrieval_budget_ms=self._settings.retrieval_budget_ms,
+            generator_unfinished_requests=generator.unfinished_requests() if generator else 0,
+            requests_in_flight=self._limiter.in_flight,
         )

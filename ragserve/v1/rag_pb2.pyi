@@ -7,14 +7,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RetrieveRequest(_message.Message):
-    __slots__ = ("query", "top_k", "budget_ms")
+    __slots__ = ("query", "top_k", "budget_ms", "dedupe_documents")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
+    DEDUPE_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
     query: str
     top_k: int
     budget_ms: int
-    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ...) -> None: ...
+    dedupe_documents: bool
+    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ..., dedupe_documents: _Optional[bool] = ...) -> None: ...
 
 class Passage(_message.Message):
     __slots__ = ("doc_id", "chunk_id", "text", "score", "title", "rank")
@@ -33,7 +35,7 @@ class Passage(_message.Message):
     def __init__(self, doc_id: _Optional[str] = ..., chunk_id: _Optional[str] = ..., text: _Optional[str] = ..., score: _Optional[float] = ..., title: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class StageTimings(_message.Message):
-    __slots__ = ("embed_ms", "search_ms", "rerank_ms", "retrieval_total_ms", "prompt_ms", "ttft_ms", "generation_ms", "total_ms", "time_per_output_token_ms")
+    __slots__ = ("embed_ms", "search_ms", "rerank_ms", "retrieval_total_ms", "prompt_ms", "ttft_ms", "generation_ms", "total_ms", "time_per_output_token_ms", "cache_ms")
     EMBED_MS_FIELD_NUMBER: _ClassVar[int]
     SEARCH_MS_FIELD_NUMBER: _ClassVar[int]
     RERANK_MS_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +45,7 @@ class StageTimings(_message.Message):
     GENERATION_MS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
     TIME_PER_OUTPUT_TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_MS_FIELD_NUMBER: _ClassVar[int]
     embed_ms: float
     search_ms: float
     rerank_ms: float
@@ -52,7 +55,8 @@ class StageTimings(_message.Message):
     generation_ms: float
     total_ms: float
     time_per_output_token_ms: float
-    def __init__(self, embed_ms: _Optional[float] = ..., search_ms: _Optional[float] = ..., rerank_ms: _Optional[float] = ..., retrieval_total_ms: _Optional[float] = ..., prompt_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., generation_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., time_per_output_token_ms: _Optional[float] = ...) -> None: ...
+    cache_ms: float
+    def __init__(self, embed_ms: _Optional[float] = ..., search_ms: _Optional[float] = ..., rerank_ms: _Optional[float] = ..., retrieval_total_ms: _Optional[float] = ..., prompt_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., generation_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., time_per_output_token_ms: _Optional[float] = ..., cache_ms: _Optional[float] = ...) -> None: ...
 
 class DegradedFlags(_message.Message):
     __slots__ = ("budget_exhausted", "search_truncated", "rerank_skipped", "rerank_truncated", "notes")
@@ -69,46 +73,52 @@ class DegradedFlags(_message.Message):
     def __init__(self, budget_exhausted: _Optional[bool] = ..., search_truncated: _Optional[bool] = ..., rerank_skipped: _Optional[bool] = ..., rerank_truncated: _Optional[bool] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RetrieveResponse(_message.Message):
-    __slots__ = ("passages", "timings", "degraded", "index_version", "rerank_tiers")
+    __slots__ = ("passages", "timings", "degraded", "index_version", "rerank_tiers", "cache_hit")
     PASSAGES_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
     INDEX_VERSION_FIELD_NUMBER: _ClassVar[int]
     RERANK_TIERS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_HIT_FIELD_NUMBER: _ClassVar[int]
     passages: _containers.RepeatedCompositeFieldContainer[Passage]
     timings: StageTimings
     degraded: DegradedFlags
     index_version: str
     rerank_tiers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., index_version: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ...) -> None: ...
+    cache_hit: bool
+    def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., index_version: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., cache_hit: _Optional[bool] = ...) -> None: ...
 
 class QueryRequest(_message.Message):
-    __slots__ = ("query", "top_k", "budget_ms", "max_tokens", "temperature")
+    __slots__ = ("query", "top_k", "budget_ms", "max_tokens", "temperature", "dedupe_documents")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    DEDUPE_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
     query: str
     top_k: int
     budget_ms: int
     max_tokens: int
     temperature: float
-    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ...) -> None: ...
+    dedupe_documents: bool
+    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., dedupe_documents: _Optional[bool] = ...) -> None: ...
 
 class RetrievalEvent(_message.Message):
-    __slots__ = ("passages", "timings", "degraded", "index_version", "rerank_tiers")
+    __slots__ = ("passages", "timings", "degraded", "index_version", "rerank_tiers", "cache_hit")
     PASSAGES_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
     INDEX_VERSION_FIELD_NUMBER: _ClassVar[int]
     RERANK_TIERS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_HIT_FIELD_NUMBER: _ClassVar[int]
     passages: _containers.RepeatedCompositeFieldContainer[Passage]
     timings: StageTimings
     degraded: DegradedFlags
     index_version: str
     rerank_tiers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., index_version: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ...) -> None: ...
+    cache_hit: bool
+    def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., index_version: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., cache_hit: _Optional[bool] = ...) -> None: ...
 
 class TokenEvent(_message.Message):
     __slots__ = ("text",)
@@ -155,17 +165,21 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("index_version", "index_chunks", "embedder_model", "generator_model", "rerank_tiers", "retrieval_budget_ms")
+    __slots__ = ("index_version", "index_chunks", "embedder_model", "generator_model", "rerank_tiers", "retrieval_budget_ms", "generator_unfinished_requests", "requests_in_flight")
     INDEX_VERSION_FIELD_NUMBER: _ClassVar[int]
     INDEX_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDER_MODEL_FIELD_NUMBER: _ClassVar[int]
     GENERATOR_MODEL_FIELD_NUMBER: _ClassVar[int]
     RERANK_TIERS_FIELD_NUMBER: _ClassVar[int]
     RETRIEVAL_BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
+    GENERATOR_UNFINISHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     index_version: str
     index_chunks: int
     embedder_model: str
     generator_model: str
     rerank_tiers: _containers.RepeatedScalarFieldContainer[str]
     retrieval_budget_ms: int
-    def __init__(self, index_version: _Optional[str] = ..., index_chunks: _Optional[int] = ..., embedder_model: _Optional[str] = ..., generator_model: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., retrieval_budget_ms: _Optional[int] = ...) -> None: ...
+    generator_unfinished_requests: int
+    requests_in_flight: int
+    def __init__(self, index_version: _Optional[str] = ..., index_chunks: _Optional[int] = ..., embedder_model: _Optional[str] = ..., generator_model: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., retrieval_budget_ms: _Optional[int] = ..., generator_unfinished_requests: _Optional[int] = ..., requests_in_flight: _Optional[int] = ...) -> None: ...

@@ -1,4 +1,4 @@
-"""A real server process on loopback: real MiniLM, real hnswlib index, real vLLM engine."""
+"""Real server processes on loopback or a Unix socket: real MiniLM, hnswlib index, vLLM engine."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -30,20 +30,46 @@ class LiveServer:
     target: str
     process: subprocess.Popen[bytes]
     log: Path
+    env: dict[str, str] = field(default_factory=dict)
+    metrics_port: int = 0
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
 
     def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 60) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return int(self.process.returncode)
 
 
-def wait_serving(server: LiveServer, timeout_s: float) -> None:
+def wait_serving(server: LiveServer, timeout_s: float = START_TIMEOUT_S, credentials: object = None) -> None:
     give_up = time.monotonic() + timeout_s
-    with grpc.insecure_channel(server.target) as channel:
+    metadata = (
+        (("authorization", f"Bearer {server.env['RAGSERVE_AUTH_TOKEN']}"),)
+        if "RAGSERVE_AUTH_TOKEN" in server.env
+        else None
+    )
+    if credentials is None:
+        channel = grpc.insecure_channel(server.target)
+    else:
+        channel = grpc.secure_channel(
+            server.target, credentials, options=[("grpc.ssl_target_name_override", "localhost")]
+        )
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < give_up:
             if server.process.poll() is not None:
                 pytest.fail(f"server exited with {server.process.returncode} during start-up:\n{server.log_tail()}")
             try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=2.0)
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=2.0, metadata=metadata)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return
             except grpc.RpcError:
@@ -52,28 +78,61 @@ def wait_serving(server: LiveServer, timeout_s: float) -> None:
     pytest.fail(f"server not SERVING after {timeout_s} s:\n{server.log_tail()}")
 
 
+def spawn_server(
+    index: Path, log: Path, env: dict[str, str] | None = None, port: int | None = None, uds: str = ""
+) -> LiveServer:
+    """Start `ragserve serve` as a child process; the caller waits for SERVING and stops it."""
+    metrics_port = free_port()
+    full_env = {
+        **os.environ,
+        "RAGSERVE_LOG_LEVEL": "INFO",
+        "RAGSERVE_SHUTDOWN_GRACE_S": "10",
+        "RAGSERVE_METRICS_PORT": str(metrics_port),
+        **(env or {}),
+    }
+    command = [sys.executable, "-m", "ragserve.cli", "serve", "--index", str(index)]
+    if uds:
+        command += ["--uds", uds]
+        target = f"unix:{uds}"
+    else:
+        port = port or free_port()
+        command += ["--port", str(port)]
+        target = f"127.0.0.1:{port}"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=full_env)
+    return LiveServer(target, process, log, env or {}, metrics_port)
+
+
+# The shared full server: the real engine, a small in-flight bound (for the overload test) and
+# client pings allowed every second (for the keepalive test).
+LIVE_ENV = {
+    "RAGSERVE_MAX_IN_FLIGHT": "4",
+    "RAGSERVE_KEEPALIVE_MIN_PING_MS": "1000",
+    "RAGSERVE_KEEPALIVE_TIME_MS": "2000",
+    "RAGSERVE_HEALTH_PROBE_INTERVAL_S": "0.5",
+}
+
+
 @pytest.fixture(scope="session")
 def live_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
-    env = {**os.environ, "RAGSERVE_LOG_LEVEL": "INFO", "RAGSERVE_SHUTDOWN_GRACE_S": "5"}
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "ragserve.cli", "serve", "--port", str(port), "--index", str(sample_index)],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    server = LiveServer(f"127.0.0.1:{port}", process, log)
+    server = spawn_server(sample_index, log, LIVE_ENV)
     try:
-        wait_serving(server, START_TIMEOUT_S)
+        wait_serving(server)
         yield server
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-    assert process.returncode == 0, f"server exited with {process.returncode} on SIGTERM:\n{server.log_tail()}"
+        code = server.stop()
+    assert code == 0, f"server exited with {code} on SIGTERM:\n{server.log_tail()}"
+
+
+@pytest.fixture(scope="session")
+def retrieval_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """Retrieval-only (no generator): starts in seconds; for input, auth and transport tests."""
+    log = tmp_path_factory.mktemp("retrieval-server") / "server.log"
+    server = spawn_server(sample_index, log, {"RAGSERVE_GENERATION_ENABLED": "false"})
+    try:
+        wait_serving(server)
+        yield server
+    finally:
+        code = server.stop()
+    assert code == 0, f"server exited with {code} on SIGTERM:\n{server.log_tail()}"

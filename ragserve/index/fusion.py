@@ -1,0 +1,115 @@
+"""Hybrid retrieval: dense and BM25 candidate lists fused (RRF or weighted), optional dedupe to documents.
+
+Pure functions over the index Protocols, so the pipeline makes one call and every backend
+(hnswlib, Qdrant) gets the same fusion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from ragserve.index.base import LexicalSearch, ScoredChunk, SearchIndex
+
+Mode = Literal["dense", "bm25", "hybrid"]
+Fusion = Literal["rrf", "weighted"]
+
+
+@dataclass(frozen=True, slots=True)
+class RetrievalOptions:
+    mode: Mode = "hybrid"
+    fusion: Fusion = "rrf"
+    # RRF's constant: 60 is the value from the original paper and works without tuning.
+    rrf_k: int = 60
+    # Weighted fusion: weight of the dense list (BM25 gets 1 - weight) after min-max normalization.
+    dense_weight: float = 0.5
+    # Candidates taken from each list before fusing; at least top_k.
+    candidates: int = 100
+    # When deduplicating to documents, look this many times deeper so enough distinct documents remain.
+    dedupe_depth_factor: int = 3
+
+    def cache_tag(self, dedupe: bool) -> str:
+        """Everything here that changes a result list, for cache keys."""
+        return (
+            f"mode={self.mode},fusion={self.fusion},rrf_k={self.rrf_k},w={self.dense_weight},"
+            f"n={self.candidates},dedupe={int(dedupe)}"
+        )
+
+
+def rrf(lists: Sequence[Sequence[ScoredChunk]], k: int) -> list[ScoredChunk]:
+    """Reciprocal rank fusion: score = sum over lists of 1 / (k + rank)."""
+    scores: dict[str, float] = {}
+    chunks: dict[str, ScoredChunk] = {}
+    for hits in lists:
+        for rank, hit in enumerate(hits, start=1):
+            cid = hit.chunk.chunk_id
+            scores[cid] = scores.get(cid, 0.0) + 1.0 / (k + rank)
+            chunks.setdefault(cid, hit)
+    order = sorted(scores, key=lambda c: (-scores[c], c))
+    return [ScoredChunk(chunks[c].chunk, scores[c]) for c in order]
+
+
+def _minmax(hits: Sequence[ScoredChunk]) -> dict[str, float]:
+    if not hits:
+        return {}
+    values = np.asarray([h.score for h in hits], dtype=np.float64)
+    low, span = float(values.min()), float(values.max() - values.min())
+    if span <= 0.0:
+        return {h.chunk.chunk_id: 1.0 for h in hits}
+    return {h.chunk.chunk_id: (h.score - low) / span for h in hits}
+
+
+def weighted(dense: Sequence[ScoredChunk], lexical: Sequence[ScoredChunk], dense_weight: float) -> list[ScoredChunk]:
+    """Convex combination of min-max normalized scores; a chunk missing from a list scores 0 there."""
+    d, b = _minmax(dense), _minmax(lexical)
+    chunks = {h.chunk.chunk_id: h for h in (*lexical, *dense)}
+    fused = {cid: dense_weight * d.get(cid, 0.0) + (1.0 - dense_weight) * b.get(cid, 0.0) for cid in chunks}
+    order = sorted(fused, key=lambda c: (-fused[c], c))
+    return [ScoredChunk(chunks[c].chunk, fused[c]) for c in order]
+
+
+def dedupe_documents(hits: Sequence[ScoredChunk]) -> list[ScoredChunk]:
+    """Keep each document's best-ranked chunk (input is best first)."""
+    seen: set[str] = set()
+    out = []
+    for hit in hits:
+        if hit.chunk.doc_id not in seen:
+            seen.add(hit.chunk.doc_id)
+            out.append(hit)
+    return out
+
+
+def hybrid_search(
+    index: SearchIndex,
+    query: str,
+    query_vector: np.ndarray,
+    k: int,
+    ef: int,
+    options: RetrievalOptions,
+    dedupe: bool = False,
+) -> tuple[list[ScoredChunk], str]:
+    """The top k chunks (or documents, if `dedupe`) for one query; also the mode that actually ran.
+
+    An index without a lexical part (built before BM25 existed) answers dense-only and says so.
+    """
+    depth = k * options.dedupe_depth_factor if dedupe else k
+    lexical = isinstance(index, LexicalSearch) and index.lexical_available
+    mode = options.mode if lexical else "dense"
+    if mode == "dense":
+        hits = index.search(query_vector, depth, max(ef, depth))
+    elif mode == "bm25":
+        hits = index.search_lexical(query, depth)  # type: ignore[attr-defined]
+    else:
+        n = max(options.candidates, depth)
+        dense = index.search(query_vector, n, max(ef, n))
+        bm25 = index.search_lexical(query, n)  # type: ignore[attr-defined]
+        if options.fusion == "rrf":
+            hits = rrf([dense, bm25], options.rrf_k)
+        else:
+            hits = weighted(dense, bm25, options.dense_weight)
+    if dedupe:
+        hits = dedupe_documents(hits)
+    return list(hits[:k]), mode

@@ -1,0 +1,239 @@
+"""The same retrieval contract on Qdrant (qdrant-client): a URL for a server or cluster, or local mode.
+
+Layout: each index version is a collection `<name>_vNNNNNN` with a named dense vector ("dense",
+cosine, HNSW) and a named sparse vector ("bm25", IDF modifier). BM25 runs inside Qdrant: each
+chunk's sparse vector holds BM25's saturated term frequencies (k1, b, document length) and Qdrant
+multiplies by IDF at query time, so scores are BM25's. The alias `<name>` points at the published
+version and is flipped atomically once every point is written (upserts wait), which is Qdrant's
+equivalent of the CURRENT symlink. Point ids are uuid5 of the chunk id: re-running an upsert
+overwrites, never duplicates.
+"""
+
+from __future__ import annotations
+
+import uuid
+import zlib
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ragserve.errors import IndexLoadError
+from ragserve.index.base import ScoredChunk
+from ragserve.index.bm25 import bm25_terms
+from ragserve.types import Chunk
+
+DENSE = "dense"
+SPARSE = "bm25"
+BM25_K1 = 1.5
+BM25_B = 0.75
+_POINT_NAMESPACE = uuid.UUID("6f1c9a52-3b7e-4f0a-9d4e-1a2b3c4d5e6f")
+
+
+def point_id(chunk_id: str) -> str:
+    """Deterministic: the same chunk always maps to the same point."""
+    return str(uuid.uuid5(_POINT_NAMESPACE, chunk_id))
+
+
+def term_index(term: str) -> int:
+    # A stable hash (not Python's salted hash()), so the indexer and every server agree.
+    return zlib.crc32(term.encode()) & 0x7FFFFFFF
+
+
+def version_collection(name: str, version: int) -> str:
+    return f"{name}_v{version:06d}"
+
+
+def make_client(url: str, api_key: str | None = None) -> Any:
+    """`http(s)://...` is a server or cluster; `:memory:` or a folder path is qdrant-client's local mode."""
+    from qdrant_client import QdrantClient
+
+    if not url:
+        raise IndexLoadError("RAGSERVE_QDRANT_URL is empty: give a Qdrant URL, ':memory:' or a local folder")
+    if url == ":memory:":
+        return QdrantClient(":memory:")
+    if url.startswith(("http://", "https://")):
+        return QdrantClient(url=url, api_key=api_key, prefer_grpc=False, timeout=10)
+    return QdrantClient(path=url)
+
+
+def sparse_bm25(terms: Sequence[str], avgdl: float) -> tuple[list[int], list[float]]:
+    """A document's BM25 term weights without IDF (Qdrant's IDF modifier supplies it)."""
+    counts = Counter(term_index(t) for t in terms)
+    norm = BM25_K1 * (1.0 - BM25_B + BM25_B * len(terms) / max(avgdl, 1e-9))
+    indices = sorted(counts)
+    return indices, [counts[i] * (BM25_K1 + 1.0) / (counts[i] + norm) for i in indices]
+
+
+def _chunk_payload(chunk: Chunk, row: int) -> dict[str, Any]:
+    return {
+        "chunk_id": chunk.chunk_id,
+        "doc_id": chunk.doc_id,
+        "text": chunk.text,
+        "title": chunk.title,
+        "source": chunk.source,
+        "start": chunk.start,
+        "end": chunk.end,
+        "row": row,
+    }
+
+
+def _chunk_of(payload: dict[str, Any]) -> Chunk:
+    return Chunk(
+        chunk_id=payload["chunk_id"],
+        doc_id=payload["doc_id"],
+        text=payload["text"],
+        title=payload.get("title", ""),
+        source=payload.get("source", ""),
+        start=int(payload.get("start", 0)),
+        end=int(payload.get("end", 0)),
+    )
+
+
+def alias_target(client: Any, alias: str) -> str | None:
+    for item in client.get_aliases().aliases:
+        if item.alias_name == alias:
+            return str(item.collection_name)
+    return None
+
+
+def publish_collection(
+    client: Any,
+    name: str,
+    chunks: list[Chunk],
+    vectors: np.ndarray,
+    embedding_texts: list[str],
+    meta: dict[str, Any],
+    hnsw_m: int = 32,
+    ef_construct: int = 200,
+    batch: int = 256,
+) -> tuple[str, int]:
+    """Write a new version collection, verify its count, flip the alias; returns (collection, version)."""
+    from qdrant_client import models
+
+    current = alias_target(client, name)
+    version = 1
+    if current is not None:
+        version = int((client.get_collection(current).config.metadata or {}).get("version", 0)) + 1
+    target = version_collection(name, version)
+    # A killed earlier build may have left an unpublished collection: never reuse it half-filled.
+    if client.collection_exists(target):
+        client.delete_collection(target)
+    terms = bm25_terms(embedding_texts)
+    avgdl = float(np.mean([len(t) for t in terms])) if terms else 1.0
+    full_meta = {**meta, "version": version, "count": len(chunks), "bm25": {"k1": BM25_K1, "b": BM25_B}}
+    client.create_collection(
+        target,
+        vectors_config={DENSE: models.VectorParams(size=int(vectors.shape[1]), distance=models.Distance.COSINE)},
+        sparse_vectors_config={SPARSE: models.SparseVectorParams(modifier=models.Modifier.IDF)},
+        hnsw_config=models.HnswConfigDiff(m=hnsw_m, ef_construct=ef_construct),
+        metadata=full_meta,
+    )
+    for start in range(0, len(chunks), batch):
+        points = []
+        for row in range(start, min(start + batch, len(chunks))):
+            idx, vals = sparse_bm25(terms[row], avgdl)
+            vec: dict[str, Any] = {DENSE: vectors[row].tolist()}
+            if idx:
+                vec[SPARSE] = models.SparseVector(indices=idx, values=vals)
+            points.append(
+                models.PointStruct(
+                    id=point_id(chunks[row].chunk_id), vector=vec, payload=_chunk_payload(chunks[row], row)
+                )
+            )
+        client.upsert(target, points=points, wait=True)
+    stored = client.count(target, exact=True).count
+    if stored != len(chunks):
+        raise IndexLoadError(f"Qdrant collection {target} holds {stored} points after upload, expected {len(chunks)}")
+    ops: list[Any] = []
+    if current is not None:
+        ops.append(models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=name)))
+    ops.append(models.CreateAliasOperation(create_alias=models.CreateAlias(collection_name=target, alias_name=name)))
+    client.update_collection_aliases(change_aliases_operations=ops)  # one atomic switch
+    # Keep the previous version (servers may still be reading it); drop anything older.
+    for coll in client.get_collections().collections:
+        cname = str(coll.name)
+        if cname.startswith(f"{name}_v") and cname not in (target, current):
+            client.delete_collection(cname)
+    return target, version
+
+
+class QdrantIndex:
+    """A published Qdrant version (the collection the alias pointed to when loaded)."""
+
+    def __init__(self, client: Any, collection: str, meta: dict[str, Any]) -> None:
+        self._client = client
+        self.collection = collection
+        self._meta = meta
+
+    @classmethod
+    def connect(cls, url: str, name: str, api_key: str | None = None) -> QdrantIndex:
+        return cls.open(make_client(url, api_key), name)
+
+    @classmethod
+    def open(cls, client: Any, name: str) -> QdrantIndex:
+        collection = alias_target(client, name)
+        if collection is None:
+            raise IndexLoadError(f"no published Qdrant index {name!r} (no alias); run the indexer with --qdrant-url")
+        meta = dict(client.get_collection(collection).config.metadata or {})
+        for key in ("version", "embedder_id", "dim", "count"):
+            if key not in meta:
+                raise IndexLoadError(f"Qdrant collection {collection} has no {key!r} in its metadata")
+        stored = client.count(collection, exact=True).count
+        if stored != int(meta["count"]):
+            raise IndexLoadError(f"Qdrant collection {collection} holds {stored} points, metadata says {meta['count']}")
+        return cls(client, collection, meta)
+
+    @property
+    def version(self) -> str:
+        return str(self._meta["version"])
+
+    @property
+    def count(self) -> int:
+        return int(self._meta["count"])
+
+    @property
+    def embedder_id(self) -> str:
+        return str(self._meta["embedder_id"])
+
+    @property
+    def dim(self) -> int:
+        return int(self._meta["dim"])
+
+    @property
+    def lexical_available(self) -> bool:
+        return "bm25" in self._meta
+
+    def search(self, query_vector: np.ndarray, k: int, ef: int) -> list[ScoredChunk]:
+        from qdrant_client import models
+
+        k = min(k, self.count)
+        if k <= 0:
+            return []
+        result = self._client.query_points(
+            self.collection,
+            query=np.asarray(query_vector, dtype=np.float32).tolist(),
+            using=DENSE,
+            limit=k,
+            search_params=models.SearchParams(hnsw_ef=max(ef, k)),
+            with_payload=True,
+        )
+        return [ScoredChunk(_chunk_of(p.payload), float(p.score)) for p in result.points]
+
+    def search_lexical(self, query: str, k: int) -> list[ScoredChunk]:
+        from qdrant_client import models
+
+        terms = bm25_terms([query])[0]
+        k = min(k, self.count)
+        if k <= 0 or not terms:
+            return []
+        indices = sorted({term_index(t) for t in terms})
+        result = self._client.query_points(
+            self.collection,
+            query=models.SparseVector(indices=indices, values=[1.0] * len(indices)),
+            using=SPARSE,
+            limit=k,
+            with_payload=True,
+        )
+        return [ScoredChunk(_chunk_of(p.payload), float(p.score)) for p in result.points if p.score > 0]

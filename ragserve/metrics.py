@@ -1,0 +1,29 @@
+"""Prometheus metrics: defined once here, fed from the stage timings recorded per request."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+# Milliseconds: from sub-ms cache hits to multi-second generations.
+_MS_BUCKETS = (0.5, 1, 2, 5, 10, 20, 35, 50, 70, 100, 150, 250, 500, 1000, 2500, 5000, 10000, 30000)
+
+STAGE_MS = Histogram(
+    "ragserve_stage_latency_ms",
+    "Latency of one request stage in milliseconds",
+    ["stage"],
+    buckets=_MS_BUCKETS,
+)
+REQUESTS = Counter("ragserve_requests_total", "Requests by method and final gRPC status", ["method", "code"])
+IN_FLIGHT = Gauge("ragserve_in_flight_requests", "Requests admitted and not yet finished")
+DEGRADED = Counter("ragserve_degraded_total", "Requests that were cut short to hold the budget, by kind", ["kind"])
+RERANK_DEPTH = Histogram(
+    "ragserve_rerank_depth", "Pairs scored by each rerank tier", ["tier"], buckets=(0, 1, 2, 5, 10, 20, 50, 100)
+)
+CACHE_REQUESTS = Counter("ragserve_cache_requests_total", "Retrieval cache lookups", ["backend", "result"])
+CACHE_ERRORS = Counter("ragserve_cache_errors_total", "Retrieval cache backend failures", ["backend", "kind"])
+CACHE_CIRCUIT_OPEN = Gauge("ragserve_cache_circuit_open", "1 while the cache backend is skipped", ["backend"])
+PROMPT_TOKENS = Counter("ragserve_prompt_tokens_total", "Prompt tokens sent to the generator")
+PREFIX_CACHE_HIT_TOKENS = Counter(
+    "ragserve_prefix_cache_hit_tokens_total", "Prompt tokens served from the generator's prefix cache"
+)
+COMPLETION_TOKENS = Counter("ragserve_completion_tokens_total", "Tokens generated")

@@ -1,0 +1,81 @@
+"""Each tier's cost at this host's load: a per-call overhead plus milliseconds per padded token.
+
+Measured at warm-up and kept current from live batch timings. Estimates rise quickly and fall
+slowly: under-estimating a batch costs the budget, over-estimating only costs a little depth.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+
+def padded_tokens(lengths: Sequence[int]) -> int:
+    """What one batch costs to run: every pair is padded to the batch's longest."""
+    return len(lengths) * max(lengths) if lengths else 0
+
+
+def plan_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indexes into `lengths`, longest first, cut into batches: similar lengths pad little."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+class CostModel:
+    """Predicts a batch's milliseconds from its padded token count."""
+
+    def __init__(
+        self,
+        ms_per_token: float,
+        overhead_ms: float = 0.0,
+        rise: float = 0.5,
+        fall: float = 0.1,
+    ) -> None:
+        if ms_per_token <= 0:
+            raise ValueError("ms_per_token must be positive")
+        self._lock = threading.Lock()
+        self._ms_per_token = ms_per_token
+        self._overhead_ms = max(0.0, overhead_ms)
+        self._rise = rise
+        self._fall = fall
+
+    @property
+    def ms_per_token(self) -> float:
+        return self._ms_per_token
+
+    @property
+    def overhead_ms(self) -> float:
+        return self._overhead_ms
+
+    @classmethod
+    def fit(cls, samples: Sequence[tuple[int, float]]) -> CostModel:
+        """Least squares over (padded tokens, ms) samples from warm-up; needs two sizes or more."""
+        n = len(samples)
+        if n == 0:
+            raise ValueError("no samples")
+        mean_x = sum(x for x, _ in samples) / n
+        mean_y = sum(y for _, y in samples) / n
+        var = sum((x - mean_x) ** 2 for x, _ in samples)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in samples) / var if var > 0 else 0.0
+        if slope <= 0:
+            # Noise swamped the size effect: charge everything per token, no fixed part.
+            slope = max(y / x for x, y in samples if x > 0)
+            return cls(slope, 0.0)
+        return cls(slope, mean_y - slope * mean_x)
+
+    def predict(self, tokens: int) -> float:
+        return self._overhead_ms + self._ms_per_token * tokens if tokens > 0 else 0.0
+
+    def predict_batches(self, lengths: Sequence[int], batch_size: int) -> float:
+        return sum(self.predict(padded_tokens([lengths[i] for i in b])) for b in plan_batches(lengths, batch_size))
+
+    def observe(self, tokens: int, ms: float) -> None:
+        """Fold one live batch timing into the per-token estimate."""
+        if tokens <= 0:
+            return
+        sample = max(ms - self._overhead_ms, 0.0) / tokens
+        if sample <= 0:
+            return
+        with self._lock:
+            weight = self._rise if sample > self._ms_per_token else self._fall
+            self._ms_per_token += weight * (sample - self._ms_per_token)

@@ -1,0 +1,299 @@
+"""Cross-encoder tiers on torch and on ONNX Runtime (int8 dynamic quantization on CPU).
+
+Both tokenize with the model's own tokenizer, truncate pairs to a max sequence length matched to
+the chunk size, and pad each batch only to its own longest pair.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ragserve.errors import ConfigError
+from ragserve.rerank.base import EncodedPair
+
+log = logging.getLogger(__name__)
+
+# Written into the config of the architecture-identical test models (random classification heads).
+RANDOM_HEAD_MARKER = "ragserve_random_head"
+
+
+@contextlib.contextmanager
+def pinned(cpus: frozenset[int] | None) -> Iterator[None]:
+    """Run the calling thread on `cpus` for the duration (Linux: affinity is per thread)."""
+    if not cpus or not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _load_error(model: str, setting: str, exc: BaseException) -> ConfigError:
+    return ConfigError(
+        f"cannot load reranker model {model!r} (set by {setting}): {type(exc).__name__}: {str(exc).rstrip('.')}. "
+        "Point the setting at an HF id or a local folder that holds a cross-encoder, "
+        "or set RAGSERVE_RERANK_MODE=off"
+    )
+
+
+class _Tokenizing:
+    """Shared by both backends: the model's tokenizer, pair encoding and dynamic padding."""
+
+    _tokenizer: Any
+    _tokenizer_lock: threading.Lock
+    _max_seq_len: int
+
+    def _load_tokenizer(self, model: str, setting: str) -> None:
+        from transformers import AutoTokenizer
+
+        try:
+            self._tokenizer = AutoTokenizer.from_pretrained(model)
+        except Exception as exc:  # transformers raises OSError, ValueError, hub errors...
+            raise _load_error(model, setting, exc) from exc
+        self._pad_id = int(self._tokenizer.pad_token_id or 0)
+        # A fast tokenizer sets its truncation state per call: concurrent calls fail with "Already borrowed".
+        self._tokenizer_lock = threading.Lock()
+
+    def encode(self, query: str, texts: Sequence[str]) -> list[EncodedPair]:
+        if not texts:
+            return []
+        with self._tokenizer_lock:
+            enc = self._tokenizer(
+                [query] * len(texts),
+                list(texts),
+                truncation="longest_first",
+                max_length=self._max_seq_len,
+                padding=False,
+                return_token_type_ids=True,
+                return_attention_mask=False,
+            )
+        pairs = zip(enc["input_ids"], enc["token_type_ids"], strict=True)
+        return [EncodedPair(tuple(ids), tuple(types)) for ids, types in pairs]
+
+    def _pad(self, pairs: Sequence[EncodedPair]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        width = max(len(p) for p in pairs)
+        ids = np.full((len(pairs), width), self._pad_id, dtype=np.int64)
+        types = np.zeros((len(pairs), width), dtype=np.int64)
+        mask = np.zeros((len(pairs), width), dtype=np.int64)
+        for row, pair in enumerate(pairs):
+            n = len(pair)
+            ids[row, :n] = pair.input_ids
+            types[row, :n] = pair.token_type_ids
+            mask[row, :n] = 1
+        return ids, mask, types
+
+
+def _relevance(logits: np.ndarray) -> np.ndarray:
+    """One relevance logit per pair (ms-marco cross-encoders have one label)."""
+    logits = np.asarray(logits, dtype=np.float32)
+    if logits.ndim == 2 and logits.shape[1] > 1:
+        return np.asarray(logits[:, -1] - logits[:, 0], dtype=np.float32)
+    return np.asarray(logits.reshape(-1), dtype=np.float32)
+
+
+def _read_config(model: str, setting: str) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(model)
+    except Exception as exc:
+        raise _load_error(model, setting, exc) from exc
+
+
+class TorchCrossEncoder(_Tokenizing):
+    """A cross-encoder on torch, fp32 (CPU) or the checkpoint's dtype (CUDA)."""
+
+    def __init__(
+        self,
+        model: str,
+        setting: str,
+        device: str = "cpu",
+        max_seq_len: int = 256,
+        cpus: frozenset[int] | None = None,
+    ) -> None:
+        import torch
+        from transformers import AutoModelForSequenceClassification
+
+        config = _read_config(model, setting)
+        self._load_tokenizer(model, setting)
+        try:
+            net = AutoModelForSequenceClassification.from_pretrained(model)
+        except Exception as exc:
+            raise _load_error(model, setting, exc) from exc
+        self._net = net.to(device).eval()
+        self._torch = torch
+        self._device = device
+        self._model_id = model
+        self._max_seq_len = min(max_seq_len, int(getattr(config, "max_position_embeddings", max_seq_len)))
+        self._random_head = bool(getattr(config, RANDOM_HEAD_MARKER, False))
+        self._cpus = cpus
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def backend(self) -> str:
+        return f"torch-{self._device}"
+
+    @property
+    def random_head(self) -> bool:
+        return self._random_head
+
+    def score(self, pairs: Sequence[EncodedPair]) -> np.ndarray:
+        if not pairs:
+            return np.zeros(0, dtype=np.float32)
+        torch = self._torch
+        ids, mask, types = (torch.from_numpy(a).to(self._device) for a in self._pad(pairs))
+        with pinned(self._cpus), torch.inference_mode():
+            logits = self._net(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+        return _relevance(logits.float().cpu().numpy())
+
+
+def _cache_key(model: str, config: Any, quantize: bool) -> str:
+    """Changes when the model's files or the exporter change, so a stale export is never reused."""
+    import torch
+
+    h = hashlib.sha256()
+    h.update(model.encode())
+    h.update(json.dumps(config.to_dict(), sort_keys=True, default=str).encode())
+    local = Path(model)
+    if local.is_dir():
+        for f in sorted(local.iterdir()):
+            if f.is_file():
+                st = f.stat()
+                h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    h.update(f"torch={torch.__version__};int8={quantize}".encode())
+    return h.hexdigest()[:16]
+
+
+def export_onnx(model: str, setting: str, cache_dir: Path, quantize: bool) -> Path:
+    """Export once (at load time) into `cache_dir`; later starts reuse the file."""
+    config = _read_config(model, setting)
+    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in model.strip("/").split("/")[-1]) or "model"
+    folder = cache_dir / f"{slug}-{_cache_key(model, config, quantize)}"
+    target = folder / ("model.int8.onnx" if quantize else "model.onnx")
+    if target.is_file():
+        return target
+
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    try:
+        net = AutoModelForSequenceClassification.from_pretrained(model, attn_implementation="eager").eval()
+    except Exception as exc:
+        raise _load_error(model, setting, exc) from exc
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".export-", dir=cache_dir))
+    try:
+        fp32 = work / "model.onnx"
+        sample = torch.ones(2, 16, dtype=torch.long)
+        axes = {0: "batch", 1: "seq"}
+        with torch.inference_mode():
+            torch.onnx.export(
+                net,
+                (sample, torch.ones_like(sample), torch.zeros_like(sample)),
+                str(fp32),
+                input_names=["input_ids", "attention_mask", "token_type_ids"],
+                output_names=["logits"],
+                dynamic_axes={
+                    "input_ids": axes,
+                    "attention_mask": axes,
+                    "token_type_ids": axes,
+                    "logits": {0: "batch"},
+                },
+                opset_version=17,
+                dynamo=False,  # the TorchScript exporter needs no extra packages and handles BERT well
+            )
+        if quantize:
+            from onnxruntime.quantization import QuantType, quantize_dynamic
+
+            quantize_dynamic(str(fp32), str(work / "model.int8.onnx"), weight_type=QuantType.QInt8)
+            fp32.unlink()
+        # Publish the finished folder with one rename: a crash mid-export leaves no half file behind.
+        if folder.exists():
+            shutil.rmtree(folder)
+        work.rename(folder)
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
+    log.info("exported %s to %s", model, target)
+    return target
+
+
+class OnnxCrossEncoder(_Tokenizing):
+    """A cross-encoder on ONNX Runtime; int8 dynamic quantization on CPU."""
+
+    def __init__(
+        self,
+        model: str,
+        setting: str,
+        cache_dir: Path,
+        device: str = "cpu",
+        max_seq_len: int = 256,
+        threads: int = 0,
+        cpus: frozenset[int] | None = None,
+    ) -> None:
+        import onnxruntime as ort
+
+        config = _read_config(model, setting)
+        self._load_tokenizer(model, setting)
+        self._quantized = device == "cpu"  # dynamic int8 kernels are a CPU feature
+        path = export_onnx(model, setting, cache_dir, self._quantized)
+        options = ort.SessionOptions()
+        if threads > 0:
+            options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        # Spinning workers would steal the cores the generator and the embedder run on.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if cpus and threads > 1:
+            # The caller thread is pinned by `pinned`; ORT's own pool threads get the same set (1-based ids).
+            ids = ",".join(str(c + 1) for c in sorted(cpus))
+            options.add_session_config_entry("session.intra_op_thread_affinities", ";".join([ids] * (threads - 1)))
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+        try:
+            self._session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
+        except Exception as exc:
+            raise _load_error(model, setting, exc) from exc
+        self._inputs = {i.name for i in self._session.get_inputs()}
+        self._model_id = model
+        self._max_seq_len = min(max_seq_len, int(getattr(config, "max_position_embeddings", max_seq_len)))
+        self._random_head = bool(getattr(config, RANDOM_HEAD_MARKER, False))
+        self._cpus = cpus
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def backend(self) -> str:
+        return "onnx-int8" if self._quantized else "onnx-fp32"
+
+    @property
+    def random_head(self) -> bool:
+        return self._random_head
+
+    def score(self, pairs: Sequence[EncodedPair]) -> np.ndarray:
+        if not pairs:
+            return np.zeros(0, dtype=np.float32)
+        ids, mask, types = self._pad(pairs)
+        feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        feed = {k: v for k, v in feed.items() if k in self._inputs}
+        with pinned(self._cpus):
+            (logits,) = self._session.run(["logits"], feed)
+        return _relevance(logits)

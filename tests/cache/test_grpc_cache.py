@@ -1,0 +1,70 @@
+"""The cache over the real gRPC server path: flags and timings in the response, Redis faults invisible."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+from ragserve.cache.circuit import CircuitBreaker
+from ragserve.cache.layer import StoreBackedCache
+from ragserve.cache.memory import MemoryStore
+from ragserve.cache.redis_cache import RedisStore
+from ragserve.client import RagClient
+from ragserve.index.hnsw import HnswIndex
+from ragserve.pipeline import RagPipeline
+from tests.cache.inproc_server import serve_pipeline
+from tests.cache.redis_proc import RedisProcess
+
+Q = "Explain how a Bloom filter answers membership queries."
+
+
+def test_retrieve_reports_cache_hits_over_grpc(embedder, sample_index) -> None:
+    async def body() -> None:
+        executor = ThreadPoolExecutor(2)
+        cache = StoreBackedCache(MemoryStore())
+        pipeline = RagPipeline(embedder, HnswIndex.load(sample_index), None, executor, cache=cache)
+        async with serve_pipeline(pipeline) as target, RagClient(target) as client:
+            miss = await client.retrieve(Q, top_k=3)
+            await cache.drain()
+            hit = await client.retrieve(Q, top_k=3)
+        executor.shutdown()
+        assert not miss.cache_hit and miss.timings.embed_ms > 0
+        assert hit.cache_hit and hit.timings.embed_ms == 0 and hit.timings.cache_ms > 0
+        assert [p.chunk_id for p in hit.passages] == [p.chunk_id for p in miss.passages]
+        assert [p.score for p in hit.passages] == [p.score for p in miss.passages]
+        assert hit.index_version == miss.index_version
+
+    asyncio.run(body())
+
+
+def test_redis_dies_and_returns_under_grpc_load(embedder, sample_index, redis_server: RedisProcess) -> None:
+    async def body() -> None:
+        executor = ThreadPoolExecutor(2)
+        store = RedisStore(redis_server.url, namespace="grpc", timeout_s=0.02)
+        cache = StoreBackedCache(store, breaker=CircuitBreaker(3, cooldown_s=0.2))
+        pipeline = RagPipeline(embedder, HnswIndex.load(sample_index), None, executor, cache=cache)
+        await cache.start()
+        async with serve_pipeline(pipeline) as target, RagClient(target, default_timeout_s=10) as client:
+            await client.retrieve(Q, top_k=3)
+            await cache.drain()
+            assert (await client.retrieve(Q, top_k=3)).cache_hit
+
+            redis_server.kill()
+            down = [await client.retrieve(Q, top_k=3) for _ in range(10)]
+            assert all(r.passages and not r.cache_hit for r in down)
+            assert max(r.timings.cache_ms for r in down) < 50
+
+            await asyncio.to_thread(redis_server.restart)
+            hit = False
+            for _ in range(100):
+                response = await client.retrieve(Q, top_k=3)
+                assert response.passages
+                if response.cache_hit:
+                    hit = True
+                    break
+                await asyncio.sleep(0.05)
+            assert hit, "no cache hit after Redis came back"
+        await cache.close()
+        executor.shutdown()
+
+    asyncio.run(body())

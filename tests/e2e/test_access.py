@@ -1,0 +1,173 @@
+"""Access control (promise 8): loopback or a 0600 Unix socket by default; anything else needs TLS or a token."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ragserve.v1 import rag_pb2 as pb
+from ragserve.v1 import rag_pb2_grpc as pb_grpc
+from tests.e2e.certs import Pki, make_pki
+from tests.e2e.conftest import LiveServer, free_port, spawn_server, wait_serving
+
+RETRIEVAL_ONLY = {"RAGSERVE_GENERATION_ENABLED": "false"}
+TOKEN = "s3cret-token-that-must-never-be-logged"
+
+
+@pytest.fixture(scope="module")
+def uds_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    folder = tmp_path_factory.mktemp("uds")
+    server = spawn_server(sample_index, folder / "server.log", RETRIEVAL_ONLY, uds=str(folder / "ragserve.sock"))
+    try:
+        wait_serving(server)
+        yield server
+    finally:
+        assert server.stop() == 0, server.log_tail()
+
+
+def test_unix_socket_is_private_to_its_user(uds_server: LiveServer) -> None:
+    path = uds_server.target.removeprefix("unix:")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    with grpc.insecure_channel(uds_server.target) as channel:
+        assert pb_grpc.RagServiceStub(channel).Retrieve(pb.RetrieveRequest(query="TLS"), timeout=5).passages
+
+
+def test_non_loopback_address_is_refused_without_protection(sample_index: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ragserve.cli", "serve", "--host", "0.0.0.0", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **RETRIEVAL_ONLY, "RAGSERVE_INDEX_PATH": str(sample_index), "RAGSERVE_METRICS_PORT": "0"},
+    )
+    assert result.returncode == 2
+    assert "RAGSERVE_ALLOW_NON_LOOPBACK" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_opt_in_without_tls_or_token_is_still_refused(sample_index: Path) -> None:
+    env = {**os.environ, **RETRIEVAL_ONLY, "RAGSERVE_ALLOW_NON_LOOPBACK": "true", "RAGSERVE_METRICS_PORT": "0"}
+    result = subprocess.run(
+        [sys.executable, "-m", "ragserve.cli", "serve", "--host", "0.0.0.0", "--index", str(sample_index)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 2
+    assert "TLS" in result.stderr and "RAGSERVE_AUTH_TOKEN" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def token_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    folder = tmp_path_factory.mktemp("token")
+    server = spawn_server(sample_index, folder / "server.log", {**RETRIEVAL_ONLY, "RAGSERVE_AUTH_TOKEN": TOKEN})
+    try:
+        wait_serving(server)
+        yield server
+    finally:
+        assert server.stop() == 0, server.log_tail()
+
+
+@pytest.mark.parametrize("presented", [None, "Bearer wrong", f"Bearer {TOKEN}x", TOKEN])
+def test_every_method_needs_the_token(token_server: LiveServer, presented: str | None) -> None:
+    metadata = (("authorization", presented),) if presented else None
+    with grpc.insecure_channel(token_server.target) as channel:
+        calls = [
+            lambda: pb_grpc.RagServiceStub(channel).Retrieve(
+                pb.RetrieveRequest(query="x"), timeout=5, metadata=metadata
+            ),
+            lambda: pb_grpc.RagServiceStub(channel).Info(pb.InfoRequest(), timeout=5, metadata=metadata),
+            lambda: list(
+                pb_grpc.RagServiceStub(channel).Query(pb.QueryRequest(query="x"), timeout=5, metadata=metadata)
+            ),
+            lambda: health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=5, metadata=metadata
+            ),
+        ]
+        for call in calls:
+            with pytest.raises(grpc.RpcError) as info:
+                call()
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_reflection_needs_the_token_too(token_server: LiveServer) -> None:
+    grpcurl = shutil.which("grpcurl")
+    assert grpcurl, "grpcurl is not installed"
+    denied = subprocess.run([grpcurl, "-plaintext", token_server.target, "list"], capture_output=True, text=True)
+    assert denied.returncode != 0 and "Unauthenticated" in denied.stderr
+    allowed = subprocess.run(
+        [grpcurl, "-plaintext", "-H", f"authorization: Bearer {TOKEN}", token_server.target, "list"],
+        capture_output=True,
+        text=True,
+    )
+    assert allowed.returncode == 0, allowed.stderr
+    assert "ragserve.v1.RagService" in allowed.stdout
+
+
+def test_right_token_is_accepted_and_never_logged(token_server: LiveServer) -> None:
+    metadata = (("authorization", f"Bearer {TOKEN}"),)
+    with grpc.insecure_channel(token_server.target) as channel:
+        reply = pb_grpc.RagServiceStub(channel).Retrieve(pb.RetrieveRequest(query="Raft"), timeout=5, metadata=metadata)
+    assert reply.passages
+    assert TOKEN not in token_server.log_text()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def mtls_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[LiveServer]:
+    folder = tmp_path_factory.mktemp("mtls")
+    env = {
+        **RETRIEVAL_ONLY,
+        "RAGSERVE_TLS_CERT_FILE": str(pki.server_cert),
+        "RAGSERVE_TLS_KEY_FILE": str(pki.server_key),
+        "RAGSERVE_TLS_CLIENT_CA_FILE": str(pki.ca_cert),
+    }
+    server = spawn_server(sample_index, folder / "server.log", env)
+    try:
+        wait_serving(server, credentials=_client_credentials(pki, with_client_cert=True))
+        yield server
+    finally:
+        assert server.stop() == 0, server.log_tail()
+
+
+def _client_credentials(pki: Pki, with_client_cert: bool) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(
+        root_certificates=pki.ca_cert.read_bytes(),
+        private_key=pki.client_key.read_bytes() if with_client_cert else None,
+        certificate_chain=pki.client_cert.read_bytes() if with_client_cert else None,
+    )
+
+
+def _retrieve(target: str, credentials: grpc.ChannelCredentials | None) -> pb.RetrieveResponse:
+    if credentials is None:
+        channel = grpc.insecure_channel(target)
+    else:
+        channel = grpc.secure_channel(target, credentials, options=[("grpc.ssl_target_name_override", "localhost")])
+    with channel:
+        return pb_grpc.RagServiceStub(channel).Retrieve(pb.RetrieveRequest(query="HTTP/2"), timeout=5)
+
+
+def test_mtls_accepts_a_client_certificate(mtls_server: LiveServer, pki: Pki) -> None:
+    assert _retrieve(mtls_server.target, _client_credentials(pki, with_client_cert=True)).passages
+
+
+@pytest.mark.parametrize("mode", ["plaintext", "tls-without-client-cert"])
+def test_mtls_refuses_other_clients(mtls_server: LiveServer, pki: Pki, mode: str) -> None:
+    credentials = None if mode == "plaintext" else _client_credentials(pki, with_client_cert=False)
+    with pytest.raises(grpc.RpcError) as info:
+        _retrieve(mtls_server.target, credentials)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE

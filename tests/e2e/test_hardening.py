@@ -1,0 +1,265 @@
+"""The service's promises under faults, each against a real server process (see docs/promises.md)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import psutil
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ragserve.v1 import rag_pb2 as pb
+from ragserve.v1 import rag_pb2_grpc as pb_grpc
+from tests.e2e.conftest import LiveServer, spawn_server, wait_serving
+
+LONG_QUESTION = "Describe every step of the TLS 1.3 handshake in detail."
+
+
+def _stub(target: str) -> tuple[grpc.Channel, pb_grpc.RagServiceStub]:
+    channel = grpc.insecure_channel(target)
+    return channel, pb_grpc.RagServiceStub(channel)
+
+
+def _wait_engine_idle(stub: pb_grpc.RagServiceStub, limit_s: float) -> float:
+    """Seconds until the engine holds no request, polling Info; fails past `limit_s`."""
+    started = time.perf_counter()
+    while True:
+        info = stub.Info(pb.InfoRequest(), timeout=5)
+        elapsed = time.perf_counter() - started
+        if info.generator_unfinished_requests == 0:
+            return elapsed
+        if elapsed > limit_s:
+            pytest.fail(f"engine still holds {info.generator_unfinished_requests} request(s) after {elapsed:.3f} s")
+        time.sleep(0.01)
+
+
+# 1. Cancellation
+def test_cancel_mid_stream_aborts_the_engine_request(live_server: LiveServer) -> None:
+    channel, stub = _stub(live_server.target)
+    with channel:
+        call = stub.Query(pb.QueryRequest(query=LONG_QUESTION, max_tokens=600, temperature=0.0), timeout=120)
+        tokens = 0
+        for event in call:
+            if event.WhichOneof("event") == "token":
+                tokens += 1
+                if tokens == 3:
+                    break
+        assert stub.Info(pb.InfoRequest(), timeout=5).generator_unfinished_requests == 1
+        call.cancel()
+        assert _wait_engine_idle(stub, limit_s=0.25) <= 0.25
+
+
+# 2. Deadlines
+def test_client_deadline_ends_a_stalled_call_and_frees_the_engine(live_server: LiveServer) -> None:
+    channel, stub = _stub(live_server.target)
+    with channel:
+        started = time.perf_counter()
+        with pytest.raises(grpc.RpcError) as info:
+            for _ in stub.Query(pb.QueryRequest(query=LONG_QUESTION, max_tokens=600), timeout=0.2):
+                pass
+        elapsed = time.perf_counter() - started
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert elapsed <= 0.25, f"DEADLINE_EXCEEDED after {elapsed:.3f} s"
+        _wait_engine_idle(stub, limit_s=1.0)
+
+
+# 3. Overload
+def test_overload_is_rejected_fast_with_pushback(live_server: LiveServer) -> None:
+    limit = int(live_server.env["RAGSERVE_MAX_IN_FLIGHT"])
+    channel, stub = _stub(live_server.target)
+    with channel:
+        calls = [stub.Query(pb.QueryRequest(query=LONG_QUESTION, max_tokens=600), timeout=120) for _ in range(limit)]
+        try:
+            for call in calls:
+                next(iter(call))  # the retrieval event: this call is admitted and in flight
+            started = time.perf_counter()
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Retrieve(pb.RetrieveRequest(query="one more"), timeout=5)
+            elapsed = time.perf_counter() - started
+        finally:
+            for call in calls:
+                call.cancel()
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert elapsed < 0.010, f"rejection took {elapsed * 1000:.1f} ms"
+        trailers = dict(info.value.trailing_metadata() or ())
+        assert int(trailers["grpc-retry-pushback-ms"]) > 0
+        _wait_engine_idle(stub, limit_s=2.0)
+        # Capacity comes back once the streams are gone.
+        assert stub.Retrieve(pb.RetrieveRequest(query="one more"), timeout=5).passages
+
+
+# 4. Slow readers
+def test_slow_reader_does_not_grow_server_memory(live_server: LiveServer) -> None:
+    process = psutil.Process(live_server.process.pid)
+    channel, stub = _stub(live_server.target)
+    with channel:
+        before = process.memory_info().rss
+        call = stub.Query(pb.QueryRequest(query=LONG_QUESTION, max_tokens=200), timeout=120)
+        events = iter(call)
+        next(events)
+        time.sleep(4.0)  # the client reads nothing while the engine could produce ~100 tokens
+        # Meanwhile others are served normally.
+        assert stub.Retrieve(pb.RetrieveRequest(query="Bloom filter"), timeout=5).passages
+        grown_mb = (process.memory_info().rss - before) / 2**20
+        rest = list(events)
+        assert rest[-1].WhichOneof("event") == "final"
+    assert grown_mb < 64, f"server RSS grew {grown_mb:.1f} MiB while a reader stalled"
+
+
+# 7. Bad input (the property-based part is in test_fuzz_input.py)
+def test_oversized_message_is_resource_exhausted(retrieval_server: LiveServer) -> None:
+    channel, stub = _stub(retrieval_server.target)
+    with channel:
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Retrieve(pb.RetrieveRequest(query="x" * (5 * 1024 * 1024)), timeout=10)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert stub.Retrieve(pb.RetrieveRequest(query="still fine"), timeout=5).passages
+
+
+# 9. Port safety
+def test_second_server_on_the_same_port_fails_fast(retrieval_server: LiveServer, sample_index: Path) -> None:
+    port = retrieval_server.target.rsplit(":", 1)[1]
+    started = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-m", "ragserve.cli", "serve", "--port", port, "--index", str(sample_index)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "RAGSERVE_GENERATION_ENABLED": "false", "RAGSERVE_METRICS_PORT": "0"},
+    )
+    assert result.returncode == 2
+    assert "in use" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert time.perf_counter() - started < 30
+    channel, stub = _stub(retrieval_server.target)
+    with channel:
+        assert stub.Retrieve(pb.RetrieveRequest(query="still the first server"), timeout=5).passages
+
+
+# 10. Keepalive
+def test_long_lived_channel_survives_several_keepalive_periods(live_server: LiveServer) -> None:
+    options = [
+        ("grpc.keepalive_time_ms", 1000),
+        ("grpc.keepalive_timeout_ms", 2000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+    with grpc.insecure_channel(live_server.target, options=options) as channel:
+        stub = pb_grpc.RagServiceStub(channel)
+        assert stub.Info(pb.InfoRequest(), timeout=5).index_chunks > 0
+        states: list[grpc.ChannelConnectivity] = []
+        channel.subscribe(states.append, try_to_connect=False)
+        time.sleep(6.0)  # six client keepalive periods, idle
+        assert stub.Info(pb.InfoRequest(), timeout=5).index_chunks > 0
+        channel.unsubscribe(states.append)
+    # A GOAWAY for pinging too often would have dropped the connection (TRANSIENT_FAILURE or IDLE).
+    assert grpc.ChannelConnectivity.TRANSIENT_FAILURE not in states
+    assert grpc.ChannelConnectivity.IDLE not in states
+
+
+# 11. Untrusted documents: the logs name documents, never their text or the question
+def test_logs_carry_ids_not_text(live_server: LiveServer) -> None:
+    question = "Which gas do plants release during photosynthesis, exactly?"
+    channel, stub = _stub(live_server.target)
+    with channel:
+        response = stub.Retrieve(pb.RetrieveRequest(query=question, top_k=2), timeout=10)
+        for _ in stub.Query(pb.QueryRequest(query=question, max_tokens=4), timeout=60):
+            pass
+    time.sleep(0.2)
+    log = live_server.log_text()
+    assert "photosynthesis.md" in log  # the document id is logged
+    assert question not in log
+    for passage in response.passages:
+        snippet = passage.text.strip().splitlines()[-1][:60]
+        assert snippet and snippet not in log
+
+
+@pytest.fixture
+def disposable_server(sample_index: Path, tmp_path: Path) -> Iterator[LiveServer]:
+    """A full server of its own, for tests that kill its engine or stop it."""
+    server = spawn_server(sample_index, tmp_path / "server.log", {"RAGSERVE_HEALTH_PROBE_INTERVAL_S": "0.5"})
+    try:
+        wait_serving(server)
+        yield server
+    finally:
+        server.stop()
+
+
+# 5. Graceful shutdown
+def test_sigterm_drains_in_flight_streams_and_exits_zero(disposable_server: LiveServer) -> None:
+    server = disposable_server
+    channel, stub = _stub(server.target)
+    with channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        watch = health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=120)
+        watch_iter = iter(watch)
+        assert next(watch_iter).status == health_pb2.HealthCheckResponse.SERVING
+        stream = stub.Query(pb.QueryRequest(query="What is a Bloom filter?", max_tokens=40), timeout=120)
+        events = iter(stream)
+        assert next(events).WhichOneof("event") == "retrieval"
+
+        signalled = time.perf_counter()
+        server.process.send_signal(signal.SIGTERM)
+        assert next(watch_iter).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert time.perf_counter() - signalled < 1.0
+
+        # The in-flight stream runs to its end inside the grace period.
+        rest = list(events)
+        assert rest and rest[-1].WhichOneof("event") == "final"
+
+    # New calls are refused once the server is stopping.
+    with grpc.insecure_channel(server.target) as fresh:
+        with pytest.raises(grpc.RpcError) as info:
+            pb_grpc.RagServiceStub(fresh).Retrieve(pb.RetrieveRequest(query="late"), timeout=3)
+        assert info.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    server.process.wait(timeout=30)
+    assert server.process.returncode == 0, server.log_tail()
+
+
+def _engine_core(server: LiveServer) -> psutil.Process:
+    for child in psutil.Process(server.process.pid).children(recursive=True):
+        if "EngineCore" in " ".join([child.name(), *child.cmdline()]):
+            return child
+    pytest.fail("no vLLM EngineCore child process found")
+
+
+# 6. Engine failure
+def test_dead_engine_fails_streams_and_health_but_not_retrieve(disposable_server: LiveServer) -> None:
+    server = disposable_server
+    channel, stub = _stub(server.target)
+    with channel:
+        stream = stub.Query(pb.QueryRequest(query=LONG_QUESTION, max_tokens=600), timeout=120)
+        events = iter(stream)
+        assert next(events).WhichOneof("event") == "retrieval"
+        _engine_core(server).kill()
+        with pytest.raises(grpc.RpcError) as info:
+            for _ in events:
+                pass
+        # An error status, not a stream that just stops.
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value.details()
+
+        health = health_pb2_grpc.HealthStub(channel)
+        give_up = time.monotonic() + 10
+        status = None
+        while time.monotonic() < give_up:
+            status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
+            if status == health_pb2.HealthCheckResponse.NOT_SERVING:
+                break
+            time.sleep(0.2)
+        assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+        retrieve_health = health.Check(
+            health_pb2.HealthCheckRequest(service="ragserve.v1.RagService/Retrieve"), timeout=5
+        )
+        assert retrieve_health.status == health_pb2.HealthCheckResponse.SERVING
+        assert stub.Retrieve(pb.RetrieveRequest(query="Bloom filter"), timeout=5).passages
+        with pytest.raises(grpc.RpcError) as again:
+            list(stub.Query(pb.QueryRequest(query="anything", max_tokens=5), timeout=30))
+        assert again.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert server.process.poll() is None, "the server process must survive its engine"

@@ -1,0 +1,90 @@
+"""A second build over the same tree re-embeds only changed documents and drops deleted ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from indexer.build import build_index
+from ragserve.embedding import SentenceTransformerEmbedder
+from ragserve.index.format import CURRENT, VECTORS_FILE, resolve_current
+from ragserve.index.hnsw import HnswIndex
+from tests.index.conftest import write_docs
+
+
+class SpyEmbedder:
+    """The real embedder, recording which texts it was asked to embed."""
+
+    def __init__(self, inner: SentenceTransformerEmbedder) -> None:
+        self.inner = inner
+        self.texts: list[str] = []
+
+    @property
+    def model_id(self) -> str:
+        return self.inner.model_id
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
+
+    @property
+    def tokenizer(self):
+        return self.inner.tokenizer
+
+    def embed_documents(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        self.texts.extend(texts)
+        return self.inner.embed_documents(texts, batch_size)
+
+
+def test_second_run_touches_only_changed_files(tmp_path: Path, embedder: SentenceTransformerEmbedder) -> None:
+    docs = write_docs(tmp_path / "docs")
+    root = tmp_path / "idx"
+    spy = SpyEmbedder(embedder)
+    first = build_index(docs, root, spy, progress=False)
+    assert (first.embedded, first.reused, first.removed) == (5, 0, 0)
+    v1_vectors = np.load(resolve_current(root) / VECTORS_FILE)
+
+    (docs / "tides.txt").write_text("Tides\nSpring tides happen when the sun and the moon line up.")  # changed
+    (docs / "gamma.txt").unlink()  # deleted
+    (docs / "delta.txt").write_text("Delta waves\nDelta waves are slow brain waves seen in deep sleep.")  # new
+    spy.texts.clear()
+    second = build_index(docs, root, spy, progress=False)
+
+    assert (second.embedded, second.reused, second.removed) == (2, 3, 1)
+    assert second.version == 2
+    embedded = "\n".join(spy.texts)
+    assert "Spring tides" in embedded and "Delta waves" in embedded
+    for untouched in ("helium-4", "positron", "wild yeast"):
+        assert untouched not in embedded
+
+    index = HnswIndex.load(root)
+    doc_ids = {h.chunk.doc_id for h in index.search(v1_vectors[0], k=index.count, ef=64)}
+    assert doc_ids == {"alpha.txt", "beta.md", "tides.txt", "sourdough.md", "delta.txt"}
+    # Reused vectors are carried over unchanged, and search and BM25 see the new text.
+    vector = embedder.embed_queries(["slow brain waves in deep sleep"])[0]
+    assert index.search(vector, k=1, ef=64)[0].chunk.doc_id == "delta.txt"
+    assert index.search_lexical("spring tides sun moon", 1)[0].chunk.doc_id == "tides.txt"
+    assert all(h.chunk.doc_id != "gamma.txt" for h in index.search_lexical("gamma photons excited relaxes", 10))
+
+
+def test_unchanged_tree_publishes_nothing(tmp_path: Path, embedder: SentenceTransformerEmbedder) -> None:
+    docs = write_docs(tmp_path / "docs")
+    root = tmp_path / "idx"
+    build_index(docs, root, embedder, progress=False)
+    before = (root / CURRENT).resolve()
+    spy = SpyEmbedder(embedder)
+    again = build_index(docs, root, spy, progress=False)
+    assert not again.published and again.embedded == 0 and again.reused == 5
+    assert spy.texts == []
+    assert (root / CURRENT).resolve() == before
+
+
+def test_full_rebuild_when_chunking_changes(tmp_path: Path, embedder: SentenceTransformerEmbedder) -> None:
+    from indexer.chunking import ChunkingConfig
+
+    docs = write_docs(tmp_path / "docs")
+    root = tmp_path / "idx"
+    build_index(docs, root, embedder, progress=False)
+    other = build_index(docs, root, embedder, ChunkingConfig(64, 8), progress=False)
+    assert other.embedded == 5 and other.reused == 0 and other.version == 2

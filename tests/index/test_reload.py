@@ -1,0 +1,165 @@
+"""Hot reload through the real server: a new version is picked up under query load with zero failed
+queries; a corrupt new version is refused and the old one keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import logging
+import shutil
+import socket
+import weakref
+from pathlib import Path
+
+import grpc
+import pytest
+
+from indexer.build import build_index
+from ragserve.config import CacheSettings, Settings
+from ragserve.embedding import SentenceTransformerEmbedder
+from ragserve.index.format import (
+    CHUNKS_FILE,
+    MANIFEST,
+    new_build_dir,
+    publish,
+    read_verified_manifest,
+    resolve_current,
+)
+from ragserve.index.hnsw import HnswIndex
+from ragserve.index.reload import IndexReloader, published_marker
+from ragserve.server.app import RagServer
+from ragserve.v1 import rag_pb2 as pb
+from ragserve.v1 import rag_pb2_grpc as pb_grpc
+from tests.index.conftest import write_docs
+
+
+def publish_corrupt(root: Path) -> None:
+    """Publish the current version again under the next number, with a truncated docstore."""
+    current = resolve_current(root)
+    manifest = read_verified_manifest(current)
+    build = new_build_dir(root)
+    for path in current.rglob("*"):
+        if path.is_file() and path.name != MANIFEST:
+            target = build / path.relative_to(current)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+    data = (build / CHUNKS_FILE).read_bytes()
+    (build / CHUNKS_FILE).write_bytes(data[: len(data) // 2])
+    publish(root, build, dataclasses.replace(manifest, version=manifest.version + 1))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _wait_for(predicate, timeout_s: float = 60.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while not predicate():
+        if loop.time() > end:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(0.05)
+
+
+def test_hot_reload_under_concurrent_load(
+    tmp_path: Path, embedder: SentenceTransformerEmbedder, caplog: pytest.LogCaptureFixture
+) -> None:
+    asyncio.run(_hot_reload_under_load(tmp_path, embedder, caplog))
+
+
+async def _hot_reload_under_load(
+    tmp_path: Path, embedder: SentenceTransformerEmbedder, caplog: pytest.LogCaptureFixture
+) -> None:
+    docs = write_docs(tmp_path / "docs")
+    root = tmp_path / "idx"
+    build_index(docs, root, embedder, progress=False)
+    settings = Settings(
+        index_path=root,
+        port=_free_port(),
+        generation_enabled=False,
+        index_reload_interval_s=0.1,
+        metrics_port=0,
+        cache=CacheSettings(backend="off"),
+        retrieval_budget_ms=10_000,
+    )
+    server = RagServer(settings)
+    await server.start()
+    assert server.pipeline is not None
+    old = weakref.ref(server.pipeline.index)
+    versions: list[str] = []
+    failures: list[str] = []
+    stop = asyncio.Event()
+
+    async def client(query: str) -> None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{settings.port}") as channel:
+            stub = pb_grpc.RagServiceStub(channel)
+            while not stop.is_set():
+                try:
+                    reply = await stub.Retrieve(pb.RetrieveRequest(query=query, top_k=3), timeout=30)
+                    versions.append(reply.index_version)
+                except grpc.aio.AioRpcError as exc:
+                    failures.append(f"{exc.code().name}: {exc.details()}")
+
+    caplog.set_level(logging.INFO, logger="ragserve.index.reload")
+    try:
+        clients = [asyncio.create_task(client(q)) for q in ("moon and tides", "helium nucleus", "bread yeast")]
+        await _wait_for(lambda: len(versions) >= 10)
+
+        # A new version, published by the real indexer while queries run.
+        (docs / "eclipse.txt").write_text("Solar eclipse\nThe moon passes between the sun and the earth.")
+        await asyncio.to_thread(build_index, docs, root, embedder, progress=False)
+        await _wait_for(lambda: server.pipeline is not None and server.pipeline.index.version == "2")
+        seen_v2 = len(versions)
+        await _wait_for(lambda: len(versions) >= seen_v2 + 10)
+
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{settings.port}") as channel:
+            reply = await pb_grpc.RagServiceStub(channel).Retrieve(
+                pb.RetrieveRequest(query="solar eclipse", top_k=1), timeout=30
+            )
+        assert reply.index_version == "2" and reply.passages[0].doc_id == "eclipse.txt"
+
+        # A corrupt version: refused with a clear log line, version 2 keeps serving.
+        await asyncio.to_thread(publish_corrupt, root)
+        await _wait_for(lambda: "refusing newly published index" in caplog.text)
+        seen_v3 = len(versions)
+        await _wait_for(lambda: len(versions) >= seen_v3 + 10)
+        assert server.pipeline.index.version == "2"
+        assert "checksum" in caplog.text
+    finally:
+        stop.set()
+        await asyncio.gather(*clients)
+        await server.shutdown()
+
+    assert failures == []
+    assert versions[0] == "1" and versions[-1] == "2"
+    assert "3" not in versions
+    assert versions.index("2") > 0 and "1" not in versions[versions.index("2") + 50 :]
+    gc.collect()
+    assert old() is None  # the old version was freed once its in-flight queries finished
+
+
+def test_reloader_refuses_corrupt_manifest(tmp_path: Path, embedder: SentenceTransformerEmbedder) -> None:
+    docs = write_docs(tmp_path / "docs")
+    root = tmp_path / "idx"
+    build_index(docs, root, embedder, progress=False)
+    holder = {"index": HnswIndex.load(root)}
+    reloader = IndexReloader(
+        marker=lambda: published_marker(root),
+        load=lambda: HnswIndex.load(root),
+        swap=lambda index: holder.__setitem__("index", index),
+        current=lambda: holder["index"],
+    )
+    assert reloader.check_once() is False  # nothing new
+    (docs / "new.txt").write_text("New\nA brand new document about volcanoes.")
+    build_index(docs, root, embedder, progress=False)
+    # Corrupt the freshly published manifest before the reloader looks.
+    (resolve_current(root) / MANIFEST).write_text('{"version": 2, "truncated')
+    assert reloader.check_once() is False
+    assert reloader.refused == 1 and holder["index"].version == "1"
+    (docs / "newer.txt").write_text("Newer\nAnother document, about glaciers.")
+    build_index(docs, root, embedder, progress=False)
+    assert reloader.check_once() is True
+    assert holder["index"].version == "3" and reloader.reloads == 1

@@ -1,0 +1,74 @@
+"""Query hands the prompt to the generator before the retrieval event is consumed (overlap)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from ragserve.budget import Deadline
+from ragserve.embedding import SentenceTransformerEmbedder
+from ragserve.index.hnsw import HnswIndex
+from ragserve.pipeline import RagPipeline
+from ragserve.prompt import Prompt
+from ragserve.types import GenerateParams, GenerationChunk, RetrievalResult, RetrieveParams, TokenDelta, Usage
+
+
+class FakeSlowGenerator:
+    """Records when a stream starts and whether it was cancelled; one token after `delay_s`."""
+
+    model_id = "fake-generator"
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.started = 0
+        self.cancelled = 0
+
+    async def start(self) -> None:
+        return None
+
+    async def stream(self, prompt: Prompt, params: GenerateParams, request_id: str) -> AsyncIterator[GenerationChunk]:
+        self.started += 1
+        try:
+            await asyncio.sleep(self.delay_s)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        yield GenerationChunk("ok", True, "stop", Usage(10, 1, 0))
+
+    async def check_health(self) -> None:
+        return None
+
+    def unfinished_requests(self) -> int:
+        return 0
+
+    async def close(self) -> None:
+        return None
+
+
+def test_generation_starts_before_the_retrieval_event_is_sent(
+    sample_index: Path, embedder: SentenceTransformerEmbedder
+) -> None:
+    fake = FakeSlowGenerator(delay_s=0.2)
+    params = RetrieveParams("Who discovered penicillin?", top_k=2, budget_ms=10_000)
+
+    async def scenario() -> None:
+        with ThreadPoolExecutor(2) as executor:
+            pipeline = RagPipeline(embedder, HnswIndex.load(sample_index), fake, executor)
+            events = pipeline.query(params, GenerateParams(4, 0.0), Deadline(10_000), "r1")
+            first = await anext(events)
+            assert isinstance(first, RetrievalResult)
+            await asyncio.sleep(0.01)  # the consumer is still "sending" the retrieval event
+            assert fake.started == 1
+            rest = [e async for e in events]
+            assert isinstance(rest[0], TokenDelta) and rest[0].text == "ok"
+
+            # A caller that goes away after the retrieval event: the engine request is cancelled.
+            events = pipeline.query(params, GenerateParams(4, 0.0), Deadline(10_000), "r2")
+            await anext(events)
+            await asyncio.sleep(0.01)
+            await events.aclose()
+            assert fake.started == 2 and fake.cancelled == 1
+
+    asyncio.run(scenario())

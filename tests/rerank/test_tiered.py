@@ -1,0 +1,182 @@
+"""The budgeted two-tier reranker's mechanics, with Fake cross-encoders (no model weights)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from ragserve.budget import Deadline
+from ragserve.rerank.base import EncodedPair
+from ragserve.rerank.cost import CostModel, plan_batches
+from ragserve.rerank.tiered import Tier, TieredReranker
+from ragserve.types import Chunk, Passage
+
+
+class FakeCrossEncoder:
+    """Scores a pair by how often the passage says "relevant"; optionally sleeps per batch."""
+
+    backend = "fake"
+    random_head = False
+
+    def __init__(self, name: str = "fake", sleep_ms: float = 0.0) -> None:
+        self.model_id = name
+        self.sleep_ms = sleep_ms
+        self.batches: list[list[int]] = []  # pair lengths seen per batch
+
+    def encode(self, query: str, texts: Sequence[str]) -> list[EncodedPair]:
+        out = []
+        for text in texts:
+            ids = tuple(1 if w == "relevant" else 2 for w in text.split())
+            out.append(EncodedPair(ids, (0,) * len(ids)))
+        return out
+
+    def score(self, pairs: Sequence[EncodedPair]) -> np.ndarray:
+        self.batches.append([len(p) for p in pairs])
+        if self.sleep_ms:
+            time.sleep(self.sleep_ms / 1000.0)
+        return np.array([p.input_ids.count(1) for p in pairs], dtype=np.float32)
+
+
+class SimClock:
+    """Simulated seconds: a FakeCostlyEncoder advances it by exactly what the cost model predicts."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeCostlyEncoder(FakeCrossEncoder):
+    def __init__(self, name: str, clock: SimClock, cost: CostModel) -> None:
+        super().__init__(name)
+        self.clock = clock
+        self.cost = cost
+
+    def score(self, pairs: Sequence[EncodedPair]) -> np.ndarray:
+        self.clock.now += (
+            CostModel(self.cost.ms_per_token, self.cost.overhead_ms).predict(len(pairs) * max(len(p) for p in pairs))
+            / 1000.0
+        )
+        return super().score(pairs)
+
+
+def candidates(n: int = 20, words: int = 100) -> list[Passage]:
+    out = []
+    for i in range(n):
+        # Later (lower fused rank) passages are more "relevant": reranking must move them up.
+        text = " ".join(["relevant"] * i + ["filler"] * (words - i))
+        out.append(Passage(Chunk(f"c{i:02d}", f"d{i:02d}", text), score=1.0 - i / 100, rank=i + 1))
+    return out
+
+
+def make(cost_ms_per_token: float = 0.01, sleep_ms: float = 0.0, batch_size: int = 4) -> TieredReranker:
+    t1 = Tier("tier1", FakeCrossEncoder("fake-l2", sleep_ms), 20, batch_size, CostModel(cost_ms_per_token, 1.0))
+    t2 = Tier("tier2", FakeCrossEncoder("fake-l6"), 5, batch_size, CostModel(cost_ms_per_token * 3, 1.0))
+    return TieredReranker([t1, t2], candidates=20, reserve_ms=0.0)
+
+
+def depths(tiers: list[str]) -> tuple[int, int]:
+    found = dict(t.split(":") for t in tiers)
+    return int(found.get("tier1", 0)), int(found.get("tier2", 0))
+
+
+def simulated(clock: SimClock) -> TieredReranker:
+    c1, c2 = CostModel(0.01, 1.0), CostModel(0.03, 1.0)
+    t1 = Tier("tier1", FakeCostlyEncoder("fake-l2", clock, c1), 20, 4, c1)
+    t2 = Tier("tier2", FakeCostlyEncoder("fake-l6", clock, c2), 5, 4, c2)
+    return TieredReranker([t1, t2], candidates=20, reserve_ms=0.0, timer=clock)
+
+
+def test_tier_choice_shrinks_as_budget_shrinks() -> None:
+    seen = []
+    for budget in (1000, 60, 45, 40, 35, 30, 25, 20, 12, 8, 4, 1):
+        clock = SimClock()
+        outcome = simulated(clock).rerank("q", candidates(), Deadline(budget, clock=clock))
+        # The simulated work never exceeds the budget: the plan matches the cost it was given.
+        assert (clock.now - 100.0) * 1000.0 <= budget + 1e-6
+        seen.append((budget, depths(outcome.tiers)))
+    # Both tiers at full depth with room to spare; nothing at all with almost none.
+    assert seen[0][1] == (20, 5)
+    assert seen[-1][1] == (0, 0)
+    for (_, (a1, a2)), (_, (b1, b2)) in itertools.pairwise(seen):
+        assert b1 <= a1 and b2 <= a2, seen
+    # Tier 2 gives way first: tier 1 never runs below full depth while tier 2 still runs.
+    for _, (d1, d2) in seen:
+        assert d2 == 0 or d1 == 20, seen
+    # Each tier shrinks through intermediate depths, not just on/off.
+    assert any(0 < d2 < 5 for _, (_, d2) in seen), seen
+    assert any(2 <= d1 < 20 for _, (d1, _) in seen), seen
+
+
+def test_flags_and_reordering() -> None:
+    full = make().rerank("q", candidates(), Deadline(1000))
+    assert not full.skipped and not full.truncated
+    # The fake rewards "relevant": the last fused candidate becomes first.
+    assert [p.chunk.chunk_id for p in full.passages[:3]] == ["c19", "c18", "c17"]
+
+    clock = SimClock()
+    partial = simulated(clock).rerank("q", candidates(), Deadline(20, clock=clock))
+    assert partial.truncated and not partial.skipped and partial.notes
+
+
+def test_tiny_budget_returns_fused_order_flagged() -> None:
+    # 10 ms budget, most of it already spent by embedding and search (simulated by the clock).
+    now = [0.0]
+    deadline = Deadline(10, clock=lambda: now[0])
+    now[0] = 0.009
+    fused = candidates()
+    outcome = make().rerank("q", fused, deadline)
+    assert outcome.skipped and outcome.tiers == []
+    assert outcome.passages == fused
+    assert any("skipped" in n for n in outcome.notes)
+
+
+def test_batches_are_length_sorted_and_padded_per_batch() -> None:
+    lengths = [5, 50, 7, 48, 20, 22, 6, 49]
+    batches = plan_batches(lengths, 3)
+    assert [[lengths[i] for i in b] for b in batches] == [[50, 49, 48], [22, 20, 7], [6, 5]]
+    reranker = make(batch_size=3)
+    fused = [Passage(Chunk(f"c{i}", "d", " ".join(["w"] * n)), 1.0) for i, n in enumerate(lengths)]
+    reranker.rerank("q", fused, Deadline(10_000))
+    seen = reranker.tiers[0].encoder.batches  # type: ignore[attr-defined]
+    assert seen[0] == [50, 49, 48]
+
+
+def test_stalled_reranker_overruns_by_at_most_one_batch() -> None:
+    # The cost model believes tier 1 is fast; the encoder stalls 40 ms per batch.
+    batch_ms = 40.0
+    budget_ms = 60.0
+    reranker = make(cost_ms_per_token=0.0005, sleep_ms=batch_ms)
+    deadline = Deadline(budget_ms)
+    t0 = time.perf_counter()
+    outcome = reranker.rerank("q", candidates(), deadline)
+    elapsed = (time.perf_counter() - t0) * 1000.0
+    # Scheduling slack for a loaded test host; the bound itself is budget + one batch.
+    assert elapsed <= budget_ms + batch_ms + 15.0, elapsed
+    assert outcome.truncated or outcome.skipped
+    assert len(outcome.passages) == 20
+    # The live timings taught the cost model that the tier is slow.
+    assert reranker.tiers[0].cost is not None and reranker.tiers[0].cost.ms_per_token > 0.0005
+
+
+def test_cost_model_fit_and_updates() -> None:
+    model = CostModel.fit([(100, 3.0), (1000, 12.0), (2000, 22.0)])
+    assert abs(model.ms_per_token - 0.01) < 1e-3 and abs(model.overhead_ms - 2.0) < 0.5
+    before = model.ms_per_token
+    model.observe(1000, 100.0)  # a slow batch: the estimate rises fast
+    risen = model.ms_per_token
+    assert risen > before + 0.03
+    model.observe(1000, 4.0)  # a fast one: it falls slowly
+    assert risen > model.ms_per_token > before
+    assert model.predict_batches([100, 100, 100, 100], 2) == 2 * model.predict(200)
+
+
+def test_fixed_policy_ignores_the_budget() -> None:
+    t1 = Tier("tier1", FakeCrossEncoder(), 20, 4, CostModel(1.0))
+    t2 = Tier("tier2", FakeCrossEncoder(), 5, 4, CostModel(1.0))
+    outcome = TieredReranker([t1, t2], 20, policy="fixed").rerank("q", candidates(), Deadline(1))
+    assert outcome.tiers == ["tier1:20", "tier2:5"]

@@ -1,0 +1,118 @@
+"""Deployment files: validated with real checkers (Kubernetes schema, hadolint) and against our settings."""
+
+from __future__ import annotations
+
+import configparser
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ragserve.config import CacheSettings, GeneratorSettings, RerankSettings, Settings
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOY = REPO / "deploy"
+BIN = Path(sys.executable).parent
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name, path=str(BIN)) or shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed (it comes with the dev extra)")
+    return path
+
+
+def _known_env_names() -> set[str]:
+    names = set()
+    for prefix, model in (
+        ("RAGSERVE_", Settings),
+        ("RAGSERVE_GENERATOR_", GeneratorSettings),
+        ("RAGSERVE_CACHE_", CacheSettings),
+        ("RAGSERVE_RERANK_", RerankSettings),
+    ):
+        names |= {f"{prefix}{field.upper()}" for field in model.model_fields}
+    return names
+
+
+def test_kubernetes_manifest_passes_the_schema() -> None:
+    result = subprocess.run(
+        [_tool("kubernetes-validate"), "--strict", str(DEPLOY / "k8s" / "ragserve-sidecar.yaml")],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "passed" in result.stdout
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile.cpu", "Dockerfile.cuda"])
+def test_dockerfiles_pass_hadolint(dockerfile: str) -> None:
+    result = subprocess.run(
+        [_tool("hadolint"), "--failure-threshold", "info", str(DEPLOY / "docker" / dockerfile)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_setting_named_in_deploy_files_exists() -> None:
+    known = _known_env_names()
+    used: set[str] = set()
+    for path in DEPLOY.rglob("*"):
+        if path.is_file() and path.suffix in {".yaml", ".service", ".cpu", ".cuda", ".sh"}:
+            used |= set(re.findall(r"\bRAGSERVE_[A-Z0-9_]+", path.read_text()))
+    # Read by the entry points and the set-up script rather than by Settings.
+    used -= {"RAGSERVE_ENGINE", "RAGSERVE_LOG_FORMAT", "RAGSERVE_LOG_LEVEL"}
+    unknown = sorted(name for name in used if name not in known)
+    assert not unknown, f"deploy files name settings that do not exist: {unknown}"
+
+
+def test_sidecar_shares_the_socket_and_probes_it() -> None:
+    deployment = yaml.safe_load((DEPLOY / "k8s" / "ragserve-sidecar.yaml").read_text())
+    spec = deployment["spec"]["template"]["spec"]
+    sidecar = spec["initContainers"][0]
+    app = spec["containers"][0]
+    assert sidecar["restartPolicy"] == "Always"
+    socket_env = {e["name"]: e["value"] for e in sidecar["env"]}["RAGSERVE_UDS_PATH"]
+    sidecar_mount = next(m for m in sidecar["volumeMounts"] if m["name"] == "ragserve-socket")
+    app_mount = next(m for m in app["volumeMounts"] if m["name"] == "ragserve-socket")
+    assert socket_env.startswith(sidecar_mount["mountPath"]) and app_mount["mountPath"] == sidecar_mount["mountPath"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert socket_env in sidecar[probe]["exec"]["command"]
+
+
+def test_compose_wires_redis_and_qdrant() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    services = compose["services"]
+    assert {"ragserve", "redis", "qdrant"} <= set(services)
+    env = services["ragserve"]["environment"]
+    assert env["RAGSERVE_CACHE_BACKEND"] == "redis" and "redis:6379" in env["RAGSERVE_CACHE_REDIS_URL"]
+    assert env["RAGSERVE_INDEX_BACKEND"] == "qdrant" and "qdrant:6333" in env["RAGSERVE_QDRANT_URL"]
+    assert set(services["ragserve"]["depends_on"]) == {"redis", "qdrant"}
+
+
+def test_systemd_unit_is_well_formed() -> None:
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]
+    unit.read(DEPLOY / "systemd" / "ragserve.service")
+    assert unit["Service"]["ExecStart"].endswith("ragserve serve")
+    assert unit["Service"]["KillSignal"] == "SIGTERM"
+    text = (DEPLOY / "systemd" / "ragserve.service").read_text()
+    assert "Environment=RAGSERVE_UDS_PATH=/run/ragserve/ragserve.sock" in text
+    analyze = shutil.which("systemd-analyze")
+    if analyze:
+        # Only syntax: the unit's user and binary do not exist on a test machine.
+        result = subprocess.run(
+            [analyze, "verify", str(DEPLOY / "systemd" / "ragserve.service")], capture_output=True, text=True
+        )
+        problems = [
+            line
+            for line in result.stderr.splitlines()
+            if line.strip()
+            and "ragserve" in line
+            and not re.search(r"not executable|No such file|does not exist|Failed to", line)
+        ]
+        assert not problems, problems
