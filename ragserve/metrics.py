@@ -27,3 +27,7 @@ PREFIX_CACHE_HIT_TOKENS = Counter(
     "ragserve_prefix_cache_hit_tokens_total", "Prompt tokens served from the generator's prefix cache"
 )
 COMPLETION_TOKENS = Counter("ragserve_completion_tokens_total", "Tokens generated")
+
+# Export the rerank series from the start, at zero, so dashboards see them even with reranking off.
+for _tier in ("tier1", "tier2"):
+    RERANK_DEPTH.labels(_tier)

@@ -10,7 +10,12 @@ _DEGRADED_KINDS = ("budget_exhausted", "search_truncated", "rerank_skipped", "re
 
 def observe_retrieval(result: RetrievalResult) -> None:
     t = result.timings
-    for stage, value in (("embed", t.embed_ms), ("search", t.search_ms), ("rerank", t.rerank_ms)):
+    for stage, value in (
+        ("cache", t.cache_ms),
+        ("embed", t.embed_ms),
+        ("search", t.search_ms),
+        ("rerank", t.rerank_ms),
+    ):
         if value > 0:
             metrics.STAGE_MS.labels(stage).observe(value)
     metrics.STAGE_MS.labels("retrieval").observe(t.retrieval_total_ms)

@@ -114,3 +114,41 @@ def test_client_deadline_bounds_generation(pipeline_factory) -> None:
 
     with pytest.raises(DeadlineExpired):
         asyncio.run(run())
+
+
+class FakeCountingGenerator(FakeGenerator):
+    """Produces many chunks as fast as it is asked, counting how many it handed out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.produced = 0
+
+    async def stream(self, prompt: Prompt, params: GenerateParams, request_id: str) -> AsyncIterator[GenerationChunk]:
+        for _ in range(1000):
+            self.produced += 1
+            yield GenerationChunk("x")
+        yield GenerationChunk("", True, "length", Usage(10, 1000, 0))
+
+
+def test_stream_pulls_only_as_fast_as_the_reader(pipeline_factory) -> None:
+    """A slow reader leaves the engine's output unpulled: nothing piles up between them."""
+    fake = FakeCountingGenerator()
+    pipeline = pipeline_factory(fake)
+    params = RetrieveParams("anything", top_k=2, budget_ms=1000)
+
+    async def read_slowly() -> list[int]:
+        seen = []
+        stream = pipeline.query(params, GenerateParams(1000, 0.0), Deadline(1000), "slow")
+        consumed = 0
+        async for event in stream:
+            if isinstance(event, TokenDelta):
+                consumed += 1
+                await asyncio.sleep(0.01)  # the reader stalls; the producer must not run ahead
+                seen.append(fake.produced - consumed)
+                if consumed == 20:
+                    break
+        await stream.aclose()
+        return seen
+
+    ahead = asyncio.run(read_slowly())
+    assert max(ahead) <= 1

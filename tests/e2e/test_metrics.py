@@ -33,7 +33,9 @@ def test_metrics_cover_every_stage(live_server: LiveServer) -> None:
     with grpc.insecure_channel(live_server.target) as channel:
         stub = pb_grpc.RagServiceStub(channel)
         stub.Retrieve(pb.RetrieveRequest(query="What is Raft consensus?"), timeout=10)
-        stub.Retrieve(pb.RetrieveRequest(query="What is Raft consensus?", budget_ms=1), timeout=10)
+        stub.Retrieve(pb.RetrieveRequest(query="What is Raft consensus?"), timeout=10)  # a cache hit
+        # A query no other test sends (so not a cache hit) with a budget nobody can meet.
+        stub.Retrieve(pb.RetrieveRequest(query="How does Raft elect a leader, in brief?", budget_ms=1), timeout=10)
         events = list(stub.Query(pb.QueryRequest(query="What is Raft consensus?", max_tokens=12), timeout=120))
         assert events[-1].WhichOneof("event") == "final"
         try:
@@ -73,3 +75,11 @@ def test_metrics_cover_every_stage(live_server: LiveServer) -> None:
     cached = _value(samples, "ragserve_prefix_cache_hit_tokens_total")
     assert 0 < cached < prompt
     assert _value(samples, "ragserve_completion_tokens_total") >= 1
+    # The default in-process cache: the repeated Retrieve above was a hit.
+    assert _value(samples, "ragserve_cache_requests_total", backend="memory", result="hit") >= 1
+    assert _value(samples, "ragserve_cache_requests_total", backend="memory", result="miss") >= 1
+    cache_count = _value(samples, "ragserve_stage_latency_ms_count", stage="cache")
+    assert cache_count >= 1 and _value(samples, "ragserve_stage_latency_ms_sum", stage="cache") / cache_count < 50
+    # Reranking is off by default: the depth series exist and are empty.
+    for tier in ("tier1", "tier2"):
+        assert _value(samples, "ragserve_rerank_depth_count", tier=tier) == 0
