@@ -10,6 +10,7 @@ on the bundled sample corpus, then driven with
 Reported per run: p50/p95/p99 of server-side retrieval time, client-side TTFT, time per output
 token, throughput and errors; PNG plots; and naive/ragserve ratios.
 
+Both servers run side by side; each load level runs on one, then on the other.
 The naive configuration is the same server with no retrieval budget (60 s), no retrieval cache,
 and a prompt whose first tokens are the question (so vLLM's prefix cache cannot reuse the template).
 """
@@ -108,6 +109,31 @@ def questions() -> list[str]:
     return [line.strip() for line in lines if line.strip()]
 
 
+class Workload:
+    """Half the requests repeat an earlier question (as real users do), half are new wordings.
+
+    Without new wordings a naive prompt would be served from the prefix cache as well, since a
+    repeated question repeats the whole prompt; the mix keeps both effects in view.
+    """
+
+    _WORDINGS = ("{q}", "In one sentence: {q}", "Briefly, {q}", "{q} Answer from the documents.", "Please explain: {q}")
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+        self._seen: list[str] = []
+        self._n = 0
+
+    def next(self) -> str:
+        self._n += 1
+        if self._seen and self._rng.random() < 0.5:
+            return self._rng.choice(self._seen)
+        base = self._rng.choice(questions())
+        wording = self._rng.choice(self._WORDINGS)
+        question = f"{wording.format(q=base)} (#{self._n})"
+        self._seen.append(question)
+        return question
+
+
 async def one_query(client: RagClient, question: str, max_tokens: int) -> Sample:
     started = time.perf_counter()
     sample = Sample(ok=False)
@@ -132,15 +158,15 @@ async def one_query(client: RagClient, question: str, max_tokens: int) -> Sample
 
 
 async def closed_loop(
-    client: RagClient, concurrency: int, requests: int, max_tokens: int
+    client: RagClient, concurrency: int, requests: int, max_tokens: int, seed: int
 ) -> tuple[list[Sample], float]:
-    pool = questions()
+    workload = Workload(seed)
     counter = iter(range(requests))
     samples: list[Sample] = []
 
     async def worker() -> None:
-        for i in counter:
-            samples.append(await one_query(client, pool[i % len(pool)], max_tokens))
+        for _ in counter:
+            samples.append(await one_query(client, workload.next(), max_tokens))
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -150,19 +176,17 @@ async def closed_loop(
 async def open_loop(
     client: RagClient, rate: float, duration_s: float, max_tokens: int, seed: int
 ) -> tuple[list[Sample], float]:
-    pool = questions()
+    workload = Workload(seed)
     rng = random.Random(seed)
     tasks: list[asyncio.Task[Sample]] = []
     started = time.perf_counter()
     next_at = 0.0
-    i = 0
     while True:
         next_at += rng.expovariate(rate)
         if next_at > duration_s:
             break
         await asyncio.sleep(max(0.0, started + next_at - time.perf_counter()))
-        tasks.append(asyncio.create_task(one_query(client, pool[i % len(pool)], max_tokens)))
-        i += 1
+        tasks.append(asyncio.create_task(one_query(client, workload.next(), max_tokens)))
     samples = list(await asyncio.gather(*tasks))
     return samples, time.perf_counter() - started
 
@@ -194,19 +218,28 @@ def stop_server(process: subprocess.Popen[bytes]) -> None:
         process.kill()
 
 
-async def drive(target: str, config: str, args: argparse.Namespace) -> list[RunResult]:
+async def drive(targets: dict[str, str], args: argparse.Namespace) -> list[RunResult]:
+    """Every load level runs on each configuration back to back (same seed, same questions), so
+    that slow drifts in the machine's background load hit both sides alike."""
     results = []
-    async with RagClient(target, default_timeout_s=300) as client:
-        await one_query(client, "warm-up question about TCP", args.max_tokens)  # first-request costs
+    clients = {config: RagClient(target, default_timeout_s=300) for config, target in targets.items()}
+    try:
+        for client in clients.values():
+            await one_query(client, "warm-up question about TCP", args.max_tokens)  # first-request costs
         for concurrency in args.concurrency:
             requests = max(args.min_requests, args.requests_per_client * concurrency)
-            samples, wall = await closed_loop(client, concurrency, requests, args.max_tokens)
-            results.append(RunResult(config, "closed", concurrency, wall, samples))
-            print(json.dumps(results[-1].summary()), flush=True)
+            for config, client in clients.items():
+                samples, wall = await closed_loop(client, concurrency, requests, args.max_tokens, seed=concurrency)
+                results.append(RunResult(config, "closed", concurrency, wall, samples))
+                print(json.dumps(results[-1].summary()), flush=True)
         for rate in args.rates:
-            samples, wall = await open_loop(client, rate, args.duration_s, args.max_tokens, seed=int(rate * 1000))
-            results.append(RunResult(config, "open", rate, wall, samples))
-            print(json.dumps(results[-1].summary()), flush=True)
+            for config, client in clients.items():
+                samples, wall = await open_loop(client, rate, args.duration_s, args.max_tokens, seed=int(rate * 1000))
+                results.append(RunResult(config, "open", rate, wall, samples))
+                print(json.dumps(results[-1].summary()), flush=True)
+    finally:
+        for client in clients.values():
+            await client.close()
     return results
 
 
@@ -308,12 +341,13 @@ def main() -> None:
                 ],
                 check=True,
             )
-        results: list[RunResult] = []
-        for config, env in CONFIGS.items():
-            process, target = start_server(index, env, args.out / f"server-{config}.log")
-            try:
-                results += asyncio.run(drive(target, config, args))
-            finally:
+        servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+        try:
+            for config, env in CONFIGS.items():
+                servers[config] = start_server(index, env, args.out / f"server-{config}.log")
+            results = asyncio.run(drive({config: target for config, (_, target) in servers.items()}, args))
+        finally:
+            for process, _ in servers.values():
                 stop_server(process)
     summaries = [r.summary() for r in results]
     table = ratios(summaries)
