@@ -32,6 +32,11 @@ def build(
     backend: Annotated[str, typer.Option(help="Embedding backend: torch or onnx")] = "torch",
     int8: Annotated[bool, typer.Option(help="ONNX backend: int8 dynamic quantization")] = True,
     full: Annotated[bool, typer.Option(help="Re-embed every document (ignore the published version)")] = False,
+    qdrant_url: Annotated[
+        str, typer.Option(help="Also publish to Qdrant: http(s)://host:6333, or a local folder (local mode)")
+    ] = "",
+    qdrant_collection: Annotated[str, typer.Option(help="Qdrant alias to publish under")] = "ragserve",
+    qdrant_api_key: Annotated[str, typer.Option(envvar="RAGSERVE_QDRANT_API_KEY", help="Qdrant API key")] = "",
     chunk_tokens: Annotated[int, typer.Option(help="Chunk size in tokenizer tokens")] = 200,
     overlap_tokens: Annotated[int, typer.Option(help="Overlap between chunks in tokens")] = 40,
     batch_size: Annotated[int, typer.Option(min=1, help="Embedding batch size")] = 64,
@@ -50,7 +55,7 @@ def build(
         if not progress:
             from transformers.utils import logging as hf_logging
 
-            hf_logging.disable_progress_bar()  # the model-loading bar too: --no-progress means quiet
+            hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # --no-progress: quiet load too
         model = load_embedder(embedder, backend, device, int8)
 
         def warn(item: Skipped) -> None:
@@ -71,6 +76,13 @@ def build(
     except (SourceError, RagError, ValueError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    if qdrant_url:
+        try:
+            collection, qversion = _to_qdrant(qdrant_url, qdrant_collection, qdrant_api_key, target)
+        except Exception as exc:  # connection, auth and server errors come from several libraries
+            typer.echo(f"error: publishing to Qdrant at {qdrant_url} failed: {exc}", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(f"published to Qdrant: alias {qdrant_collection!r} -> {collection} (version {qversion})")
     what = f"published version {report.version}" if report.published else f"unchanged: version {report.version}"
     typer.echo(
         f"{what} at {report.folder}: {report.documents} documents ({report.embedded} embedded, "
@@ -79,6 +91,17 @@ def build(
         f"{sum(s.ignored for s in report.skipped)} ignored (unsupported type), "
         f"{report.seconds:.1f} s ({report.docs_per_second:.1f} documents/s)"
     )
+
+
+def _to_qdrant(url: str, name: str, api_key: str, root: Path) -> tuple[str, int]:
+    from indexer.qdrant_publish import publish_folder_to_qdrant
+    from ragserve.index.qdrant_index import make_client
+
+    client = make_client(url, api_key or None)
+    try:
+        return publish_folder_to_qdrant(client, name, root)
+    finally:
+        client.close()
 
 
 def load_embedder(model: str, backend: str, device: str, int8: bool) -> IndexingEmbedder:

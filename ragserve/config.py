@@ -72,7 +72,9 @@ class CacheSettings(BaseSettings):
     # The most a Redis call may add to a request (also bounds a paused or stopped server).
     redis_timeout_ms: float = Field(default=20.0, gt=0)
     redis_connect_timeout_ms: float = Field(default=200.0, gt=0)
-    redis_pool_size: int = Field(default=16, ge=1)
+    # As many as requests may be in flight (RAGSERVE_MAX_IN_FLIGHT): waiting for a connection is a local
+    # bottleneck, not a Redis failure, yet it would count against the breaker.
+    redis_pool_size: int = Field(default=64, ge=1)
     redis_health_check_interval_s: float = Field(default=5.0, ge=0)
     # Circuit breaker: open after this many consecutive failures, probe again after the cool-down.
     breaker_failures: int = Field(default=3, ge=1)

@@ -38,7 +38,7 @@ class RedisStore:
         namespace: str = "ragserve",
         timeout_s: float = 0.02,
         connect_timeout_s: float = 0.2,
-        pool_size: int = 16,
+        pool_size: int = 64,
         health_check_interval_s: float = 5.0,
         warm_connections: int = 4,
     ) -> None:

@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ log = logging.getLogger(__name__)
 
 # Written into the config of the architecture-identical test models (random classification heads).
 RANDOM_HEAD_MARKER = "ragserve_random_head"
+# Passages whose token ids are kept (about 1 KB each at 200 tokens).
+PASSAGE_CACHE_SIZE = 50_000
 
 
 @contextlib.contextmanager
@@ -68,10 +71,46 @@ class _Tokenizing:
         self._pad_id = int(self._tokenizer.pad_token_id or 0)
         # A fast tokenizer sets its truncation state per call: concurrent calls fail with "Already borrowed".
         self._tokenizer_lock = threading.Lock()
+        # Tokenizing a 200-token passage costs about as much as scoring it with a 2-layer model on a
+        # busy CPU, and popular chunks come back: keep their token ids (without special tokens).
+        self._passage_ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._cache_size = PASSAGE_CACHE_SIZE
+        self._bert_pairs = self._is_bert_pair_template()
+
+    def _is_bert_pair_template(self) -> bool:
+        """True when pairs are [CLS] q [SEP] p [SEP] with type ids 0/1: then cached ids can be assembled."""
+        tok = self._tokenizer
+        cls, sep = getattr(tok, "cls_token_id", None), getattr(tok, "sep_token_id", None)
+        if cls is None or sep is None:
+            return False
+        q = tok("query", add_special_tokens=False)["input_ids"]
+        p = tok("passage text", add_special_tokens=False)["input_ids"]
+        probe = tok("query", "passage text", return_token_type_ids=True)
+        return bool(
+            probe["input_ids"] == [cls, *q, sep, *p, sep]
+            and probe["token_type_ids"] == [0] * (len(q) + 2) + [1] * (len(p) + 1)
+        )
+
+    def _ids(self, texts: Sequence[str]) -> list[tuple[int, ...]]:
+        with self._tokenizer_lock:
+            missing = [t for t in dict.fromkeys(texts) if t not in self._passage_ids]
+            if missing:
+                found = self._tokenizer(missing, add_special_tokens=False, truncation=False)["input_ids"]
+                for text, ids in zip(missing, found, strict=True):
+                    self._passage_ids[text] = tuple(ids)
+            out = []
+            for t in texts:
+                self._passage_ids.move_to_end(t)
+                out.append(self._passage_ids[t])
+            while len(self._passage_ids) > self._cache_size:
+                self._passage_ids.popitem(last=False)
+        return out
 
     def encode(self, query: str, texts: Sequence[str]) -> list[EncodedPair]:
         if not texts:
             return []
+        if self._bert_pairs:
+            return self._encode_bert(query, texts)
         with self._tokenizer_lock:
             enc = self._tokenizer(
                 [query] * len(texts),
@@ -84,6 +123,26 @@ class _Tokenizing:
             )
         pairs = zip(enc["input_ids"], enc["token_type_ids"], strict=True)
         return [EncodedPair(tuple(ids), tuple(types)) for ids, types in pairs]
+
+    def _encode_bert(self, query: str, texts: Sequence[str]) -> list[EncodedPair]:
+        with self._tokenizer_lock:
+            q_all = tuple(self._tokenizer(query, add_special_tokens=False)["input_ids"])
+        cls, sep = self._tokenizer.cls_token_id, self._tokenizer.sep_token_id
+        room = self._max_seq_len - 3
+        out = []
+        for p_all in self._ids(texts):
+            # "longest_first" truncation: the longer side gives up tokens until the pair fits.
+            nq, np_ = len(q_all), len(p_all)
+            if nq + np_ > room:
+                if nq <= room // 2:
+                    np_ = room - nq
+                elif np_ <= room // 2:
+                    nq = room - np_
+                else:
+                    nq, np_ = room - room // 2, room // 2
+            ids = (cls, *q_all[:nq], sep, *p_all[:np_], sep)
+            out.append(EncodedPair(ids, (0,) * (nq + 2) + (1,) * (np_ + 1)))
+        return out
 
     def _pad(self, pairs: Sequence[EncodedPair]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         width = max(len(p) for p in pairs)

@@ -197,7 +197,14 @@ class TieredReranker:
             if time_left() <= 0:
                 self._cut(out, tier, f"{tier.name} skipped: reranking budget spent")
                 break
-            pairs = tier.encoder.encode(query, [p.chunk.text for p in items[:want]])
+            # Tokenizing costs time too: plan first on a low estimate of each pair's length (about 4-5
+            # characters per token in English, so chars/6 rarely overshoots) and tokenize only that deep.
+            guess = [min(self._max_seq_len, (len(query) + len(p.chunk.text)) // 6 + 3) for p in items[:want]]
+            reach = self._plan(tier, guess, time_left())
+            if reach == 0:
+                self._cut(out, tier, f"{tier.name} skipped: {max(time_left(), 0.0):.1f} ms left is too little")
+                break
+            pairs = tier.encoder.encode(query, [p.chunk.text for p in items[:reach]])
             depth = self._plan(tier, [len(p) for p in pairs], time_left())
             if depth == 0:
                 self._cut(out, tier, f"{tier.name} skipped: {max(time_left(), 0.0):.1f} ms left is too little")

@@ -106,6 +106,22 @@ def sweep(args, queries, qrels) -> None:
         print(line, flush=True)
 
 
+def sub_corpus(corpus: Path, judged: set[str], extra: int, out: Path) -> Path:
+    """Every judged document (so every query keeps all its relevant documents) plus `extra` others."""
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / "sub-corpus.jsonl"
+    kept = 0
+    with corpus.open() as src, target.open("w") as dst:
+        for line in src:
+            doc_id = str(json.loads(line)["_id"])
+            if doc_id in judged or kept < extra:
+                kept += doc_id not in judged
+                dst.write(line)
+    return target
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True)
@@ -115,11 +131,20 @@ def main() -> None:
     ap.add_argument("--overlap-tokens", type=int, default=ChunkingConfig().overlap_tokens)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--chunk-sweep", default="", help="size:overlap,... (quality per chunking, no publish)")
+    ap.add_argument(
+        "--max-docs",
+        type=int,
+        default=0,
+        help="a sub-corpus: every judged document plus the first N others (for a busy machine); 0 = all",
+    )
     args = ap.parse_args()
 
     queries = load_queries(args.data)
     qrels = load_qrels(args.data)
     queries = {q: t for q, t in queries.items() if q in qrels}
+    corpus = args.data / "corpus.jsonl"
+    if args.max_docs:
+        corpus = sub_corpus(corpus, {d for rel in qrels.values() for d in rel}, args.max_docs, args.out)
     if args.chunk_sweep:
         sweep(args, queries, qrels)
         return
@@ -129,7 +154,7 @@ def main() -> None:
         emb = make(backend)  # model load and ONNX export are set-up, not indexing: outside the timing
         root = args.out / backend
         report = build_index(
-            args.data / "corpus.jsonl",
+            corpus,
             root,
             emb,
             ChunkingConfig(args.chunk_tokens, args.overlap_tokens),

@@ -27,8 +27,14 @@ from ragserve.types import RetrieveParams
 from tests.cache.redis_proc import RedisProcess
 
 TIMEOUT_MS = 20.0
-# Scheduling slack on a shared 2-core machine: the event loop may wake a little after the timeout.
-SLACK_MS = 30.0
+# Scheduling slack: on a shared, loaded 2-core host the event loop (which also has to win the GIL
+# from the embedding and search threads) now and then resumes a coroutine up to ~100 ms late, for a
+# successful Redis reply just as for a timeout. Without the outer timeout a stopped Redis would cost
+# the 200 ms socket timeout (or more), so this bound still catches it; the typical timed-out lookup
+# is checked tighter below.
+SLACK_MS = 100.0
+# Requests that must run while Redis is down (misses are slow on a loaded host: wait for them).
+DURING_FAULT = 15
 QUERIES = [
     line.strip()
     for line in (Path(__file__).resolve().parents[2] / "indexer" / "sample_questions.txt").read_text().splitlines()
@@ -83,6 +89,7 @@ def _run_fault(
     server: RedisProcess,
     inject: Callable[[], Awaitable[None]],
     recover: Callable[[], Awaitable[None]],
+    max_fault_s: float = 60.0,
 ) -> tuple[Load, float, float, float]:
     """Warm up, inject the fault for a while, recover; returns the load and the phase times."""
 
@@ -98,7 +105,10 @@ def _run_fault(
             assert await _until(lambda: sum(s.cache_hit for s in load.samples) >= 10, 30), "no hits before the fault"
             fault_at = time.monotonic()
             await inject()
-            await asyncio.sleep(1.5)  # well past threshold failures and several probe cool-downs
+            # Well past the breaker's threshold and several probe cool-downs, with enough requests.
+            await asyncio.sleep(1.5)
+            enough = await _until(lambda: len(load.between(fault_at, 1e18)) >= DURING_FAULT, max_fault_s - 1.5)
+            assert enough, "too few requests during the fault"
             recover_at = time.monotonic()
             await recover()
             back = await _until(lambda: any(s.cache_hit for s in load.between(recover_at + 0.001, 1e18)), 15)
@@ -120,11 +130,14 @@ def _check(load: Load, fault_at: float, recover_at: float) -> None:
     worst = max(s.cache_ms for s in load.samples)
     assert worst <= TIMEOUT_MS + SLACK_MS, f"a cache lookup took {worst:.1f} ms (timeout {TIMEOUT_MS} ms)"
     during = load.between(fault_at, recover_at)
-    assert len(during) >= 10, "too few requests during the fault to say anything"
+    assert len(during) >= DURING_FAULT
     assert not any(s.cache_hit for s in during[5:]), "hits while Redis was down?"
     # The breaker skips Redis: most requests during the fault pay (almost) nothing for the cache.
     skipped = [s for s in during if s.cache_ms < 2.0]
     after = load.between(recover_at, 1e18)
+    paid = sorted(s.cache_ms for s in during if s.cache_ms >= 2.0)  # the lookups that waited on Redis
+    if len(paid) >= 3:
+        assert paid[len(paid) // 2] <= TIMEOUT_MS + 15.0, paid
     print(
         f"\n{len(load.samples)} requests, 0 failed; worst cache lookup {worst:.1f} ms; during the fault "
         f"{len(during)} requests, {len(skipped)} skipped Redis; after recovery {sum(s.cache_hit for s in after)}"
@@ -142,7 +155,7 @@ def test_redis_killed_and_restarted(embedder, sample_index, redis_server: RedisP
     errors0, skipped0 = _counts()
 
     async def inject() -> None:
-        redis_server.kill()
+        await asyncio.to_thread(redis_server.kill)  # waiting for the process must not block the loop
 
     async def recover() -> None:
         await asyncio.to_thread(redis_server.restart)  # same port, empty (no persistence)
@@ -172,14 +185,20 @@ def test_redis_sigstop_then_sigcont(embedder, sample_index, redis_server: RedisP
 def test_redis_client_pause(embedder, sample_index, redis_server: RedisProcess) -> None:
     admin = redis.Redis(port=redis_server.port)
 
+    pause_ms = 6000
+
     async def inject() -> None:
-        admin.execute_command("CLIENT", "PAUSE", 1500, "ALL")
+        admin.execute_command("CLIENT", "PAUSE", pause_ms, "ALL")
 
     async def recover() -> None:
-        admin.execute_command("CLIENT", "UNPAUSE")
+        # Redis 7.0 holds every command during CLIENT PAUSE ALL, UNPAUSE included: this returns
+        # when the pause ends.
+        await asyncio.to_thread(admin.execute_command, "CLIENT", "UNPAUSE")
 
     try:
-        load, fault_at, recover_at, _ = _run_fault(embedder, sample_index, redis_server, inject, recover)
+        load, fault_at, recover_at, _ = _run_fault(
+            embedder, sample_index, redis_server, inject, recover, max_fault_s=pause_ms / 1000 - 1.0
+        )
     finally:
         admin.close()
     _check(load, fault_at, recover_at)

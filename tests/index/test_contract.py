@@ -12,31 +12,52 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from indexer.qdrant_publish import publish_folder_to_qdrant
 from ragserve.embedding import SentenceTransformerEmbedder
 from ragserve.errors import IndexLoadError
 from ragserve.index.base import LexicalSearch, SearchIndex
 from ragserve.index.format import CHUNKS_FILE, VECTORS_FILE, read_verified_manifest, resolve_current
 from ragserve.index.fusion import RetrievalOptions, hybrid_search
 from ragserve.index.hnsw import HnswIndex, read_chunks
-from ragserve.index.qdrant_index import QdrantIndex, point_id, publish_collection
+from ragserve.index.qdrant_index import QdrantIndex, point_id
 
 
 def publish_to_qdrant(client, name: str, root: Path) -> None:
     """The indexer's Qdrant publish, fed from the same published folder as the hnsw backend."""
-    from indexer.chunking import embedding_text
-
-    folder = resolve_current(root)
-    manifest = read_verified_manifest(folder)
-    chunks = read_chunks(folder / CHUNKS_FILE)
-    vectors = np.load(folder / VECTORS_FILE)
-    meta = {"embedder_id": manifest.embedder_id, "dim": manifest.dim}
-    publish_collection(client, name, chunks, vectors, [embedding_text(c) for c in chunks], meta)
+    publish_folder_to_qdrant(client, name, root)
 
 
-@pytest.fixture(params=["hnsw", "qdrant-memory", "qdrant-path"])
+def _edge_available() -> bool:
+    try:
+        import qdrant_edge  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+BACKENDS = ["hnsw", "qdrant-memory", "qdrant-path"]
+# qdrant-edge-py is optional: the same contract runs on it wherever it installs.
+BACKENDS += ["qdrant-edge"] if _edge_available() else []
+
+
+@pytest.fixture(params=BACKENDS)
 def index(request, sample_index: Path, tmp_path: Path) -> Iterator[SearchIndex]:
     if request.param == "hnsw":
         yield HnswIndex.load(sample_index)
+        return
+    if request.param == "qdrant-edge":
+        from indexer.chunking import embedding_text
+        from ragserve.index.qdrant_edge_index import EdgeIndex, build_edge_shard
+
+        folder = resolve_current(sample_index)
+        manifest = read_verified_manifest(folder)
+        chunks = read_chunks(folder / CHUNKS_FILE)
+        meta = {"version": manifest.version, "embedder_id": manifest.embedder_id, "dim": manifest.dim}
+        shard = tmp_path / "edge"
+        build_edge_shard(shard, chunks, np.load(folder / VECTORS_FILE), [embedding_text(c) for c in chunks], meta)
+        edge = EdgeIndex.load(shard)
+        yield edge
+        edge.close()
         return
     from qdrant_client import QdrantClient
 
@@ -141,3 +162,24 @@ def test_qdrant_missing_or_bad_collection_is_refused() -> None:
     )
     with pytest.raises(IndexLoadError, match="metadata"):
         QdrantIndex.open(client, "docs")
+
+
+def test_indexer_cli_publishes_to_qdrant_and_server_factory_loads_it(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from ragserve.config import Settings
+    from ragserve.factory import make_index
+    from tests.index.conftest import write_docs
+
+    docs = write_docs(tmp_path / "docs")
+    qdrant_path = tmp_path / "qdrant"
+    cmd = [sys.executable, "-m", "indexer", "build", str(docs), "--out", str(tmp_path / "idx"), "--no-progress"]
+    cmd += ["--qdrant-url", str(qdrant_path), "--qdrant-collection", "docs"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "published to Qdrant: alias 'docs' -> docs_v000001" in result.stdout
+    index = make_index(Settings(index_backend="qdrant", qdrant_url=str(qdrant_path), qdrant_collection="docs"))
+    assert isinstance(index, QdrantIndex)
+    assert index.version == "1" and index.count == HnswIndex.load(tmp_path / "idx").count
+    assert index.search_lexical("moon tides oceans", 1)[0].chunk.doc_id == "tides.txt"

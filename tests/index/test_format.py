@@ -26,7 +26,7 @@ def test_search_finds_the_right_document(sample_index: Path, embedder: SentenceT
 def test_doc_ids_are_paths_relative_to_the_root(sample_index: Path) -> None:
     index = HnswIndex.load(sample_index)
     doc_ids = {hit.chunk.doc_id for hit in index.search(index_vector(index), k=index.count, ef=index.count)}
-    assert doc_ids == {p.name for p in SAMPLE_DOCS.iterdir() if p.suffix in {".md", ".txt"}}
+    assert doc_ids == {p.name for p in SAMPLE_DOCS.iterdir() if p.suffix in {".md", ".txt", ".html", ".pdf"}}
 
 
 def index_vector(index: HnswIndex):  # any unit vector of the right size
@@ -77,3 +77,30 @@ def test_republish_bumps_version_and_flips_current(tmp_path: Path, embedder: Sen
     assert loaded.version == "2"
     assert loaded.manifest.documents == 2
     assert not list(root.glob(".build-*"))
+
+
+def test_index_from_before_bm25_still_loads_dense_only(index_copy: Path, embedder: SentenceTransformerEmbedder) -> None:
+    """A version written by the first release (no bm25/, vectors or hashes) loads and serves dense-only."""
+    import json
+
+    from ragserve.index.fusion import RetrievalOptions, hybrid_search
+
+    folder = resolve_current(index_copy)
+    data = json.loads((folder / MANIFEST).read_text())
+    for key in ("bm25", "embedder_backend"):
+        data.pop(key)
+    data["files"] = {name: digest for name, digest in data["files"].items() if name in (HNSW_FILE, CHUNKS_FILE)}
+    (folder / MANIFEST).write_text(json.dumps(data))
+    shutil.rmtree(folder / "bm25")
+    index = HnswIndex.load(index_copy)
+    assert not index.lexical_available
+    vector = embedder.embed_queries(["Bloom filter false positives"])[0]
+    hits, ran = hybrid_search(index, "Bloom filter false positives", vector, 3, 64, RetrievalOptions(mode="hybrid"))
+    assert ran == "dense" and hits[0].chunk.doc_id == "bloom-filters.txt"
+
+
+def test_bm25_file_is_checksummed(index_copy: Path) -> None:
+    path = resolve_current(index_copy) / "bm25" / "data.csc.index.npy"
+    path.write_bytes(path.read_bytes()[:-8])
+    with pytest.raises(IndexLoadError, match="checksum"):
+        HnswIndex.load(index_copy)

@@ -1,0 +1,43 @@
+"""Push a published local index version to Qdrant (a server, a cluster, or local mode).
+
+The local version folder stays the source of truth (incremental builds reuse its vectors); Qdrant
+gets every chunk of that version as a new collection, and its alias is flipped once all points are
+written (see ragserve/index/qdrant_index.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from indexer.chunking import embedding_text
+from ragserve.index.format import CHUNKS_FILE, VECTORS_FILE, read_verified_manifest, resolve_current
+from ragserve.index.hnsw import read_chunks
+from ragserve.index.qdrant_index import publish_collection
+
+
+def publish_folder_to_qdrant(client: Any, name: str, root: Path) -> tuple[str, int]:
+    """Returns (collection, Qdrant version)."""
+    folder = resolve_current(root)
+    manifest = read_verified_manifest(folder)
+    chunks = read_chunks(folder / CHUNKS_FILE)
+    vectors = np.load(folder / VECTORS_FILE, allow_pickle=False)
+    meta = {
+        "embedder_id": manifest.embedder_id,
+        "dim": manifest.dim,
+        "documents": manifest.documents,
+        "local_version": manifest.version,
+        "chunking": manifest.chunking,
+    }
+    return publish_collection(
+        client,
+        name,
+        chunks,
+        vectors,
+        [embedding_text(c) for c in chunks],
+        meta,
+        hnsw_m=int(manifest.hnsw.get("M", 32)),
+        ef_construct=int(manifest.hnsw.get("ef_construction", 200)),
+    )

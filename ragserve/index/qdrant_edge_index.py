@@ -1,0 +1,139 @@
+"""The same retrieval contract on qdrant-edge (Qdrant's engine in-process, one shard on local disk).
+
+Same data model as the Qdrant backend (named dense vector + BM25 sparse vector with the IDF
+modifier, uuid5 point ids, chunk payloads), without a server: for a single host that wants
+Qdrant's engine. The shard folder holds `ragserve_meta.json` (version, embedder, counts) beside
+the shard's own files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ragserve.errors import IndexLoadError
+from ragserve.index.base import ScoredChunk
+from ragserve.index.bm25 import bm25_terms
+from ragserve.index.qdrant_index import (
+    BM25_B,
+    BM25_K1,
+    DENSE,
+    SPARSE,
+    _chunk_of,
+    _chunk_payload,
+    point_id,
+    sparse_bm25,
+    term_index,
+)
+from ragserve.types import Chunk
+
+META_FILE = "ragserve_meta.json"
+
+
+def build_edge_shard(
+    path: Path,
+    chunks: list[Chunk],
+    vectors: np.ndarray,
+    embedding_texts: list[str],
+    meta: dict[str, Any],
+    batch: int = 256,
+) -> None:
+    import qdrant_edge as qe
+
+    config = qe.EdgeConfig(
+        vectors={DENSE: qe.EdgeVectorParams(size=int(vectors.shape[1]), distance=qe.Distance.Cosine)},
+        sparse_vectors={SPARSE: qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)},
+    )
+    shard = qe.EdgeShard.create(str(path), config)
+    try:
+        terms = bm25_terms(embedding_texts)
+        avgdl = float(np.mean([len(t) for t in terms])) if terms else 1.0
+        for start in range(0, len(chunks), batch):
+            points = []
+            for row in range(start, min(start + batch, len(chunks))):
+                idx, vals = sparse_bm25(terms[row], avgdl)
+                vec: dict[str, Any] = {DENSE: vectors[row].tolist()}
+                if idx:
+                    vec[SPARSE] = qe.SparseVector(indices=idx, values=vals)
+                points.append(
+                    qe.Point(id=point_id(chunks[row].chunk_id), vector=vec, payload=_chunk_payload(chunks[row], row))
+                )
+            shard.update(qe.UpdateOperation.upsert_points(points))
+        shard.flush()
+    finally:
+        shard.close()
+    full = {**meta, "count": len(chunks), "bm25": {"k1": BM25_K1, "b": BM25_B}}
+    (path / META_FILE).write_text(json.dumps(full))
+
+
+class EdgeIndex:
+    def __init__(self, shard: Any, meta: dict[str, Any]) -> None:
+        self._shard = shard
+        self._meta = meta
+
+    @classmethod
+    def load(cls, path: Path) -> EdgeIndex:
+        import qdrant_edge as qe
+
+        try:
+            meta = json.loads((path / META_FILE).read_text())
+            shard = qe.EdgeShard.load(str(path))
+        except (OSError, ValueError) as exc:
+            raise IndexLoadError(f"qdrant-edge shard at {path} cannot be loaded: {exc}") from exc
+        stored = shard.count(qe.CountRequest(exact=True))
+        if stored != int(meta["count"]):
+            raise IndexLoadError(f"qdrant-edge shard at {path} holds {stored} points, metadata says {meta['count']}")
+        return cls(shard, meta)
+
+    def close(self) -> None:
+        self._shard.close()
+
+    @property
+    def version(self) -> str:
+        return str(self._meta["version"])
+
+    @property
+    def count(self) -> int:
+        return int(self._meta["count"])
+
+    @property
+    def embedder_id(self) -> str:
+        return str(self._meta["embedder_id"])
+
+    @property
+    def dim(self) -> int:
+        return int(self._meta["dim"])
+
+    @property
+    def lexical_available(self) -> bool:
+        return "bm25" in self._meta
+
+    def search(self, query_vector: np.ndarray, k: int, ef: int) -> list[ScoredChunk]:
+        import qdrant_edge as qe
+
+        k = min(k, self.count)
+        if k <= 0:
+            return []
+        vector = np.asarray(query_vector, dtype=np.float32).tolist()
+        request = qe.QueryRequest(
+            limit=k,
+            query=qe.Query.Nearest(vector, using=DENSE),
+            with_payload=True,
+            params=qe.SearchParams(hnsw_ef=max(ef, k)),
+        )
+        return [ScoredChunk(_chunk_of(p.payload), float(p.score)) for p in self._shard.query(request)]
+
+    def search_lexical(self, query: str, k: int) -> list[ScoredChunk]:
+        import qdrant_edge as qe
+
+        terms = bm25_terms([query])[0]
+        k = min(k, self.count)
+        if k <= 0 or not terms:
+            return []
+        indices = sorted({term_index(t) for t in terms})
+        sparse = qe.SparseVector(indices=indices, values=[1.0] * len(indices))
+        request = qe.QueryRequest(limit=k, query=qe.Query.Nearest(sparse, using=SPARSE), with_payload=True)
+        return [ScoredChunk(_chunk_of(p.payload), float(p.score)) for p in self._shard.query(request) if p.score > 0]
