@@ -21,11 +21,11 @@ Fusion = Literal["rrf", "weighted"]
 @dataclass(frozen=True, slots=True)
 class RetrievalOptions:
     mode: Mode = "hybrid"
-    fusion: Fusion = "rrf"
+    fusion: Fusion = "weighted"
     # RRF's constant: 60 is the value from the original paper and works without tuning.
     rrf_k: int = 60
     # Weighted fusion: weight of the dense list (BM25 gets 1 - weight) after min-max normalization.
-    dense_weight: float = 0.5
+    dense_weight: float = 0.4
     # Candidates taken from each list before fusing; at least top_k.
     candidates: int = 100
     # When deduplicating to documents, look this many times deeper so enough distinct documents remain.

@@ -77,10 +77,10 @@ def dedupe(hits):
     return seen[:100]
 
 
-def sweep(args, queries, qrels) -> None:
+def sweep(args, queries, qrels, corpus: Path) -> None:
     backend = args.backends.split(",")[0]
     emb = make(backend)
-    docs = [d for d in iter_source(args.data / "corpus.jsonl") if isinstance(d, Document)]
+    docs = [d for d in iter_source(corpus) if isinstance(d, Document)]
     qids = list(queries)
     qvecs = emb.embed_queries([queries[q] for q in qids])
     for spec in args.chunk_sweep.split(","):
@@ -146,7 +146,7 @@ def main() -> None:
     if args.max_docs:
         corpus = sub_corpus(corpus, {d for rel in qrels.values() for d in rel}, args.max_docs, args.out)
     if args.chunk_sweep:
-        sweep(args, queries, qrels)
+        sweep(args, queries, qrels, corpus)
         return
 
     rows = []
