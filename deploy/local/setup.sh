@@ -13,7 +13,7 @@ cd "$(dirname "$0")/../.."
 # The retrieval cache tests start a real redis-server (Debian package) on a free loopback port.
 if ! command -v redis-server >/dev/null 2>&1; then
   if [ "$(id -u)" = "0" ]; then
-    apt-get update && apt-get install -y redis-server
+    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends redis-server
   else
     echo "setup: redis-server is missing; install it with: sudo apt-get install -y redis-server" >&2
   fi
