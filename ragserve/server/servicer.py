@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -25,6 +26,8 @@ from ragserve.v1 import rag_pb2_grpc as pb_grpc
 from ragserve.validation import validate_generate, validate_retrieve
 
 log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RagService"].full_name
 
 _MAX_REQUEST_ID = 64
 
@@ -82,6 +85,67 @@ class _Call:
             self.code = "CANCELLED"
         observe_request(self.method, self.code, self.elapsed_ms())
 
+    @contextlib.asynccontextmanager
+    async def admitted(self, limiter: InFlightLimiter) -> AsyncIterator[None]:
+        """The call's span, its slot under the in-flight bound, and one status for whatever it raises.
+
+        A cancelled call (client gone, deadline) ends in CancelledError, a BaseException: it passes
+        through untouched and is counted as CANCELLED.
+        """
+        cancelled = True
+        try:
+            with (
+                tracing.request_span(f"{SERVICE_NAME}/{self.method}", self.context.invocation_metadata()),
+                limiter.admit(),
+            ):
+                metrics.IN_FLIGHT.inc()
+                try:
+                    yield
+                finally:
+                    metrics.IN_FLIGHT.dec()
+            cancelled = False
+        except RagError as error:
+            cancelled = False
+            await self.fail(error)
+        except grpc.aio.AbortError:
+            cancelled = False
+            raise
+        except Exception as error:
+            cancelled = False
+            await self.crash(error)
+        finally:
+            self.finish(cancelled)
+
+    def log_retrieval(self, result: RetrievalResult) -> None:
+        # Ids and sizes only: document text and the question never reach the logs.
+        log.info(
+            "retrieved",
+            extra={
+                "request_id": self.request_id,
+                "method": self.method,
+                "doc_ids": [p.chunk.doc_id for p in result.passages],
+                "passage_chars": [len(p.chunk.text) for p in result.passages],
+                "retrieval_ms": round(result.timings.retrieval_total_ms, 2),
+                "cache_hit": result.cache_hit,
+            },
+        )
+        observe_retrieval(result)
+
+    def log_answer(self, summary: FinalSummary) -> None:
+        log.info(
+            "answered",
+            extra={
+                "request_id": self.request_id,
+                "method": self.method,
+                "prompt_tokens": summary.usage.prompt_tokens,
+                "prefix_cache_hit_tokens": summary.usage.prefix_cache_hit_tokens,
+                "completion_tokens": summary.usage.completion_tokens,
+                "ttft_ms": round(summary.timings.ttft_ms, 1),
+                "finish_reason": summary.finish_reason,
+            },
+        )
+        observe_final(summary)
+
 
 class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
     def __init__(self, settings: Settings, limiter: InFlightLimiter, pipeline: RagPipeline | None = None) -> None:
@@ -100,102 +164,28 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
 
     async def Retrieve(self, request: pb.RetrieveRequest, context: grpc.aio.ServicerContext) -> pb.RetrieveResponse:
         call = _Call("Retrieve", context)
-        cancelled = True
-        try:
-            with (
-                tracing.request_span("ragserve.v1.RagService/Retrieve", context.invocation_metadata()),
-                self._limiter.admit(),
-            ):
-                metrics.IN_FLIGHT.inc()
-                try:
-                    params = validate_retrieve(
-                        self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents
-                    )
-                    result = await self._ready().retrieve(params, self._deadline(params.budget_ms, context))
-                finally:
-                    metrics.IN_FLIGHT.dec()
-            observe_retrieval(result)
-            log.info(
-                "retrieved",
-                extra={
-                    "request_id": call.request_id,
-                    "method": "Retrieve",
-                    "doc_ids": [p.chunk.doc_id for p in result.passages],
-                    "passage_chars": [len(p.chunk.text) for p in result.passages],
-                    "retrieval_ms": round(result.timings.retrieval_total_ms, 2),
-                },
+        async with call.admitted(self._limiter):
+            params = validate_retrieve(
+                self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents
             )
-            cancelled = False
+            result = await self._ready().retrieve(params, self._deadline(params.budget_ms, context))
+            call.log_retrieval(result)
             return retrieve_response_pb(result)
-        except RagError as error:
-            cancelled = False
-            await call.fail(error)
-        except (grpc.aio.AbortError, GeneratorExit):
-            cancelled = False
-            raise
-        except Exception as error:
-            cancelled = False
-            await call.crash(error)
-        finally:
-            call.finish(cancelled)
 
     async def Query(self, request: pb.QueryRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.QueryEvent]:
         call = _Call("Query", context)
-        cancelled = True
-        try:
-            with (
-                tracing.request_span("ragserve.v1.RagService/Query", context.invocation_metadata()),
-                self._limiter.admit(),
-            ):
-                metrics.IN_FLIGHT.inc()
-                try:
-                    params = validate_retrieve(
-                        self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents
-                    )
-                    gen = validate_generate(self._settings, request.max_tokens, request.temperature)
-                    deadline = self._deadline(params.budget_ms, context)
-                    async for event in self._ready().query(params, gen, deadline, call.request_id):
-                        if isinstance(event, RetrievalResult):
-                            observe_retrieval(event)
-                            log.info(
-                                "retrieved",
-                                extra={
-                                    "request_id": call.request_id,
-                                    "method": "Query",
-                                    "doc_ids": [p.chunk.doc_id for p in event.passages],
-                                    "passage_chars": [len(p.chunk.text) for p in event.passages],
-                                    "retrieval_ms": round(event.timings.retrieval_total_ms, 2),
-                                },
-                            )
-                        elif isinstance(event, FinalSummary):
-                            observe_final(event)
-                            log.info(
-                                "answered",
-                                extra={
-                                    "request_id": call.request_id,
-                                    "method": "Query",
-                                    "prompt_tokens": event.usage.prompt_tokens,
-                                    "prefix_cache_hit_tokens": event.usage.prefix_cache_hit_tokens,
-                                    "completion_tokens": event.usage.completion_tokens,
-                                    "ttft_ms": round(event.timings.ttft_ms, 1),
-                                    "finish_reason": event.finish_reason,
-                                },
-                            )
-                        yield query_event_pb(event)
-                finally:
-                    metrics.IN_FLIGHT.dec()
-            cancelled = False
-        except RagError as error:
-            cancelled = False
-            await call.fail(error)
-        except (grpc.aio.AbortError, GeneratorExit):
-            cancelled = False
-            raise
-        except Exception as error:
-            cancelled = False
-            await call.crash(error)
-        finally:
-            call.finish(cancelled)
+        async with call.admitted(self._limiter):
+            params = validate_retrieve(
+                self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents
+            )
+            gen = validate_generate(self._settings, request.max_tokens, request.temperature)
+            deadline = self._deadline(params.budget_ms, context)
+            async for event in self._ready().query(params, gen, deadline, call.request_id):
+                if isinstance(event, RetrievalResult):
+                    call.log_retrieval(event)
+                elif isinstance(event, FinalSummary):
+                    call.log_answer(event)
+                yield query_event_pb(event)
 
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
         call = _Call("Info", context)
