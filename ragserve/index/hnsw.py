@@ -22,17 +22,7 @@ DEFAULT_EF_CONSTRUCTION = 200
 
 
 def chunk_to_json(chunk: Chunk) -> bytes:
-    return orjson.dumps(
-        {
-            "chunk_id": chunk.chunk_id,
-            "doc_id": chunk.doc_id,
-            "text": chunk.text,
-            "title": chunk.title,
-            "source": chunk.source,
-            "start": chunk.start,
-            "end": chunk.end,
-        }
-    )
+    return orjson.dumps(chunk)  # orjson writes dataclasses field by field
 
 
 def write_chunks(path: Path, chunks: list[Chunk]) -> None:

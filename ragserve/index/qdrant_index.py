@@ -11,6 +11,7 @@ overwrites, never duplicates.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 import zlib
 from collections import Counter
@@ -67,16 +68,7 @@ def sparse_bm25(terms: Sequence[str], avgdl: float) -> tuple[list[int], list[flo
 
 
 def _chunk_payload(chunk: Chunk, row: int) -> dict[str, Any]:
-    return {
-        "chunk_id": chunk.chunk_id,
-        "doc_id": chunk.doc_id,
-        "text": chunk.text,
-        "title": chunk.title,
-        "source": chunk.source,
-        "start": chunk.start,
-        "end": chunk.end,
-        "row": row,
-    }
+    return {**dataclasses.asdict(chunk), "row": row}
 
 
 def _chunk_of(payload: dict[str, Any]) -> Chunk:
