@@ -22,6 +22,7 @@ from ragserve.index.qdrant_index import (
     BM25_K1,
     DENSE,
     SPARSE,
+    PublishedMeta,
     _chunk_of,
     _chunk_payload,
     point_id,
@@ -69,7 +70,7 @@ def build_edge_shard(
     (path / META_FILE).write_text(json.dumps(full))
 
 
-class EdgeIndex:
+class EdgeIndex(PublishedMeta):
     def __init__(self, shard: Any, meta: dict[str, Any]) -> None:
         self._shard = shard
         self._meta = meta
@@ -90,26 +91,6 @@ class EdgeIndex:
 
     def close(self) -> None:
         self._shard.close()
-
-    @property
-    def version(self) -> str:
-        return str(self._meta["version"])
-
-    @property
-    def count(self) -> int:
-        return int(self._meta["count"])
-
-    @property
-    def embedder_id(self) -> str:
-        return str(self._meta["embedder_id"])
-
-    @property
-    def dim(self) -> int:
-        return int(self._meta["dim"])
-
-    @property
-    def lexical_available(self) -> bool:
-        return "bm25" in self._meta
 
     def search(self, query_vector: np.ndarray, k: int, ef: int) -> list[ScoredChunk]:
         import qdrant_edge as qe

@@ -151,7 +151,33 @@ def publish_collection(
     return target, version
 
 
-class QdrantIndex:
+class PublishedMeta:
+    """What a Qdrant-backed index knows from the metadata the indexer published with its points."""
+
+    _meta: dict[str, Any]
+
+    @property
+    def version(self) -> str:
+        return str(self._meta["version"])
+
+    @property
+    def count(self) -> int:
+        return int(self._meta["count"])
+
+    @property
+    def embedder_id(self) -> str:
+        return str(self._meta["embedder_id"])
+
+    @property
+    def dim(self) -> int:
+        return int(self._meta["dim"])
+
+    @property
+    def lexical_available(self) -> bool:
+        return "bm25" in self._meta
+
+
+class QdrantIndex(PublishedMeta):
     """A published Qdrant version (the collection the alias pointed to when loaded)."""
 
     def __init__(self, client: Any, collection: str, meta: dict[str, Any]) -> None:
@@ -176,26 +202,6 @@ class QdrantIndex:
         if stored != int(meta["count"]):
             raise IndexLoadError(f"Qdrant collection {collection} holds {stored} points, metadata says {meta['count']}")
         return cls(client, collection, meta)
-
-    @property
-    def version(self) -> str:
-        return str(self._meta["version"])
-
-    @property
-    def count(self) -> int:
-        return int(self._meta["count"])
-
-    @property
-    def embedder_id(self) -> str:
-        return str(self._meta["embedder_id"])
-
-    @property
-    def dim(self) -> int:
-        return int(self._meta["dim"])
-
-    @property
-    def lexical_available(self) -> bool:
-        return "bm25" in self._meta
 
     def search(self, query_vector: np.ndarray, k: int, ef: int) -> list[ScoredChunk]:
         from qdrant_client import models
