@@ -20,10 +20,12 @@ log = logging.getLogger(__name__)
 
 
 def make_embedder(settings: Settings) -> Embedder:
-    if settings.embedder_backend == "onnx":
+    if settings.embedder_backend == "onnx" and settings.embedder_device == "cpu":
         from ragserve.embedding_onnx import OnnxEmbedder
 
-        return OnnxEmbedder(settings.embedder_model, quantize=settings.embedder_onnx_int8)
+        return OnnxEmbedder(settings.embedder_model, quantize=settings.embedder_onnx_int8, spin=False)
+    if settings.embedder_backend == "onnx":
+        log.info("embedder on %s: using torch (the ONNX backend is the CPU path)", settings.embedder_device)
     return SentenceTransformerEmbedder(settings.embedder_model, device=settings.embedder_device)
 
 
@@ -155,6 +157,11 @@ def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipelin
     reranker = make_reranker(settings)
     generator = make_generator(settings) if with_generator else None
     executor = ThreadPoolExecutor(max_workers=settings.model_threads, thread_name_prefix="ragserve-model")
+    rerank_executor = None
+    if reranker is not None:
+        rerank_executor = ThreadPoolExecutor(
+            max_workers=settings.rerank.concurrency, thread_name_prefix="ragserve-rerank"
+        )
     return RagPipeline(
         embedder,
         index,
@@ -165,4 +172,5 @@ def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipelin
         retrieval=make_retrieval_options(settings),
         reranker=reranker,
         prompt_layout=settings.prompt_layout,
+        rerank_executor=rerank_executor,
     )

@@ -70,11 +70,15 @@ class RagPipeline:
         retrieval: RetrievalOptions | None = None,
         reranker: Reranker | None = None,
         prompt_layout: str = "stable",
+        rerank_executor: ThreadPoolExecutor | None = None,
     ) -> None:
         self.embedder = embedder
         self.index = index
         self.generator = generator
         self._executor = executor
+        # Reranking holds a thread for up to the whole budget; on its own pool, the next request's
+        # few-millisecond embed and search never wait behind it.
+        self._rerank_executor = rerank_executor or executor
         self._ef_search = ef_search
         self.retrieval = retrieval or RetrievalOptions()
         self.cache = cache
@@ -82,9 +86,9 @@ class RagPipeline:
         # "stable" keeps the template prefix first (prefix cache); "naive" exists for baselines.
         self.prompt_layout = prompt_layout
 
-    async def _off_loop(self, fn: Callable[[], T]) -> T:
-        # Model calls block for milliseconds: run them on the bounded executor, not the event loop.
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+    async def _off_loop(self, fn: Callable[[], T], executor: ThreadPoolExecutor | None = None) -> T:
+        # Model calls block for milliseconds: run them on a bounded executor, not the event loop.
+        return await asyncio.get_running_loop().run_in_executor(executor or self._executor, fn)
 
     @staticmethod
     def _check_client(deadline: Deadline, stage: str) -> None:
@@ -205,7 +209,7 @@ class RagPipeline:
         reranker = self.reranker
         assert reranker is not None
         with StageTimer("rerank") as t:
-            outcome = await self._off_loop(lambda: reranker.rerank(query, passages, deadline))
+            outcome = await self._off_loop(lambda: reranker.rerank(query, passages, deadline), self._rerank_executor)
         timings.rerank_ms = t.ms
         degraded.rerank_skipped = outcome.skipped
         degraded.rerank_truncated = outcome.truncated

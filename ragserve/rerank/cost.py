@@ -2,12 +2,21 @@
 
 Measured at warm-up and kept current from live batch timings. Estimates rise quickly and fall
 slowly: under-estimating a batch costs the budget, over-estimating only costs a little depth.
+Plans also carry a safety factor: how much slower than predicted recent batches ran, at a high
+percentile. On a quiet host it is about 1; when a generator shares the cores, batch times scatter
+and the planner leaves room for the scatter, not just for the average.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Sequence
+
+# Recent batches whose actual/predicted ratio sets the safety factor, and which percentile of them.
+_SAFETY_WINDOW = 64
+_SAFETY_PERCENTILE = 0.9
+_SAFETY_MIN_SAMPLES = 8
 
 
 def padded_tokens(lengths: Sequence[int]) -> int:
@@ -38,6 +47,7 @@ class CostModel:
         self._overhead_ms = max(0.0, overhead_ms)
         self._rise = rise
         self._fall = fall
+        self._ratios: deque[float] = deque(maxlen=_SAFETY_WINDOW)
 
     @property
     def ms_per_token(self) -> float:
@@ -69,10 +79,22 @@ class CostModel:
     def predict_batches(self, lengths: Sequence[int], batch_size: int) -> float:
         return sum(self.predict(padded_tokens([lengths[i] for i in b])) for b in plan_batches(lengths, batch_size))
 
+    def safety(self) -> float:
+        """Actual/predicted time of recent batches at the 90th percentile; never below 1."""
+        with self._lock:
+            ratios = sorted(self._ratios)
+        if len(ratios) < _SAFETY_MIN_SAMPLES:
+            return 1.0
+        return max(1.0, ratios[int(_SAFETY_PERCENTILE * (len(ratios) - 1))])
+
     def observe(self, tokens: int, ms: float) -> None:
-        """Fold one live batch timing into the per-token estimate."""
+        """Fold one live batch timing into the per-token estimate and the safety factor."""
         if tokens <= 0:
             return
+        predicted = self.predict(tokens)
+        if predicted > 0:
+            with self._lock:
+                self._ratios.append(ms / predicted)
         sample = max(ms - self._overhead_ms, 0.0) / tokens
         if sample <= 0:
             return

@@ -145,9 +145,10 @@ class TieredReranker:
         if self._policy == "fixed":
             return len(lengths)
         cost = self._cost(tier)
+        safety = cost.safety()
 
         def fits(n: int) -> bool:
-            return cost.predict_batches(lengths[:n], tier.batch_size) <= time_ms
+            return cost.predict_batches(lengths[:n], tier.batch_size) * safety <= time_ms
 
         if not fits(MIN_DEPTH):
             return 0
@@ -168,7 +169,7 @@ class TieredReranker:
         scores: dict[int, float] = {}
         for batch in plan_batches([len(p) for p in pairs], tier.batch_size):
             tokens = padded_tokens([len(pairs[i]) for i in batch])
-            if cost is not None and self._policy == "budget" and cost.predict(tokens) > time_left():
+            if cost is not None and self._policy == "budget" and cost.predict(tokens) * cost.safety() > time_left():
                 return scores, True
             t0 = self._timer()
             values = tier.encoder.score([pairs[i] for i in batch])

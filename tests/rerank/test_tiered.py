@@ -175,6 +175,25 @@ def test_cost_model_fit_and_updates() -> None:
     assert model.predict_batches([100, 100, 100, 100], 2) == 2 * model.predict(200)
 
 
+def test_scattered_batch_times_make_the_plan_leave_room() -> None:
+    steady = CostModel(0.01, 1.0)
+    for _ in range(20):
+        steady.observe(1000, steady.predict(1000))
+    assert steady.safety() == 1.0
+    # Same mean cost, but one batch in four runs twice as slow (a busy neighbour on the cores).
+    scattered = CostModel(0.01, 1.0, rise=0.0, fall=0.0)
+    for i in range(40):
+        scattered.observe(1000, scattered.predict(1000) * (2.0 if i % 4 == 0 else 0.9))
+    assert scattered.safety() == 2.0
+
+    def depth(cost: CostModel) -> int:
+        tier = Tier("tier1", FakeCrossEncoder(), 20, 4, cost)
+        outcome = TieredReranker([tier], candidates=20, reserve_ms=0.0).rerank("q", candidates(), Deadline(30))
+        return depths(outcome.tiers)[0]
+
+    assert 0 < depth(scattered) < depth(steady)
+
+
 def test_fixed_policy_ignores_the_budget() -> None:
     t1 = Tier("tier1", FakeCrossEncoder(), 20, 4, CostModel(1.0))
     t2 = Tier("tier2", FakeCrossEncoder(), 5, 4, CostModel(1.0))
