@@ -129,19 +129,26 @@ def retrieve(
     port: int = 50051,
     uds: str = "",
     top_k: int = 0,
+    dedupe: Annotated[bool, typer.Option(help="At most one passage (its best chunk) per document")] = False,
+    budget_ms: Annotated[int, typer.Option(help="Retrieval+rerank budget; 0: the server's")] = 0,
 ) -> None:
-    """Retrieval only: passages, scores and stage timings."""
+    """Retrieval only: passages, scores, stage timings and reranking depth."""
     import grpc
 
     from ragserve.client import RagClient
 
     async def run() -> None:
         async with RagClient(_target(host, port, uds)) as client:
-            r = await client.retrieve(question, top_k=top_k)
+            r = await client.retrieve(question, top_k=top_k, budget_ms=budget_ms, dedupe_documents=dedupe)
             for p in r.passages:
                 print(f"[{p.rank}] {p.doc_id} ({p.chunk_id}) score={p.score:.3f}")
             t = r.timings
-            print(f"embed {t.embed_ms:.1f} ms, search {t.search_ms:.1f} ms, total {t.retrieval_total_ms:.1f} ms")
+            print(
+                f"embed {t.embed_ms:.1f} ms, search {t.search_ms:.1f} ms, rerank {t.rerank_ms:.1f} ms, "
+                f"total {t.retrieval_total_ms:.1f} ms"
+            )
+            if r.rerank_tiers:
+                print("reranked: " + ", ".join(r.rerank_tiers))
 
     try:
         asyncio.run(run())

@@ -66,9 +66,14 @@ class RagClient:
         await asyncio.wait_for(self._channel.channel_ready(), timeout_s)
 
     async def retrieve(
-        self, query: str, top_k: int = 0, budget_ms: int = 0, timeout_s: float | None = None
+        self,
+        query: str,
+        top_k: int = 0,
+        budget_ms: int = 0,
+        timeout_s: float | None = None,
+        dedupe_documents: bool = False,
     ) -> pb.RetrieveResponse:
-        request = pb.RetrieveRequest(query=query, top_k=top_k, budget_ms=budget_ms)
+        request = pb.RetrieveRequest(query=query, top_k=top_k, budget_ms=budget_ms, dedupe_documents=dedupe_documents)
         response: pb.RetrieveResponse = await self._stub.Retrieve(request, timeout=timeout_s or self.default_timeout_s)
         return response
 

@@ -23,7 +23,12 @@ def make_embedder(settings: Settings) -> Embedder:
     if settings.embedder_backend == "onnx" and settings.embedder_device == "cpu":
         from ragserve.embedding_onnx import OnnxEmbedder
 
-        return OnnxEmbedder(settings.embedder_model, quantize=settings.embedder_onnx_int8, spin=False)
+        return OnnxEmbedder(
+            settings.embedder_model,
+            quantize=settings.embedder_onnx_int8,
+            threads=settings.embedder_threads,
+            spin=False,
+        )
     if settings.embedder_backend == "onnx":
         log.info("embedder on %s: using torch (the ONNX backend is the CPU path)", settings.embedder_device)
     return SentenceTransformerEmbedder(settings.embedder_model, device=settings.embedder_device)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 # Recent batches whose actual/predicted ratio sets the safety factor, and which percentile of them.
 _SAFETY_WINDOW = 64
-_SAFETY_PERCENTILE = 0.9
+_SAFETY_PERCENTILE = 0.95
 _SAFETY_MIN_SAMPLES = 8
 
 
@@ -80,7 +80,7 @@ class CostModel:
         return sum(self.predict(padded_tokens([lengths[i] for i in b])) for b in plan_batches(lengths, batch_size))
 
     def safety(self) -> float:
-        """Actual/predicted time of recent batches at the 90th percentile; never below 1."""
+        """Actual/predicted time of recent batches at the 95th percentile; never below 1."""
         with self._lock:
             ratios = sorted(self._ratios)
         if len(ratios) < _SAFETY_MIN_SAMPLES:

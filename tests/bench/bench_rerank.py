@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -239,6 +240,8 @@ async def drive(target: str, variant: str, args: argparse.Namespace, qs: list[st
                 samples = await closed_loop(client, batch, c, n)
                 row = summarize(variant, scenario, c, samples, args.budget_ms)
                 rows.append(row)
+                # Raw samples for reading the tail (results.json); the tables use the summary only.
+                row["samples"] = [dataclasses.asdict(sample) for sample in samples]
                 print(
                     f"[{variant}/{scenario}] c={c} n={row['n']} p50={row['p50']:.1f} p95={row['p95']:.1f} "
                     f"p99={row['p99']:.1f} ms (embed+search p50 {row['embed_search_p50']:.1f}, rerank p50 "
