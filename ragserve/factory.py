@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
 
 from ragserve.cache.base import RetrievalCache
 from ragserve.config import CacheSettings, Settings
@@ -13,6 +15,7 @@ from ragserve.generate.base import Generator
 from ragserve.index.base import SearchIndex
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
+from ragserve.index.reload import published_marker
 from ragserve.pipeline import RagPipeline
 from ragserve.rerank.base import Reranker
 
@@ -40,6 +43,24 @@ def make_index(settings: Settings) -> SearchIndex:
 
         return QdrantIndex.connect(settings.qdrant_url, settings.qdrant_collection, settings.qdrant_api_key or None)
     return HnswIndex.load(settings.index_path)
+
+
+def make_index_watch(
+    settings: Settings, current: Callable[[], SearchIndex]
+) -> tuple[Callable[[], str | None], Callable[[], SearchIndex]]:
+    """For hot reload: (what is published now, load it). A folder's CURRENT link, or a Qdrant alias."""
+    if settings.index_backend == "qdrant":
+        from ragserve.index.qdrant_index import QdrantIndex, alias_target
+
+        name = settings.qdrant_collection
+
+        def client() -> Any:
+            # The serving version's own connection: local-mode Qdrant allows one client per folder.
+            return cast(QdrantIndex, current()).client
+
+        return (lambda: alias_target(client(), name)), (lambda: QdrantIndex.open(client(), name))
+    root = settings.index_path
+    return (lambda: published_marker(root)), (lambda: HnswIndex.load(root))
 
 
 def make_retrieval_options(settings: Settings) -> RetrievalOptions:

@@ -185,6 +185,11 @@ class QdrantIndex(PublishedMeta):
         self.collection = collection
         self._meta = meta
 
+    @property
+    def client(self) -> Any:
+        """The connection this version was opened on; a reload reuses it (local mode allows one)."""
+        return self._client
+
     @classmethod
     def connect(cls, url: str, name: str, api_key: str | None = None) -> QdrantIndex:
         return cls.open(make_client(url, api_key), name)

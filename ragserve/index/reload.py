@@ -55,7 +55,7 @@ class IndexReloader:
         marker = self._marker()
         if marker is None or marker == self._seen:
             return False
-        self._seen = marker
+        previous, self._seen = self._seen, marker
         old = self._current()
         try:
             new = self._load()  # verifies every checksum before anything is swapped
@@ -65,6 +65,10 @@ class IndexReloader:
             self.refused += 1
             log.error("refusing newly published index %s: %s; still serving version %s", marker, exc, old.version)
             return False
+        except Exception:
+            # Not a verdict on the version (e.g. a Qdrant server briefly unreachable): try it again.
+            self._seen = previous
+            raise
         if new.version == old.version:
             return False
         self._swap(new)

@@ -19,9 +19,9 @@ from grpc_reflection.v1alpha import reflection
 from ragserve import tracing
 from ragserve.config import Settings
 from ragserve.errors import ConfigError, RagError
-from ragserve.factory import check_compatible, make_index, make_pipeline
+from ragserve.factory import check_compatible, make_index_watch, make_pipeline
 from ragserve.generate.base import Generator
-from ragserve.index.reload import IndexReloader, published_marker
+from ragserve.index.reload import IndexReloader
 from ragserve.limiter import InFlightLimiter
 from ragserve.pipeline import RagPipeline
 from ragserve.server.auth import BearerTokenInterceptor, check_exposure
@@ -163,7 +163,7 @@ class RagServer:
             await pipeline.cache.start()  # pre-connect the Redis pool before traffic arrives
         self.pipeline = pipeline
         self._servicer.pipeline = pipeline
-        if self.settings.index_backend == "hnsw" and self.settings.index_reload_interval_s > 0:
+        if self.settings.index_reload_interval_s > 0:
             self._background.append(asyncio.create_task(self._index_reloader(pipeline).run()))
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("serving on %s (index version %s)", address, pipeline.index.version)
@@ -171,10 +171,10 @@ class RagServer:
 
     def _index_reloader(self, pipeline: RagPipeline) -> IndexReloader:
         """Hot reload: a newly published version is verified, then swapped in (see index/reload.py)."""
-        root = self.settings.index_path
+        marker, load = make_index_watch(self.settings, lambda: pipeline.index)
         return IndexReloader(
-            marker=lambda: published_marker(root),
-            load=lambda: make_index(self.settings),
+            marker=marker,
+            load=load,
             swap=lambda index: setattr(pipeline, "index", index),
             current=lambda: pipeline.index,
             accept=lambda index: check_compatible(pipeline.embedder, index),

@@ -163,3 +163,58 @@ def test_reloader_refuses_corrupt_manifest(tmp_path: Path, embedder: SentenceTra
     build_index(docs, root, embedder, progress=False)
     assert reloader.check_once() is True
     assert holder["index"].version == "3" and reloader.reloads == 1
+
+
+def test_qdrant_alias_flip_is_picked_up(sample_index: Path) -> None:
+    from qdrant_client import QdrantClient
+
+    from indexer.qdrant_publish import publish_folder_to_qdrant
+    from ragserve.factory import make_index_watch
+    from ragserve.index.qdrant_index import QdrantIndex
+
+    client = QdrantClient(":memory:")
+    publish_folder_to_qdrant(client, "docs", sample_index)
+    holder = {"index": QdrantIndex.open(client, "docs")}
+    settings = Settings(index_backend="qdrant", qdrant_url=":memory:", qdrant_collection="docs")
+    marker, load = make_index_watch(settings, lambda: holder["index"])
+    reloader = IndexReloader(
+        marker=marker,
+        load=load,
+        swap=lambda index: holder.__setitem__("index", index),
+        current=lambda: holder["index"],
+    )
+    assert reloader.check_once() is False
+    old = holder["index"]
+    publish_folder_to_qdrant(client, "docs", sample_index)  # the indexer's next version flips the alias
+    assert reloader.check_once() is True
+    new = holder["index"]
+    assert (old.version, new.version) == ("1", "2") and reloader.reloads == 1
+    assert isinstance(new, QdrantIndex) and new.collection != old.collection
+    client.close()
+
+
+def test_unreachable_source_is_retried_not_refused(tmp_path: Path, embedder: SentenceTransformerEmbedder) -> None:
+    docs = write_docs(tmp_path / "docs")
+    root = tmp_path / "idx"
+    build_index(docs, root, embedder, progress=False)
+    holder = {"index": HnswIndex.load(root)}
+    outage = [True]
+
+    def flaky_load() -> HnswIndex:
+        if outage[0]:
+            raise ConnectionError("index store briefly unreachable")
+        return HnswIndex.load(root)
+
+    reloader = IndexReloader(
+        marker=lambda: published_marker(root),
+        load=flaky_load,
+        swap=lambda index: holder.__setitem__("index", index),
+        current=lambda: holder["index"],
+    )
+    (docs / "new.txt").write_text("New\nA brand new document about volcanoes.")
+    build_index(docs, root, embedder, progress=False)
+    with pytest.raises(ConnectionError):
+        reloader.check_once()
+    assert reloader.refused == 0 and holder["index"].version == "1"
+    outage[0] = False
+    assert reloader.check_once() is True and holder["index"].version == "2"
