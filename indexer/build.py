@@ -136,7 +136,7 @@ def build_index(
     out: Path,
     embedder: IndexingEmbedder,
     chunking: ChunkingConfig | None = None,
-    batch_size: int = 64,
+    batch_size: int = 16,
     progress: bool = True,
     on_skip: Callable[[Skipped], None] | None = None,
     incremental: bool = True,

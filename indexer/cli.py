@@ -39,7 +39,8 @@ def build(
     qdrant_api_key: Annotated[str, typer.Option(envvar="RAGSERVE_QDRANT_API_KEY", help="Qdrant API key")] = "",
     chunk_tokens: Annotated[int, typer.Option(help="Chunk size in tokenizer tokens")] = 200,
     overlap_tokens: Annotated[int, typer.Option(help="Overlap between chunks in tokens")] = 40,
-    batch_size: Annotated[int, typer.Option(min=1, help="Embedding batch size")] = 64,
+    # 16 measured faster than 64 for both backends on full SciFact (BENCHMARKS.md).
+    batch_size: Annotated[int, typer.Option(min=1, help="Embedding batch size")] = 16,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
 ) -> None:
     """Index SOURCE and publish a new version atomically (incremental over the published one)."""

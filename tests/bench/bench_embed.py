@@ -129,7 +129,7 @@ def main() -> None:
     ap.add_argument("--backends", default="torch,onnx-fp32,onnx-int8")
     ap.add_argument("--chunk-tokens", type=int, default=ChunkingConfig().size_tokens)
     ap.add_argument("--overlap-tokens", type=int, default=ChunkingConfig().overlap_tokens)
-    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--chunk-sweep", default="", help="size:overlap,... (quality per chunking, no publish)")
     ap.add_argument(
         "--max-docs",
