@@ -52,18 +52,22 @@ def prepare_models(
     """Convert the bundled SmolLM2-135M-Instruct GGUF into an HF folder vLLM loads, and export the
     query embedder to ONNX when that backend is configured (both once)."""
     _setup_logging("text")
+    from pydantic import ValidationError
+
     from ragserve.factory import make_embedder
     from ragserve.model_prep import prepare_generator
 
     try:
+        settings = Settings()
         path = prepare_generator(target or default_generator_path(), force=force)
-        # The server would otherwise pay for the ONNX export on its first start.
-        embedder = make_embedder(Settings())
-    except RagError as exc:
+        typer.echo(f"generator ready at {path}")
+        if settings.embedder_backend == "onnx" and settings.embedder_device == "cpu":
+            # The server would otherwise pay for the ONNX export on its first start.
+            embedder = make_embedder(settings)
+            typer.echo(f"ONNX query embedder ready: {embedder.model_id}")
+    except (RagError, ValidationError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    typer.echo(f"generator ready at {path}")
-    typer.echo(f"query embedder ready: {embedder.model_id} ({type(embedder).__name__})")
 
 
 def _target(host: str, port: int, uds: str) -> str:

@@ -15,7 +15,7 @@ from ragserve.generate.base import Generator
 from ragserve.index.base import SearchIndex
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
-from ragserve.index.reload import published_marker
+from ragserve.index.reload import IndexWatch, published_marker
 from ragserve.pipeline import RagPipeline
 from ragserve.rerank.base import Reranker
 
@@ -45,10 +45,8 @@ def make_index(settings: Settings) -> SearchIndex:
     return HnswIndex.load(settings.index_path)
 
 
-def make_index_watch(
-    settings: Settings, current: Callable[[], SearchIndex]
-) -> tuple[Callable[[], str | None], Callable[[], SearchIndex]]:
-    """For hot reload: (what is published now, load it). A folder's CURRENT link, or a Qdrant alias."""
+def make_index_watch(settings: Settings, current: Callable[[], SearchIndex]) -> IndexWatch:
+    """For hot reload: a folder's CURRENT link, or a Qdrant alias."""
     if settings.index_backend == "qdrant":
         from ragserve.index.qdrant_index import QdrantIndex, alias_target
 
@@ -58,9 +56,17 @@ def make_index_watch(
             # The serving version's own connection: local-mode Qdrant allows one client per folder.
             return cast(QdrantIndex, current()).client
 
-        return (lambda: alias_target(client(), name)), (lambda: QdrantIndex.open(client(), name))
+        return IndexWatch(
+            published=lambda: alias_target(client(), name),
+            load=lambda: QdrantIndex.open(client(), name),
+            served=lambda index: cast(QdrantIndex, index).collection,
+        )
     root = settings.index_path
-    return (lambda: published_marker(root)), (lambda: HnswIndex.load(root))
+    return IndexWatch(
+        published=lambda: published_marker(root),
+        load=lambda: HnswIndex.load(root),
+        served=lambda index: cast(HnswIndex, index).folder.name,  # CURRENT links to the folder's name
+    )
 
 
 def make_retrieval_options(settings: Settings) -> RetrievalOptions:

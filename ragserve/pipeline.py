@@ -86,6 +86,12 @@ class RagPipeline:
         # "stable" keeps the template prefix first (prefix cache); "naive" exists for baselines.
         self.prompt_layout = prompt_layout
 
+    def close(self) -> None:
+        """Release the model threads (at shutdown, after in-flight calls have finished)."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._rerank_executor is not self._executor:
+            self._rerank_executor.shutdown(wait=False, cancel_futures=True)
+
     async def _off_loop(self, fn: Callable[[], T], executor: ThreadPoolExecutor | None = None) -> T:
         # Model calls block for milliseconds: run them on a bounded executor, not the event loop.
         return await asyncio.get_running_loop().run_in_executor(executor or self._executor, fn)

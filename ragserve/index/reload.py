@@ -1,10 +1,13 @@
-"""Hot reload: watch the index root for a newly published version, verify it, swap it in.
+"""Hot reload: watch where versions are published (an index root's CURRENT link, or a Qdrant
+alias), verify a new version, swap it in.
 
 The swap is one reference assignment (`pipeline.index = new`), atomic under the GIL. A request
 reads `pipeline.index` once and keeps that object for its whole life, so in-flight requests
 finish on the old version and the old version is freed when the last of them drops it. A version
 that fails verification (checksums, counts, embedder) is refused with one log line and the old
-one keeps serving; it is not retried until CURRENT points somewhere else.
+one keeps serving; it is not retried until something else is published. A source that cannot be
+read at all (a Qdrant server unreachable, say) says nothing about the version: it is retried,
+with back-off.
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from ragserve.errors import RagError
 from ragserve.index.base import SearchIndex
@@ -30,6 +35,18 @@ def published_marker(root: Path) -> str | None:
         return None
 
 
+# Longest wait between checks of a source that could not be read.
+_MAX_RETRY_S = 60.0
+
+
+class IndexWatch(NamedTuple):
+    """How one backend publishes: what is published now, how to load it, what a loaded version was."""
+
+    published: Callable[[], str | None]
+    load: Callable[[], SearchIndex]
+    served: Callable[[SearchIndex], str | None]
+
+
 class IndexReloader:
     def __init__(
         self,
@@ -39,6 +56,8 @@ class IndexReloader:
         current: Callable[[], SearchIndex],
         accept: Callable[[SearchIndex], None] | None = None,
         interval_s: float = 2.0,
+        seen: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._marker = marker
         self._load = load
@@ -46,35 +65,60 @@ class IndexReloader:
         self._current = current
         self._accept = accept
         self.interval_s = interval_s
-        self._seen = marker()  # what the server loaded at start-up
+        # What the serving version was published as. Asking the source instead would skip a
+        # version published between the server's load and this moment.
+        self._seen = seen if seen is not None else marker()
+        self._clock = clock
+        self._failures = 0
+        self._retry_at = 0.0
         self.reloads = 0
         self.refused = 0
 
     def check_once(self) -> bool:
         """Load and swap if a new version was published; True if a swap happened. Blocking."""
-        marker = self._marker()
-        if marker is None or marker == self._seen:
+        if self._clock() < self._retry_at:
             return False
-        previous, self._seen = self._seen, marker
         old = self._current()
+        try:
+            marker = self._marker()
+        except Exception as exc:
+            return self._unreadable(exc, old)
+        if marker is None or marker == self._seen:
+            self._failures = 0
+            return False
         try:
             new = self._load()  # verifies every checksum before anything is swapped
             if self._accept is not None:
                 self._accept(new)
         except RagError as exc:
+            self._seen = marker
             self.refused += 1
             log.error("refusing newly published index %s: %s; still serving version %s", marker, exc, old.version)
             return False
-        except Exception:
-            # Not a verdict on the version (e.g. a Qdrant server briefly unreachable): try it again.
-            self._seen = previous
-            raise
+        except Exception as exc:
+            return self._unreadable(exc, old)
+        self._failures = 0
+        self._seen = marker
         if new.version == old.version:
             return False
         self._swap(new)
         self.reloads += 1
         log.info("index reloaded: version %s -> %s (%d chunks)", old.version, new.version, new.count)
         return True
+
+    def _unreadable(self, exc: Exception, old: SearchIndex) -> bool:
+        """The source could not be read: no verdict on the version; check again after a back-off."""
+        self._failures += 1
+        delay = min(self.interval_s * 2**self._failures, _MAX_RETRY_S)
+        self._retry_at = self._clock() + delay
+        log.warning(
+            "index source unreadable (%s: %s); still serving version %s, next check in %.0f s",
+            type(exc).__name__,
+            exc,
+            old.version,
+            delay,
+        )
+        return False
 
     async def run(self) -> None:
         """Poll until cancelled. Loading runs on a worker thread: queries are never blocked by it."""

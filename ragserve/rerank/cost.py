@@ -5,18 +5,28 @@ slowly: under-estimating a batch costs the budget, over-estimating only costs a 
 Plans also carry a safety factor: how much slower than predicted recent batches ran, at a high
 percentile. On a quiet host it is about 1; when a generator shares the cores, batch times scatter
 and the planner leaves room for the scatter, not just for the average.
+
+Both age: what no batch has confirmed for a while drifts back to the warm-up figure. Otherwise a
+burst of load could raise them until no batch fits any more, and with no batch running nothing
+would ever bring them down again.
 """
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 # Recent batches whose actual/predicted ratio sets the safety factor, and which percentile of them.
 _SAFETY_WINDOW = 64
 _SAFETY_PERCENTILE = 0.95
 _SAFETY_MIN_SAMPLES = 8
+# Ratios older than this no longer count; an unconfirmed per-token estimate halves its distance
+# to the warm-up figure every half-life.
+_SAFETY_MAX_AGE_S = 30.0
+_ESTIMATE_HALF_LIFE_S = 10.0
 
 
 def padded_tokens(lengths: Sequence[int]) -> int:
@@ -39,15 +49,19 @@ class CostModel:
         overhead_ms: float = 0.0,
         rise: float = 0.5,
         fall: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if ms_per_token <= 0:
             raise ValueError("ms_per_token must be positive")
         self._lock = threading.Lock()
         self._ms_per_token = ms_per_token
+        self._baseline = ms_per_token  # the warm-up figure that unconfirmed estimates return to
         self._overhead_ms = max(0.0, overhead_ms)
         self._rise = rise
         self._fall = fall
-        self._ratios: deque[float] = deque(maxlen=_SAFETY_WINDOW)
+        self._clock = clock
+        self._settled_at = clock()
+        self._ratios: deque[tuple[float, float]] = deque(maxlen=_SAFETY_WINDOW)  # (when, actual/predicted)
 
     @property
     def ms_per_token(self) -> float:
@@ -79,13 +93,26 @@ class CostModel:
     def predict_batches(self, lengths: Sequence[int], batch_size: int) -> float:
         return sum(self.predict(padded_tokens([lengths[i] for i in b])) for b in plan_batches(lengths, batch_size))
 
-    def safety(self) -> float:
-        """Actual/predicted time of recent batches at the 95th percentile; never below 1."""
+    def settle(self) -> None:
+        """Let the per-token estimate drift back toward the warm-up figure for the time since the last
+        settle; called before each plan. Steady live timings keep it where they put it."""
+        now = self._clock()
         with self._lock:
-            ratios = sorted(self._ratios)
+            elapsed = now - self._settled_at
+            if elapsed <= 0:
+                return
+            keep = 0.5 ** (elapsed / _ESTIMATE_HALF_LIFE_S)
+            self._ms_per_token = self._baseline + (self._ms_per_token - self._baseline) * keep
+            self._settled_at = now
+
+    def safety(self) -> float:
+        """Actual/predicted time of recent batches at the 95th percentile (nearest rank); never below 1."""
+        oldest = self._clock() - _SAFETY_MAX_AGE_S
+        with self._lock:
+            ratios = sorted(ratio for when, ratio in self._ratios if when >= oldest)
         if len(ratios) < _SAFETY_MIN_SAMPLES:
             return 1.0
-        return max(1.0, ratios[int(_SAFETY_PERCENTILE * (len(ratios) - 1))])
+        return max(1.0, ratios[math.ceil(_SAFETY_PERCENTILE * len(ratios)) - 1])
 
     def observe(self, tokens: int, ms: float) -> None:
         """Fold one live batch timing into the per-token estimate and the safety factor."""
@@ -94,7 +121,7 @@ class CostModel:
         predicted = self.predict(tokens)
         if predicted > 0:
             with self._lock:
-                self._ratios.append(ms / predicted)
+                self._ratios.append((self._clock(), ms / predicted))
         sample = max(ms - self._overhead_ms, 0.0) / tokens
         if sample <= 0:
             return

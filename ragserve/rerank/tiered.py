@@ -145,6 +145,7 @@ class TieredReranker:
         if self._policy == "fixed":
             return len(lengths)
         cost = self._cost(tier)
+        cost.settle()
         safety = cost.safety()
 
         def fits(n: int) -> bool:

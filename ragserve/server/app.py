@@ -171,14 +171,15 @@ class RagServer:
 
     def _index_reloader(self, pipeline: RagPipeline) -> IndexReloader:
         """Hot reload: a newly published version is verified, then swapped in (see index/reload.py)."""
-        marker, load = make_index_watch(self.settings, lambda: pipeline.index)
+        watch = make_index_watch(self.settings, lambda: pipeline.index)
         return IndexReloader(
-            marker=marker,
-            load=load,
+            marker=watch.published,
+            load=watch.load,
             swap=lambda index: setattr(pipeline, "index", index),
             current=lambda: pipeline.index,
             accept=lambda index: check_compatible(pipeline.embedder, index),
             interval_s=self.settings.index_reload_interval_s,
+            seen=watch.served(pipeline.index),
         )
 
     async def _watch_generator(self, generator: Generator) -> None:
@@ -222,6 +223,8 @@ class RagServer:
             await self.pipeline.cache.close()  # flushes pending background writes
         if self.pipeline is not None and self.pipeline.generator is not None:
             await self.pipeline.generator.close()
+        if self.pipeline is not None:
+            self.pipeline.close()
         if self.settings.uds_path:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.settings.uds_path)

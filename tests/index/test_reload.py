@@ -176,29 +176,37 @@ def test_qdrant_alias_flip_is_picked_up(sample_index: Path) -> None:
     publish_folder_to_qdrant(client, "docs", sample_index)
     holder = {"index": QdrantIndex.open(client, "docs")}
     settings = Settings(index_backend="qdrant", qdrant_url=":memory:", qdrant_collection="docs")
-    marker, load = make_index_watch(settings, lambda: holder["index"])
+    watch = make_index_watch(settings, lambda: holder["index"])
+    # Version 2 lands while the server is still starting, after it loaded version 1: the reloader
+    # starts from what is served, not from what is published by the time it exists.
+    publish_folder_to_qdrant(client, "docs", sample_index)
     reloader = IndexReloader(
-        marker=marker,
-        load=load,
+        marker=watch.published,
+        load=watch.load,
         swap=lambda index: holder.__setitem__("index", index),
         current=lambda: holder["index"],
+        seen=watch.served(holder["index"]),
     )
-    assert reloader.check_once() is False
     old = holder["index"]
-    publish_folder_to_qdrant(client, "docs", sample_index)  # the indexer's next version flips the alias
     assert reloader.check_once() is True
     new = holder["index"]
-    assert (old.version, new.version) == ("1", "2") and reloader.reloads == 1
-    assert isinstance(new, QdrantIndex) and new.collection != old.collection
+    assert (old.version, new.version) == ("1", "2")
+    assert new.collection != old.collection and reloader.reloads == 1
+    assert reloader.check_once() is False  # nothing newer
+    publish_folder_to_qdrant(client, "docs", sample_index)  # the indexer's next version flips the alias
+    assert reloader.check_once() is True and holder["index"].version == "3"
     client.close()
 
 
-def test_unreachable_source_is_retried_not_refused(tmp_path: Path, embedder: SentenceTransformerEmbedder) -> None:
+def test_unreadable_source_is_retried_with_back_off_not_refused(
+    tmp_path: Path, embedder: SentenceTransformerEmbedder
+) -> None:
     docs = write_docs(tmp_path / "docs")
     root = tmp_path / "idx"
     build_index(docs, root, embedder, progress=False)
     holder = {"index": HnswIndex.load(root)}
     outage = [True]
+    now = [0.0]
 
     def flaky_load() -> HnswIndex:
         if outage[0]:
@@ -210,11 +218,14 @@ def test_unreachable_source_is_retried_not_refused(tmp_path: Path, embedder: Sen
         load=flaky_load,
         swap=lambda index: holder.__setitem__("index", index),
         current=lambda: holder["index"],
+        interval_s=2.0,
+        clock=lambda: now[0],
     )
     (docs / "new.txt").write_text("New\nA brand new document about volcanoes.")
     build_index(docs, root, embedder, progress=False)
-    with pytest.raises(ConnectionError):
-        reloader.check_once()
+    assert reloader.check_once() is False
     assert reloader.refused == 0 and holder["index"].version == "1"
     outage[0] = False
+    assert reloader.check_once() is False  # backing off: no new attempt yet
+    now[0] += 5.0
     assert reloader.check_once() is True and holder["index"].version == "2"

@@ -187,11 +187,34 @@ def test_scattered_batch_times_make_the_plan_leave_room() -> None:
     assert scattered.safety() == 2.0
 
     def depth(cost: CostModel) -> int:
+        # A frozen clock: the plan sees exactly 30 ms left, whatever this host's speed.
+        frozen = SimClock()
         tier = Tier("tier1", FakeCrossEncoder(), 20, 4, cost)
-        outcome = TieredReranker([tier], candidates=20, reserve_ms=0.0).rerank("q", candidates(), Deadline(30))
-        return depths(outcome.tiers)[0]
+        reranker = TieredReranker([tier], candidates=20, reserve_ms=0.0, timer=frozen)
+        return depths(reranker.rerank("q", candidates(), Deadline(30, clock=frozen)).tiers)[0]
 
     assert 0 < depth(scattered) < depth(steady)
+
+
+def test_a_burst_of_load_does_not_switch_reranking_off_for_good() -> None:
+    clock = SimClock()
+    cost = CostModel(0.01, 1.0, clock=clock)
+    # A burst: batches ran 10x slower than at warm-up; the estimate and the safety factor both rose.
+    slow_ms = cost.predict(1000) * 10
+    for _ in range(20):
+        cost.observe(1000, slow_ms)
+    assert cost.ms_per_token > 0.09 and cost.safety() > 1.5
+    frozen = SimClock()
+    tier = Tier("tier1", FakeCrossEncoder(), 20, 4, cost)
+    reranker = TieredReranker([tier], candidates=20, reserve_ms=0.0, timer=frozen)
+
+    def depth() -> int:
+        return depths(reranker.rerank("q", candidates(), Deadline(30, clock=frozen)).tiers)[0]
+
+    assert depth() == 0  # nothing fits while the burst is fresh, so no batch runs to correct it
+    clock.now += 60.0  # a minute with no batch confirming the burst
+    assert depth() > 0
+    assert cost.ms_per_token < 0.02
 
 
 def test_fixed_policy_ignores_the_budget() -> None:
