@@ -24,9 +24,7 @@ from ragserve.index.qdrant_index import (
     SPARSE,
     PublishedMeta,
     _chunk_of,
-    _chunk_payload,
-    point_id,
-    sparse_bm25,
+    point_batches,
     term_index,
 )
 from ragserve.types import Chunk
@@ -50,18 +48,8 @@ def build_edge_shard(
     )
     shard = qe.EdgeShard.create(str(path), config)
     try:
-        terms = bm25_terms(embedding_texts)
-        avgdl = float(np.mean([len(t) for t in terms])) if terms else 1.0
-        for start in range(0, len(chunks), batch):
-            points = []
-            for row in range(start, min(start + batch, len(chunks))):
-                idx, vals = sparse_bm25(terms[row], avgdl)
-                vec: dict[str, Any] = {DENSE: vectors[row].tolist()}
-                if idx:
-                    vec[SPARSE] = qe.SparseVector(indices=idx, values=vals)
-                points.append(
-                    qe.Point(id=point_id(chunks[row].chunk_id), vector=vec, payload=_chunk_payload(chunks[row], row))
-                )
+        for parts in point_batches(chunks, vectors, embedding_texts, batch, qe.SparseVector):
+            points = [qe.Point(id=pid, vector=vec, payload=payload) for pid, vec, payload in parts]
             shard.update(qe.UpdateOperation.upsert_points(points))
         shard.flush()
     finally:

@@ -15,7 +15,7 @@ import dataclasses
 import uuid
 import zlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -90,6 +90,29 @@ def alias_target(client: Any, alias: str) -> str | None:
     return None
 
 
+def point_batches(
+    chunks: list[Chunk],
+    vectors: np.ndarray,
+    embedding_texts: list[str],
+    batch: int,
+    sparse_vector: Callable[..., Any],
+) -> Iterator[list[tuple[str, dict[str, Any], dict[str, Any]]]]:
+    """(point id, named vectors, payload) per chunk, in batches: a dense vector and, when the chunk has
+    terms, a BM25 sparse vector (built by `sparse_vector(indices=, values=)`). Qdrant and
+    qdrant-edge wrap them in their own point types."""
+    terms = bm25_terms(embedding_texts)
+    avgdl = float(np.mean([len(t) for t in terms])) if terms else 1.0
+    for start in range(0, len(chunks), batch):
+        parts = []
+        for row in range(start, min(start + batch, len(chunks))):
+            idx, vals = sparse_bm25(terms[row], avgdl)
+            vec: dict[str, Any] = {DENSE: vectors[row].tolist()}
+            if idx:
+                vec[SPARSE] = sparse_vector(indices=idx, values=vals)
+            parts.append((point_id(chunks[row].chunk_id), vec, _chunk_payload(chunks[row], row)))
+        yield parts
+
+
 def publish_collection(
     client: Any,
     name: str,
@@ -112,8 +135,6 @@ def publish_collection(
     # A killed earlier build may have left an unpublished collection: never reuse it half-filled.
     if client.collection_exists(target):
         client.delete_collection(target)
-    terms = bm25_terms(embedding_texts)
-    avgdl = float(np.mean([len(t) for t in terms])) if terms else 1.0
     full_meta = {**meta, "version": version, "count": len(chunks), "bm25": {"k1": BM25_K1, "b": BM25_B}}
     client.create_collection(
         target,
@@ -122,18 +143,8 @@ def publish_collection(
         hnsw_config=models.HnswConfigDiff(m=hnsw_m, ef_construct=ef_construct),
         metadata=full_meta,
     )
-    for start in range(0, len(chunks), batch):
-        points = []
-        for row in range(start, min(start + batch, len(chunks))):
-            idx, vals = sparse_bm25(terms[row], avgdl)
-            vec: dict[str, Any] = {DENSE: vectors[row].tolist()}
-            if idx:
-                vec[SPARSE] = models.SparseVector(indices=idx, values=vals)
-            points.append(
-                models.PointStruct(
-                    id=point_id(chunks[row].chunk_id), vector=vec, payload=_chunk_payload(chunks[row], row)
-                )
-            )
+    for parts in point_batches(chunks, vectors, embedding_texts, batch, models.SparseVector):
+        points = [models.PointStruct(id=pid, vector=vec, payload=payload) for pid, vec, payload in parts]
         client.upsert(target, points=points, wait=True)
     stored = client.count(target, exact=True).count
     if stored != len(chunks):

@@ -77,6 +77,21 @@ class _Tokenizing:
         self._cache_size = PASSAGE_CACHE_SIZE
         self._bert_pairs = self._is_bert_pair_template()
 
+    def _describe(self, model: str, config: Any, max_seq_len: int, cpus: frozenset[int] | None) -> None:
+        """What both backends report, and how long a pair may be (never past the model's positions)."""
+        self._model_id = model
+        self._max_seq_len = min(max_seq_len, int(getattr(config, "max_position_embeddings", max_seq_len)))
+        self._random_head = bool(getattr(config, RANDOM_HEAD_MARKER, False))
+        self._cpus = cpus
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def random_head(self) -> bool:
+        return self._random_head
+
     def _is_bert_pair_template(self) -> bool:
         """True when pairs are [CLS] q [SEP] p [SEP] with type ids 0/1: then cached ids can be assembled."""
         tok = self._tokenizer
@@ -197,22 +212,11 @@ class TorchCrossEncoder(_Tokenizing):
         self._net = net.to(device).eval()
         self._torch = torch
         self._device = device
-        self._model_id = model
-        self._max_seq_len = min(max_seq_len, int(getattr(config, "max_position_embeddings", max_seq_len)))
-        self._random_head = bool(getattr(config, RANDOM_HEAD_MARKER, False))
-        self._cpus = cpus
-
-    @property
-    def model_id(self) -> str:
-        return self._model_id
+        self._describe(model, config, max_seq_len, cpus)
 
     @property
     def backend(self) -> str:
         return f"torch-{self._device}"
-
-    @property
-    def random_head(self) -> bool:
-        return self._random_head
 
     def score(self, pairs: Sequence[EncodedPair]) -> np.ndarray:
         if not pairs:
@@ -330,22 +334,11 @@ class OnnxCrossEncoder(_Tokenizing):
         except Exception as exc:
             raise _load_error(model, setting, exc) from exc
         self._inputs = {i.name for i in self._session.get_inputs()}
-        self._model_id = model
-        self._max_seq_len = min(max_seq_len, int(getattr(config, "max_position_embeddings", max_seq_len)))
-        self._random_head = bool(getattr(config, RANDOM_HEAD_MARKER, False))
-        self._cpus = cpus
-
-    @property
-    def model_id(self) -> str:
-        return self._model_id
+        self._describe(model, config, max_seq_len, cpus)
 
     @property
     def backend(self) -> str:
         return "onnx-int8" if self._quantized else "onnx-fp32"
-
-    @property
-    def random_head(self) -> bool:
-        return self._random_head
 
     def score(self, pairs: Sequence[EncodedPair]) -> np.ndarray:
         if not pairs:
