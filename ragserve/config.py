@@ -32,6 +32,8 @@ class GeneratorSettings(BaseSettings):
     # HF id or local folder; empty means the prepared embedded default.
     model: str = ""
     device: Literal["cpu", "cuda"] = "cpu"
+    # auto: on CPU, bfloat16 only where the CPU has native bf16, else float32 (generate/host.py);
+    # on CUDA, vLLM's choice.
     dtype: str = "auto"
     max_model_len: int = 2048
     # CUDA graphs are not supported by the CPU backend; on a GPU set this to false.
@@ -42,8 +44,11 @@ class GeneratorSettings(BaseSettings):
     # KV cache size for the CPU backend, in GiB (exported as VLLM_CPU_KVCACHE_SPACE).
     cpu_kvcache_space_gib: int = 1
     # CPUs for the CPU backend's OpenMP threads (exported as VLLM_CPU_OMP_THREADS_BIND), e.g. "0" or
-    # "0-1"; empty keeps vLLM's own choice ("auto": the worker on core 0, core 1 reserved).
+    # "0-1"; empty: chosen from the host (all usable CPUs on small hosts, else vLLM's auto binding).
     cpu_omp_threads_bind: str = ""
+    # KV cache block size in tokens (0: 32 on CPU, vLLM's default on CUDA). Only full blocks are
+    # prefix-cached; the CPU backend needs a multiple of 16 and is fastest on multiples of 32.
+    block_size: int = Field(default=0, ge=0)
     max_num_seqs: int = 16
     default_max_tokens: int = 128
     max_tokens_limit: int = 1024
@@ -142,6 +147,9 @@ class Settings(BaseSettings):
     retrieval_budget_ms: int = 70
     # Passages per answer: each adds ~200 prompt tokens (TTFT) and, for a small model, distraction.
     default_top_k: int = 3
+    # Most passage tokens in a Query's prompt: each passage is cut to the sentences that best match
+    # the question (ragserve/context.py). 0 keeps whole passages. Per request: context_token_budget.
+    context_token_budget: int = Field(default=160, ge=0)
     max_top_k: int = 50
     max_query_chars: int = 2000
     # HNSW breadth at query time: at least top_k, usually more for recall.

@@ -19,6 +19,7 @@ import numpy as np
 from ragserve.budget import Deadline, StageTimer
 from ragserve.cache.base import CachedRetrieval, CacheHit, RetrievalCache
 from ragserve.cache.keys import RetrievalKey, retrieval_key
+from ragserve.context import fit_context
 from ragserve.embedding import Embedder
 from ragserve.errors import ConfigError, DeadlineExpired
 from ragserve.generate.base import Generator
@@ -236,8 +237,12 @@ class RagPipeline:
         retrieval = await self.retrieve(params, deadline)
 
         timings = retrieval.timings
+        generator = self.generator
+        with StageTimer("context") as t:
+            context = fit_context(params.query, retrieval.passages, gen.context_token_budget, generator.count_tokens)
+        timings.context_ms = t.ms
         with StageTimer("prompt") as t:
-            prompt = build_prompt(params.query, retrieval.passages, self.prompt_layout)
+            prompt = build_prompt(params.query, context.passages, self.prompt_layout)
         timings.prompt_ms = t.ms
 
         gen_start = time.perf_counter()
@@ -245,7 +250,7 @@ class RagPipeline:
         usage = Usage(0, 0, 0)
         finish_reason = ""
         remaining = deadline.client_left_s()
-        stream = self.generator.stream(prompt, gen, request_id)
+        stream = generator.stream(prompt, gen, request_id)
         # Hand the prompt to the engine before the retrieval event is sent: prefill overlaps the send.
         first = asyncio.ensure_future(anext(stream))
         try:
@@ -276,4 +281,12 @@ class RagPipeline:
             if usage.completion_tokens > 1:
                 timings.time_per_output_token_ms = (end - first_token_at) * 1000.0 / (usage.completion_tokens - 1)
         timings.total_ms = (end - started) * 1000.0
-        yield FinalSummary(usage, timings, retrieval.degraded, finish_reason, self.generator.model_id)
+        yield FinalSummary(
+            usage,
+            timings,
+            retrieval.degraded,
+            finish_reason,
+            generator.model_id,
+            context_tokens=context.tokens,
+            context_tokens_full=context.tokens_full,
+        )

@@ -41,6 +41,8 @@ class StageTimings:
     total_ms: float = 0.0
     time_per_output_token_ms: float = 0.0
     cache_ms: float = 0.0  # retrieval cache lookups (exact, and semantic when enabled)
+    answer_cache_ms: float = 0.0
+    context_ms: float = 0.0  # fitting the passages into the context token budget
 
 
 @dataclass(slots=True)
@@ -80,6 +82,8 @@ class GenerateParams:
 
     max_tokens: int
     temperature: float
+    # Most passage tokens in the prompt (sentences that match the question); 0: whole passages.
+    context_token_budget: int = 0
 
 
 @dataclass(slots=True)
@@ -122,6 +126,19 @@ class FinalSummary:
     degraded: Degraded
     finish_reason: str
     generator_model: str
+    # Passage tokens in the prompt, after and before the context budget.
+    context_tokens: int = 0
+    context_tokens_full: int = 0
+    answer_cache_hit: bool = False
 
 
 QueryEvent = RetrievalResult | TokenDelta | FinalSummary
+
+
+@dataclass(frozen=True, slots=True)
+class EngineChoice:
+    """One engine setting as resolved at start-up, and why (an explicit setting, or the host)."""
+
+    name: str
+    value: str
+    reason: str

@@ -34,13 +34,22 @@ def validate_retrieve(
     )
 
 
-def validate_generate(settings: Settings, max_tokens: int, temperature: float) -> GenerateParams:
+def validate_generate(
+    settings: Settings, max_tokens: int, temperature: float, context_token_budget: int | None = None
+) -> GenerateParams:
     limit = settings.generator.max_tokens_limit
     if max_tokens < 0 or max_tokens > limit:
         raise InvalidArgument("max_tokens", f"must be between 0 (server default) and {limit}, got {max_tokens}")
     if not math.isfinite(temperature) or temperature < 0.0 or temperature > 2.0:
         raise InvalidArgument("temperature", f"must be between 0 and 2, got {temperature}")
+    context_limit = settings.generator.max_model_len
+    if context_token_budget is not None and not 0 <= context_token_budget <= context_limit:
+        raise InvalidArgument(
+            "context_token_budget",
+            f"must be between 0 (whole passages) and {context_limit} (the context length), got {context_token_budget}",
+        )
     return GenerateParams(
         max_tokens=max_tokens or settings.generator.default_max_tokens,
         temperature=temperature,
+        context_token_budget=settings.context_token_budget if context_token_budget is None else context_token_budget,
     )

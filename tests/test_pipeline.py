@@ -30,6 +30,8 @@ class FakeGenerator:
     """Streams fixed words with a delay; records the prompt it was given."""
 
     model_id = "fake-generator"
+    engine_choices = ()
+    host_cpu = "fake CPU"
 
     def __init__(self, delay_s: float = 0.0) -> None:
         self.delay_s = delay_s
@@ -48,6 +50,9 @@ class FakeGenerator:
 
     async def check_health(self) -> None:
         return None
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
 
     def unfinished_requests(self) -> int:
         return 0

@@ -6,13 +6,23 @@ from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
 from ragserve.prompt import Prompt
-from ragserve.types import GenerateParams, GenerationChunk
+from ragserve.types import EngineChoice, GenerateParams, GenerationChunk
 
 
 @runtime_checkable
 class Generator(Protocol):
     @property
     def model_id(self) -> str: ...
+
+    @property
+    def engine_choices(self) -> tuple[EngineChoice, ...]:
+        """The engine settings in force and why each was chosen (host or explicit setting)."""
+        ...
+
+    @property
+    def host_cpu(self) -> str:
+        """The CPU the settings were chosen for, with the flags that decided them."""
+        ...
 
     async def start(self) -> None:
         """Load the model and warm it (including the prompt's fixed prefix)."""
@@ -24,6 +34,10 @@ class Generator(Protocol):
 
     async def check_health(self) -> None:
         """Raise Unavailable when the engine is dead."""
+        ...
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens `text` takes in a prompt with this model's tokenizer (no special tokens)."""
         ...
 
     def unfinished_requests(self) -> int: ...

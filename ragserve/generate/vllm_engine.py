@@ -14,8 +14,9 @@ from typing import Any
 
 from ragserve.config import GeneratorSettings
 from ragserve.errors import ConfigError, InvalidArgument, Unavailable
+from ragserve.generate.host import HostCpu, ResolvedEngine, read_host_cpu, resolve_engine
 from ragserve.prompt import SYSTEM_PREFIX, Prompt, build_prompt
-from ragserve.types import GenerateParams, GenerationChunk, Usage
+from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, Usage
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +32,20 @@ class VllmGenerator:
         self._engine: Any = None
         self._tokenizer: Any = None
         self._dead: BaseException | None = None
+        self._host: HostCpu = read_host_cpu()
+        self._resolved: ResolvedEngine = resolve_engine(settings, self._host)
 
     @property
     def model_id(self) -> str:
         return self._model
+
+    @property
+    def engine_choices(self) -> tuple[EngineChoice, ...]:
+        return self._resolved.choices
+
+    @property
+    def host_cpu(self) -> str:
+        return self._host.describe()
 
     def _engine_args(self) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -42,7 +53,7 @@ class VllmGenerator:
         s = self._settings
         kwargs: dict[str, Any] = {
             "model": self._model,
-            "dtype": s.dtype,
+            "dtype": self._resolved.dtype,
             "max_model_len": s.max_model_len,
             "enforce_eager": s.enforce_eager,
             "enable_prefix_caching": s.enable_prefix_caching,
@@ -50,6 +61,8 @@ class VllmGenerator:
             "seed": s.seed,
             "disable_log_stats": True,
         }
+        if self._resolved.block_size is not None:
+            kwargs["block_size"] = self._resolved.block_size
         if s.device == "cuda":
             kwargs["tensor_parallel_size"] = s.tensor_parallel_size
             kwargs["gpu_memory_utilization"] = s.gpu_memory_utilization
@@ -59,9 +72,9 @@ class VllmGenerator:
         if self._settings.device == "cpu":
             # Read by the vLLM CPU backend when the engine process starts.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self._settings.cpu_kvcache_space_gib))
-            if self._settings.cpu_omp_threads_bind:
-                # Keep generation off the reranker's CPUs (RAGSERVE_RERANK_CPUS).
-                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self._settings.cpu_omp_threads_bind
+            if self._resolved.omp_threads_bind:
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self._resolved.omp_threads_bind
+        log.info("generator engine settings on %s: %s", self._host.describe(), self._resolved.summary())
         local = Path(self._model)
         if (local.is_absolute() or self._model.startswith(".")) and not (local / "config.json").is_file():
             raise ConfigError(
@@ -119,6 +132,11 @@ class VllmGenerator:
             if self._engine.errored:
                 self._dead = exc
             raise GenerationFailed(f"generation failed: {exc}") from exc
+
+    def count_tokens(self, text: str) -> int:
+        if self._tokenizer is None:
+            raise Unavailable("generator is not started")
+        return len(self._tokenizer.encode(text, add_special_tokens=False))
 
     def unfinished_requests(self) -> int:
         if self._engine is None:

@@ -30,6 +30,8 @@ def timings_pb(t: StageTimings) -> pb.StageTimings:
         total_ms=t.total_ms,
         time_per_output_token_ms=t.time_per_output_token_ms,
         cache_ms=t.cache_ms,
+        answer_cache_ms=t.answer_cache_ms,
+        context_ms=t.context_ms,
     )
 
 
@@ -74,10 +76,13 @@ def query_event_pb(event: RetrievalResult | TokenDelta | FinalSummary) -> pb.Que
                 prompt_tokens=event.usage.prompt_tokens,
                 completion_tokens=event.usage.completion_tokens,
                 prefix_cache_hit_tokens=event.usage.prefix_cache_hit_tokens,
+                context_tokens=event.context_tokens,
+                context_tokens_full=event.context_tokens_full,
             ),
             timings=timings_pb(event.timings),
             degraded=degraded_pb(event.degraded),
             finish_reason=event.finish_reason,
             generator_model=event.generator_model,
+            answer_cache_hit=event.answer_cache_hit,
         )
     )

@@ -178,7 +178,12 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
             params = validate_retrieve(
                 self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents
             )
-            gen = validate_generate(self._settings, request.max_tokens, request.temperature)
+            gen = validate_generate(
+                self._settings,
+                request.max_tokens,
+                request.temperature,
+                request.context_token_budget if request.HasField("context_token_budget") else None,
+            )
             deadline = self._deadline(params.budget_ms, context)
             async for event in self._ready().query(params, gen, deadline, call.request_id):
                 if isinstance(event, RetrievalResult):
@@ -203,4 +208,9 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
             retrieval_budget_ms=self._settings.retrieval_budget_ms,
             generator_unfinished_requests=generator.unfinished_requests() if generator else 0,
             requests_in_flight=self._limiter.in_flight,
+            generator_settings=[
+                pb.EngineSetting(name=c.name, value=c.value, reason=c.reason)
+                for c in (generator.engine_choices if generator else ())
+            ],
+            host_cpu=generator.host_cpu if generator else "",
         )

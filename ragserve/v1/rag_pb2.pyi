@@ -35,7 +35,7 @@ class Passage(_message.Message):
     def __init__(self, doc_id: _Optional[str] = ..., chunk_id: _Optional[str] = ..., text: _Optional[str] = ..., score: _Optional[float] = ..., title: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class StageTimings(_message.Message):
-    __slots__ = ("embed_ms", "search_ms", "rerank_ms", "retrieval_total_ms", "prompt_ms", "ttft_ms", "generation_ms", "total_ms", "time_per_output_token_ms", "cache_ms")
+    __slots__ = ("embed_ms", "search_ms", "rerank_ms", "retrieval_total_ms", "prompt_ms", "ttft_ms", "generation_ms", "total_ms", "time_per_output_token_ms", "cache_ms", "answer_cache_ms", "context_ms")
     EMBED_MS_FIELD_NUMBER: _ClassVar[int]
     SEARCH_MS_FIELD_NUMBER: _ClassVar[int]
     RERANK_MS_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,8 @@ class StageTimings(_message.Message):
     TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
     TIME_PER_OUTPUT_TOKEN_MS_FIELD_NUMBER: _ClassVar[int]
     CACHE_MS_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_CACHE_MS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_MS_FIELD_NUMBER: _ClassVar[int]
     embed_ms: float
     search_ms: float
     rerank_ms: float
@@ -56,7 +58,9 @@ class StageTimings(_message.Message):
     total_ms: float
     time_per_output_token_ms: float
     cache_ms: float
-    def __init__(self, embed_ms: _Optional[float] = ..., search_ms: _Optional[float] = ..., rerank_ms: _Optional[float] = ..., retrieval_total_ms: _Optional[float] = ..., prompt_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., generation_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., time_per_output_token_ms: _Optional[float] = ..., cache_ms: _Optional[float] = ...) -> None: ...
+    answer_cache_ms: float
+    context_ms: float
+    def __init__(self, embed_ms: _Optional[float] = ..., search_ms: _Optional[float] = ..., rerank_ms: _Optional[float] = ..., retrieval_total_ms: _Optional[float] = ..., prompt_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., generation_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., time_per_output_token_ms: _Optional[float] = ..., cache_ms: _Optional[float] = ..., answer_cache_ms: _Optional[float] = ..., context_ms: _Optional[float] = ...) -> None: ...
 
 class DegradedFlags(_message.Message):
     __slots__ = ("budget_exhausted", "search_truncated", "rerank_skipped", "rerank_truncated", "notes")
@@ -89,20 +93,22 @@ class RetrieveResponse(_message.Message):
     def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., index_version: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., cache_hit: _Optional[bool] = ...) -> None: ...
 
 class QueryRequest(_message.Message):
-    __slots__ = ("query", "top_k", "budget_ms", "max_tokens", "temperature", "dedupe_documents")
+    __slots__ = ("query", "top_k", "budget_ms", "max_tokens", "temperature", "dedupe_documents", "context_token_budget")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     DEDUPE_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
     query: str
     top_k: int
     budget_ms: int
     max_tokens: int
     temperature: float
     dedupe_documents: bool
-    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., dedupe_documents: _Optional[bool] = ...) -> None: ...
+    context_token_budget: int
+    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., dedupe_documents: _Optional[bool] = ..., context_token_budget: _Optional[int] = ...) -> None: ...
 
 class RetrievalEvent(_message.Message):
     __slots__ = ("passages", "timings", "degraded", "index_version", "rerank_tiers", "cache_hit")
@@ -127,28 +133,34 @@ class TokenEvent(_message.Message):
     def __init__(self, text: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "completion_tokens", "prefix_cache_hit_tokens")
+    __slots__ = ("prompt_tokens", "completion_tokens", "prefix_cache_hit_tokens", "context_tokens", "context_tokens_full")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKENS_FULL_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     completion_tokens: int
     prefix_cache_hit_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ...) -> None: ...
+    context_tokens: int
+    context_tokens_full: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., context_tokens: _Optional[int] = ..., context_tokens_full: _Optional[int] = ...) -> None: ...
 
 class FinalEvent(_message.Message):
-    __slots__ = ("usage", "timings", "degraded", "finish_reason", "generator_model")
+    __slots__ = ("usage", "timings", "degraded", "finish_reason", "generator_model", "answer_cache_hit")
     USAGE_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     GENERATOR_MODEL_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_CACHE_HIT_FIELD_NUMBER: _ClassVar[int]
     usage: Usage
     timings: StageTimings
     degraded: DegradedFlags
     finish_reason: str
     generator_model: str
-    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., finish_reason: _Optional[str] = ..., generator_model: _Optional[str] = ...) -> None: ...
+    answer_cache_hit: bool
+    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., finish_reason: _Optional[str] = ..., generator_model: _Optional[str] = ..., answer_cache_hit: _Optional[bool] = ...) -> None: ...
 
 class QueryEvent(_message.Message):
     __slots__ = ("retrieval", "token", "final")
@@ -165,7 +177,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("index_version", "index_chunks", "embedder_model", "generator_model", "rerank_tiers", "retrieval_budget_ms", "generator_unfinished_requests", "requests_in_flight")
+    __slots__ = ("index_version", "index_chunks", "embedder_model", "generator_model", "rerank_tiers", "retrieval_budget_ms", "generator_unfinished_requests", "requests_in_flight", "generator_settings", "host_cpu")
     INDEX_VERSION_FIELD_NUMBER: _ClassVar[int]
     INDEX_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDER_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +186,8 @@ class InfoResponse(_message.Message):
     RETRIEVAL_BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
     GENERATOR_UNFINISHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    GENERATOR_SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    HOST_CPU_FIELD_NUMBER: _ClassVar[int]
     index_version: str
     index_chunks: int
     embedder_model: str
@@ -182,4 +196,16 @@ class InfoResponse(_message.Message):
     retrieval_budget_ms: int
     generator_unfinished_requests: int
     requests_in_flight: int
-    def __init__(self, index_version: _Optional[str] = ..., index_chunks: _Optional[int] = ..., embedder_model: _Optional[str] = ..., generator_model: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., retrieval_budget_ms: _Optional[int] = ..., generator_unfinished_requests: _Optional[int] = ..., requests_in_flight: _Optional[int] = ...) -> None: ...
+    generator_settings: _containers.RepeatedCompositeFieldContainer[EngineSetting]
+    host_cpu: str
+    def __init__(self, index_version: _Optional[str] = ..., index_chunks: _Optional[int] = ..., embedder_model: _Optional[str] = ..., generator_model: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., retrieval_budget_ms: _Optional[int] = ..., generator_unfinished_requests: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., generator_settings: _Optional[_Iterable[_Union[EngineSetting, _Mapping]]] = ..., host_cpu: _Optional[str] = ...) -> None: ...
+
+class EngineSetting(_message.Message):
+    __slots__ = ("name", "value", "reason")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: str
+    reason: str
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...

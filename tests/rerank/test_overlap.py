@@ -19,6 +19,8 @@ class FakeSlowGenerator:
     """Records when a stream starts and whether it was cancelled; one token after `delay_s`."""
 
     model_id = "fake-generator"
+    engine_choices = ()
+    host_cpu = "fake CPU"
 
     def __init__(self, delay_s: float) -> None:
         self.delay_s = delay_s
@@ -39,6 +41,9 @@ class FakeSlowGenerator:
 
     async def check_health(self) -> None:
         return None
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
 
     def unfinished_requests(self) -> int:
         return 0

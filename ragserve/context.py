@@ -1,0 +1,129 @@
+"""Fit the retrieved passages into a context token budget: keep the sentences that match the question.
+
+Every uncached prompt token costs prefill time (about 3.4 ms per token per core on a Zen 3 core
+for SmolLM2-135M), so the passages are the one big lever on time to first token. Each passage is
+split into sentences; a sentence scores the summed rarity (IDF over the candidate sentences of
+this request) of the question's stemmed content words it contains. Every passage first keeps its
+best sentence (so its id and citation stay meaningful), then the best remaining sentences are
+added while they fit. Kept sentences stay in document order; a gap is marked with an ellipsis.
+
+Lexical overlap needs no model call, so choosing costs well under a millisecond per request.
+The retrieval event still carries the whole passages; only the prompt is cut.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+import Stemmer
+from bm25s.stopwords import STOPWORDS_EN_PLUS
+
+from ragserve.types import Passage
+
+# A sentence ends at . ! or ? followed by space and something that starts a sentence.
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+GAP = "…"
+
+# Question words and function words carry no evidence of where the answer is.
+_STOPWORDS = frozenset(STOPWORDS_EN_PLUS) | {"many", "much", "also", "called", "known", "named"}
+
+
+@lru_cache(maxsize=1)
+def _stemmer() -> Stemmer.Stemmer:
+    return Stemmer.Stemmer("english")
+
+
+def content_terms(text: str) -> set[str]:
+    words = [w for w in _WORD.findall(text.lower()) if w not in _STOPWORDS]
+    return set(_stemmer().stemWords(words))
+
+
+def split_sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE_END.split(text.strip()) if s.strip()]
+
+
+@dataclass(frozen=True, slots=True)
+class FittedContext:
+    """The passages as they go into the prompt, and their token counts before and after the cut."""
+
+    passages: list[Passage]
+    tokens: int
+    tokens_full: int
+
+
+@dataclass(slots=True)
+class _Sentence:
+    passage: int
+    position: int
+    text: str
+    tokens: int
+    terms: set[str]
+    score: float = 0.0
+
+
+def fit_context(
+    question: str, passages: list[Passage], budget_tokens: int, count_tokens: Callable[[str], int]
+) -> FittedContext:
+    """`budget_tokens` 0 keeps the whole passages (only counting them)."""
+    full = [count_tokens(p.chunk.text.strip()) for p in passages]
+    if budget_tokens <= 0 or sum(full) <= budget_tokens:
+        return FittedContext(list(passages), sum(full), sum(full))
+
+    sentences = [
+        _Sentence(i, j, text, count_tokens(text), content_terms(text))
+        for i, passage in enumerate(passages)
+        for j, text in enumerate(split_sentences(passage.chunk.text))
+    ]
+    question_terms = content_terms(question)
+    n = len(sentences)
+    for term in question_terms:
+        df = sum(1 for s in sentences if term in s.terms)
+        if df:
+            idf = math.log(1.0 + n / df)
+            for s in sentences:
+                if term in s.terms:
+                    s.score += idf
+
+    chosen: set[tuple[int, int]] = set()
+    used = 0
+
+    def take(s: _Sentence) -> None:
+        nonlocal used
+        if (s.passage, s.position) not in chosen and used + s.tokens <= budget_tokens:
+            chosen.add((s.passage, s.position))
+            used += s.tokens
+
+    # Best sentence of each passage first, in retrieval order; ties go to the earlier sentence.
+    for i in range(len(passages)):
+        own = [s for s in sentences if s.passage == i]
+        if own:
+            take(max(own, key=lambda s: (s.score, -s.position)))
+    # Then the best of the rest, across passages; a better-ranked passage wins a tie.
+    for s in sorted(sentences, key=lambda s: (-s.score, s.passage, s.position)):
+        if s.score > 0:
+            take(s)
+
+    fitted: list[Passage] = []
+    for i, passage in enumerate(passages):
+        kept = sorted(s.position for s in sentences if s.passage == i and (i, s.position) in chosen)
+        by_position = {s.position: s.text for s in sentences if s.passage == i}
+        if not kept:
+            # Not even one sentence fitted: the passage stays numbered, with nothing quoted.
+            fitted.append(replace(passage, chunk=replace(passage.chunk, text=GAP)))
+            continue
+        parts: list[str] = []
+        if kept[0] > 0:
+            parts.append(GAP)
+        for k, position in enumerate(kept):
+            if k and position != kept[k - 1] + 1:
+                parts.append(GAP)
+            parts.append(by_position[position])
+        if kept[-1] < max(by_position):
+            parts.append(GAP)
+        fitted.append(replace(passage, chunk=replace(passage.chunk, text=" ".join(parts))))
+    return FittedContext(fitted, used, sum(full))

@@ -1,0 +1,127 @@
+"""Engine settings chosen from the host the server runs on; explicit settings always win.
+
+vLLM's CPU defaults cost a great deal on some hosts (measured on two-core hosts, BENCHMARKS.md):
+- dtype: vLLM picks bf16 for SmolLM2, which a CPU without native bf16 (no AVX512-BF16, no AMX)
+  emulates; float32 was 5x faster there. So: bf16 only where the CPU has it, else float32.
+- OpenMP threads: vLLM's "auto" binding keeps one core per NUMA node for the server. On two cores
+  that halves prefill for a server that mostly waits; binding both cores halved TTFT p50.
+- KV block size: only full blocks are prefix-cached. The CPU backend's default block of 128 tokens
+  leaves up to 127 tokens of a repeated prompt to compute again; 32 (a multiple of 32 keeps its
+  fast attention kernel) leaves at most 31.
+
+Each choice carries its reason, for the start-up log line and for `Info`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ragserve.config import GeneratorSettings
+from ragserve.errors import ConfigError
+from ragserve.types import EngineChoice
+
+# Flags that mean the CPU computes bf16 natively (Intel AVX512-BF16 / AMX; AMD Zen 4+ has avx512_bf16).
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# Flags worth naming next to a benchmark figure.
+REPORTED_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")
+# At or below this many usable CPUs the engine gets all of them (vLLM's auto mode would keep one
+# for the server: half the machine on two cores). Above it, vLLM's own NUMA-aware binding is kept.
+ALL_CORES_UP_TO = 4
+CPU_BLOCK_SIZE = 32
+
+
+@dataclass(frozen=True, slots=True)
+class HostCpu:
+    model: str
+    flags: frozenset[str]
+    cpus: tuple[int, ...]
+
+    def describe(self) -> str:
+        shown = [f for f in REPORTED_FLAGS if f in self.flags]
+        return f"{self.model}; {len(self.cpus)} CPUs; flags: {' '.join(shown) or 'none of ' + ' '.join(REPORTED_FLAGS)}"
+
+    @property
+    def native_bf16(self) -> bool:
+        return any(flag in self.flags for flag in NATIVE_BF16_FLAGS)
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedEngine:
+    """What the engine will be started with; `omp_threads_bind` empty means vLLM's own choice."""
+
+    dtype: str
+    omp_threads_bind: str
+    block_size: int | None
+    choices: tuple[EngineChoice, ...]
+
+    def summary(self) -> str:
+        return "; ".join(f"{c.name}={c.value} ({c.reason})" for c in self.choices)
+
+
+def read_host_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> HostCpu:
+    model, flags = "unknown CPU", frozenset[str]()
+    try:
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name" and model == "unknown CPU":
+                model = value.strip()
+            elif key == "flags" and not flags:
+                flags = frozenset(value.split())
+    except OSError:
+        pass  # not Linux: no flags known, so the safe choices (float32) are made
+    return HostCpu(model, flags, tuple(sorted(os.sched_getaffinity(0))))
+
+
+def cpu_list(cpus: tuple[int, ...]) -> str:
+    """(0, 1, 2, 5) -> "0-2,5", the form VLLM_CPU_OMP_THREADS_BIND takes."""
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][-1] + 1:
+            runs[-1].append(cpu)
+        else:
+            runs.append([cpu])
+    return ",".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
+
+
+def resolve_engine(settings: GeneratorSettings, host: HostCpu) -> ResolvedEngine:
+    choices: list[EngineChoice] = []
+    if settings.device != "cpu":
+        dtype, block = settings.dtype, settings.block_size or None
+        dtype_why = "GPU: vLLM's choice" if dtype == "auto" else "set by RAGSERVE_GENERATOR_DTYPE"
+        block_why = "GPU: vLLM's choice" if block is None else "set by RAGSERVE_GENERATOR_BLOCK_SIZE"
+        choices.append(EngineChoice("dtype", dtype, dtype_why))
+        choices.append(EngineChoice("block_size", str(block or "auto"), block_why))
+        return ResolvedEngine(dtype, "", block, tuple(choices))
+
+    if settings.dtype != "auto":
+        dtype, why = settings.dtype, "set by RAGSERVE_GENERATOR_DTYPE"
+    elif host.native_bf16:
+        native = ", ".join(f for f in NATIVE_BF16_FLAGS if f in host.flags)
+        dtype, why = "bfloat16", f"the CPU computes bf16 natively ({native})"
+    else:
+        dtype, why = "float32", "no native bf16 on this CPU (no avx512_bf16/amx_bf16): vLLM's bf16 would be emulated"
+    choices.append(EngineChoice("dtype", dtype, why))
+
+    if settings.cpu_omp_threads_bind:
+        bind, why = settings.cpu_omp_threads_bind, "set by RAGSERVE_GENERATOR_CPU_OMP_THREADS_BIND"
+    elif len(host.cpus) <= ALL_CORES_UP_TO:
+        bind = cpu_list(host.cpus)
+        why = f"all {len(host.cpus)} usable CPUs: vLLM's auto binding would idle one for a server that mostly waits"
+    else:
+        bind, why = "", f"vLLM's auto binding ({len(host.cpus)} CPUs: one per NUMA node stays with the server)"
+    choices.append(EngineChoice("omp_threads_bind", bind or "auto", why))
+
+    if settings.block_size:
+        if settings.block_size % 16:
+            raise ConfigError(
+                f"RAGSERVE_GENERATOR_BLOCK_SIZE={settings.block_size}: the CPU backend needs a multiple of 16"
+            )
+        block, why = settings.block_size, "set by RAGSERVE_GENERATOR_BLOCK_SIZE"
+    else:
+        block = CPU_BLOCK_SIZE
+        why = "only full KV blocks are prefix-cached: at most 31 tokens of a repeated prefix are computed again"
+    choices.append(EngineChoice("block_size", str(block), why))
+    return ResolvedEngine(dtype, bind, block, tuple(choices))

@@ -1,0 +1,77 @@
+"""Engine settings resolved from the host: what each CPU kind gets, and explicit settings winning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ragserve.config import GeneratorSettings
+from ragserve.errors import ConfigError
+from ragserve.generate.host import HostCpu, cpu_list, read_host_cpu, resolve_engine
+
+ZEN3 = HostCpu("AMD EPYC", frozenset({"avx", "avx2", "fma"}), (0, 1))
+SAPPHIRE_RAPIDS = HostCpu(
+    "Intel Xeon", frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile"}), (0, 1)
+)
+BIG_HOST = HostCpu("Intel Xeon", frozenset({"avx2", "avx512f"}), tuple(range(16)))
+
+
+def _choice(resolved, name: str) -> str:
+    return next(c.value for c in resolved.choices if c.name == name)
+
+
+def test_avx2_host_gets_float32_all_cores_and_small_blocks() -> None:
+    resolved = resolve_engine(GeneratorSettings(), ZEN3)
+    assert resolved.dtype == "float32"
+    assert resolved.omp_threads_bind == "0-1"
+    assert resolved.block_size == 32
+    assert "emulated" in resolved.summary()
+
+
+def test_native_bf16_host_keeps_bf16() -> None:
+    resolved = resolve_engine(GeneratorSettings(), SAPPHIRE_RAPIDS)
+    assert resolved.dtype == "bfloat16"
+    assert "avx512_bf16" in next(c.reason for c in resolved.choices if c.name == "dtype")
+
+
+def test_large_host_keeps_vllm_auto_binding() -> None:
+    resolved = resolve_engine(GeneratorSettings(), BIG_HOST)
+    assert resolved.omp_threads_bind == ""
+    assert _choice(resolved, "omp_threads_bind") == "auto"
+
+
+def test_explicit_settings_win() -> None:
+    settings = GeneratorSettings(dtype="bfloat16", cpu_omp_threads_bind="1", block_size=128)
+    resolved = resolve_engine(settings, ZEN3)
+    assert (resolved.dtype, resolved.omp_threads_bind, resolved.block_size) == ("bfloat16", "1", 128)
+    assert all("set by RAGSERVE_GENERATOR_" in c.reason for c in resolved.choices)
+
+
+def test_block_size_must_suit_the_cpu_backend() -> None:
+    with pytest.raises(ConfigError, match="multiple of 16"):
+        resolve_engine(GeneratorSettings(block_size=40), ZEN3)
+
+
+def test_gpu_leaves_dtype_and_blocks_to_vllm() -> None:
+    resolved = resolve_engine(GeneratorSettings(device="cuda"), ZEN3)
+    assert (resolved.dtype, resolved.omp_threads_bind, resolved.block_size) == ("auto", "", None)
+
+
+def test_cpu_list_compacts_runs() -> None:
+    assert cpu_list((0, 1)) == "0-1"
+    assert cpu_list((0, 1, 2, 5, 7, 8)) == "0-2,5,7-8"
+    assert cpu_list((3,)) == "3"
+
+
+def test_reads_model_and_flags(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 fma\n\nprocessor\t: 1\n")
+    host = read_host_cpu(info)
+    assert host.model == "AMD EPYC" and "avx2" in host.flags and not host.native_bf16
+    assert "avx2" in host.describe()
+
+
+def test_unreadable_cpuinfo_means_the_safe_choice(tmp_path: Path) -> None:
+    host = read_host_cpu(tmp_path / "missing")
+    assert resolve_engine(GeneratorSettings(), host).dtype == "float32"
