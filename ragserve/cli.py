@@ -84,6 +84,9 @@ def ask(
     uds: str = "",
     top_k: int = 0,
     max_tokens: int = 0,
+    context_tokens: Annotated[
+        int | None, typer.Option(help="passage tokens in the prompt (0: whole passages; default: the server's)")
+    ] = None,
     timeout: float = 60.0,
 ) -> None:
     """Stream an answer: citations first, then tokens as they arrive, then timings."""
@@ -94,7 +97,9 @@ def ask(
     async def run() -> None:
         async with RagClient(_target(host, port, uds), default_timeout_s=timeout) as client:
             started = time.perf_counter()
-            async for event in client.query(question, top_k=top_k, max_tokens=max_tokens):
+            async for event in client.query(
+                question, top_k=top_k, max_tokens=max_tokens, context_token_budget=context_tokens
+            ):
                 kind = event.WhichOneof("event")
                 if kind == "retrieval":
                     r = event.retrieval
@@ -115,8 +120,10 @@ def ask(
                         f"-- ttft {t.ttft_ms:.0f} ms, {t.time_per_output_token_ms:.1f} ms/token, "
                         f"total {t.total_ms:.0f} ms (client saw {1000 * (time.perf_counter() - started):.0f} ms); "
                         f"tokens: {f.usage.prompt_tokens} prompt "
-                        f"({f.usage.prefix_cache_hit_tokens} from prefix cache), "
+                        f"({f.usage.prefix_cache_hit_tokens} from prefix cache; passages "
+                        f"{f.usage.context_tokens} of {f.usage.context_tokens_full}), "
                         f"{f.usage.completion_tokens} completion; finish: {f.finish_reason}"
+                        + ("; from the answer cache" if f.answer_cache_hit else "")
                     )
 
     try:

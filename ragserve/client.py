@@ -85,10 +85,18 @@ class RagClient:
         temperature: float = 0.0,
         budget_ms: int = 0,
         timeout_s: float | None = None,
+        context_token_budget: int | None = None,
     ) -> AsyncIterator[pb.QueryEvent]:
-        """Events in order: one `retrieval`, `token` deltas, one `final`."""
+        """Events in order: one `retrieval`, `token` deltas, one `final`.
+
+        `context_token_budget`: None for the server's default, 0 for whole passages."""
         request = pb.QueryRequest(
-            query=query, top_k=top_k, max_tokens=max_tokens, temperature=temperature, budget_ms=budget_ms
+            query=query,
+            top_k=top_k,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            budget_ms=budget_ms,
+            context_token_budget=context_token_budget,
         )
         call = self._stub.Query(request, timeout=timeout_s or self.default_timeout_s)
         try:

@@ -26,6 +26,7 @@ from ragserve.types import Passage
 
 # A sentence ends at . ! or ? followed by space and something that starts a sentence.
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
+_ABBREVIATION_END = re.compile(r"\b(?:Dr|Mr|Mrs|Ms|Prof|St|Jr|Sr|Inc|Ltd|Co|vs|No|Fig|e\.g|i\.e|etc)\.$")
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 GAP = "…"
 
@@ -44,7 +45,16 @@ def content_terms(text: str) -> set[str]:
 
 
 def split_sentences(text: str) -> list[str]:
-    return [s.strip() for s in _SENTENCE_END.split(text.strip()) if s.strip()]
+    sentences: list[str] = []
+    for piece in _SENTENCE_END.split(text.strip()):
+        piece = piece.strip()
+        if not piece:
+            continue
+        if sentences and _ABBREVIATION_END.search(sentences[-1]):
+            sentences[-1] = f"{sentences[-1]} {piece}"  # "Dr. Smith" is one sentence
+        else:
+            sentences.append(piece)
+    return sentences
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +99,18 @@ def fit_context(
                 if term in s.terms:
                     s.score += idf
 
+    # Each kept sentence can bring one gap marker, and each passage one more: charging them up
+    # front keeps the assembled text within the budget.
+    gap_tokens = count_tokens(GAP)
     chosen: set[tuple[int, int]] = set()
-    used = 0
+    used = gap_tokens * len(passages)
 
     def take(s: _Sentence) -> None:
         nonlocal used
-        if (s.passage, s.position) not in chosen and used + s.tokens <= budget_tokens:
+        cost = s.tokens + gap_tokens
+        if (s.passage, s.position) not in chosen and used + cost <= budget_tokens:
             chosen.add((s.passage, s.position))
-            used += s.tokens
+            used += cost
 
     # Best sentence of each passage first, in retrieval order; ties go to the earlier sentence.
     for i in range(len(passages)):
@@ -126,4 +140,4 @@ def fit_context(
         if kept[-1] < max(by_position):
             parts.append(GAP)
         fitted.append(replace(passage, chunk=replace(passage.chunk, text=" ".join(parts))))
-    return FittedContext(fitted, used, sum(full))
+    return FittedContext(fitted, sum(count_tokens(p.chunk.text) for p in fitted), sum(full))

@@ -34,5 +34,6 @@ def test_passage_cannot_close_the_data_block() -> None:
 
 def test_passages_are_numbered_for_citation() -> None:
     prompt = build_prompt("q", [_passage("a#0", 0.9), _passage("b#0", 0.5)])
-    assert '<passage id="1" doc="a"' in prompt.user
-    assert '<passage id="2" doc="b"' in prompt.user
+    assert '<passage id="1" title=' in prompt.user
+    assert '<passage id="2" title=' in prompt.user
+    assert prompt.user.index('id="1"') < prompt.user.index('id="2"')

@@ -1,0 +1,91 @@
+"""Fitting passages into the context token budget: which sentences stay, and what never changes."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ragserve.context import GAP, content_terms, fit_context, split_sentences
+from ragserve.types import Chunk, Passage
+
+
+def _words(text: str) -> int:
+    # A stand-in tokenizer: one token per whitespace-separated word.
+    return len(text.split())
+
+
+def _passage(n: int, text: str) -> Passage:
+    return Passage(Chunk(f"doc{n}#0", f"doc{n}", text, title=f"Doc {n}"), score=1.0 / n, rank=n)
+
+
+BEES = _passage(
+    1,
+    "Honey bees live in colonies. A forager returns to the hive with nectar. "
+    "The waggle dance encodes the direction of food relative to the sun. "
+    "The length of the waggle run encodes the distance. Drones do not forage.",
+)
+TCP = _passage(
+    2,
+    "TCP opens a connection with a three-way handshake. The client sends SYN. "
+    "The server answers SYN-ACK. The client confirms with ACK.",
+)
+
+
+def test_sentences_split_at_sentence_ends_only() -> None:
+    assert split_sentences("Dr. Smith came. He left at 3.5 p.m. Then it rained!") == [
+        "Dr. Smith came.",
+        "He left at 3.5 p.m.",
+        "Then it rained!",
+    ]
+
+
+def test_terms_drop_question_words_and_stem() -> None:
+    assert content_terms("What does the waggle dance encode?") == {"waggl", "danc", "encod"}
+
+
+def test_zero_budget_keeps_whole_passages() -> None:
+    fitted = fit_context("How does the waggle dance encode distance?", [BEES, TCP], 0, _words)
+    assert fitted.passages == [BEES, TCP]
+    assert fitted.tokens == fitted.tokens_full == _words(BEES.chunk.text) + _words(TCP.chunk.text)
+
+
+def test_budget_keeps_the_matching_sentences_within_budget() -> None:
+    fitted = fit_context("How does the waggle dance encode distance?", [BEES, TCP], 36, _words)
+    bees, tcp = (p.chunk.text for p in fitted.passages)
+    assert "The length of the waggle run encodes the distance." in bees
+    assert "The waggle dance encodes the direction of food relative to the sun." in bees
+    assert "Drones do not forage" not in bees
+    assert bees.startswith(GAP)  # a gap before the kept sentences is marked
+    assert fitted.tokens <= 36 < fitted.tokens_full
+    assert fitted.tokens == sum(_words(p.chunk.text) for p in fitted.passages)
+    # Every passage keeps a sentence, its id, rank, score and title: citations stay valid.
+    assert tcp.strip(GAP + " ")
+    assert [(p.chunk.chunk_id, p.rank, p.score, p.chunk.title) for p in fitted.passages] == [
+        (p.chunk.chunk_id, p.rank, p.score, p.chunk.title) for p in (BEES, TCP)
+    ]
+
+
+def test_kept_sentences_stay_in_document_order() -> None:
+    fitted = fit_context("distance and direction of the sun for the waggle", [BEES], 30, _words)
+    text = fitted.passages[0].chunk.text
+    assert text.index("direction") < text.index("distance")
+
+
+def test_a_budget_smaller_than_any_sentence_keeps_the_numbering() -> None:
+    fitted = fit_context("waggle dance", [BEES, TCP], 4, _words)
+    assert len(fitted.passages) == 2
+    assert fitted.tokens <= 4
+    assert all(p.chunk.text == GAP for p in fitted.passages)
+
+
+def test_the_input_passages_are_not_modified() -> None:
+    before = BEES.chunk.text
+    fit_context("waggle dance distance", [BEES], 10, _words)
+    assert BEES.chunk.text == before
+
+
+@given(budget=st.integers(min_value=2, max_value=80), question=st.text(max_size=40))
+def test_the_budget_is_never_exceeded(budget: int, question: str) -> None:
+    fitted = fit_context(question, [BEES, TCP], budget, _words)
+    assert fitted.tokens <= budget
+    assert [p.chunk.chunk_id for p in fitted.passages] == ["doc1#0", "doc2#0"]
