@@ -90,7 +90,7 @@ def test_query_yields_retrieval_then_tokens_then_final(pipeline_factory) -> None
     assert final.usage.prefix_cache_hit_tokens == 64
     assert final.timings.embed_ms > 0 and final.timings.ttft_ms > 0
     # The prompt carries the retrieved passages in rank order, then the question.
-    assert "discovery-of-penicillin.txt" in fake.prompts[0].user
+    assert '<passage id="1" title="The Discovery of Penicillin">' in fake.prompts[0].user
 
 
 def test_tiny_budget_still_returns_results_flagged(pipeline_factory) -> None:
