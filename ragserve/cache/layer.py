@@ -73,9 +73,9 @@ class GuardedStore:
     def __init__(
         self,
         store: CacheStore,
+        metrics: CacheMetrics,
         breaker: CircuitBreaker | None = None,
         max_pending_writes: int = 256,
-        metrics: CacheMetrics = RETRIEVAL_METRICS,
     ) -> None:
         self.store = store
         self.breaker = breaker or CircuitBreaker()
@@ -242,7 +242,7 @@ class StoreBackedCache(GuardedStore):
         semantic: SemanticIndex | None = None,
         max_pending_writes: int = 256,
     ) -> None:
-        super().__init__(store, breaker, max_pending_writes, RETRIEVAL_METRICS)
+        super().__init__(store, RETRIEVAL_METRICS, breaker, max_pending_writes)
         self.ttl_s = ttl_s
         self.degraded_ttl_s = degraded_ttl_s
         self.semantic = semantic
@@ -306,7 +306,7 @@ class StoreBackedAnswerCache(GuardedStore):
         max_pending_writes: int = 256,
         max_text_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
-        super().__init__(store, breaker, max_pending_writes, ANSWER_METRICS)
+        super().__init__(store, ANSWER_METRICS, breaker, max_pending_writes)
         self.ttl_s = ttl_s
         self.max_text_bytes = max_text_bytes
 
