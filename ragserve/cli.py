@@ -202,7 +202,7 @@ def cache_flush(
     redis_url: Annotated[str | None, typer.Option(help="Redis URL (RAGSERVE_CACHE_REDIS_URL)")] = None,
     namespace: Annotated[str | None, typer.Option(help="Key prefix (RAGSERVE_CACHE_NAMESPACE)")] = None,
 ) -> None:
-    """Drop every retrieval cache entry in the shared Redis cache (only this cache's namespace)."""
+    """Drop every retrieval and answer cache entry in the shared Redis cache (only this namespace)."""
     from ragserve.config import CacheSettings
 
     cfg = CacheSettings()

@@ -59,7 +59,7 @@ class GeneratorSettings(BaseSettings):
 
 
 class CacheSettings(BaseSettings):
-    """Retrieval cache. Environment variables use the RAGSERVE_CACHE_ prefix."""
+    """Retrieval and answer caches. Environment variables use the RAGSERVE_CACHE_ prefix."""
 
     model_config = SettingsConfigDict(env_prefix="RAGSERVE_CACHE_", extra="ignore")
 
@@ -88,6 +88,10 @@ class CacheSettings(BaseSettings):
     semantic: bool = False
     semantic_threshold: float = Field(default=0.95, gt=0, le=1)
     semantic_window: int = Field(default=1024, ge=1)
+    # Answers to temperature-0 Query requests, replayed without the engine when asked again. On the
+    # same backend, with its own entries (and, in process, its own LRU with the bounds above).
+    answers: bool = True
+    answer_ttl_s: float = Field(default=3600.0, gt=0)
 
 
 class RerankSettings(BaseSettings):

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
-from ragserve.cache.base import RetrievalCache
+from ragserve.cache.base import AnswerCache, CacheStore, RetrievalCache
 from ragserve.config import CacheSettings, Settings
 from ragserve.embedding import Embedder, SentenceTransformerEmbedder
 from ragserve.errors import ConfigError
@@ -85,20 +85,18 @@ def make_generator(settings: Settings) -> Generator:
     return VllmGenerator(settings.generator)
 
 
-def make_cache(settings: Settings | CacheSettings) -> RetrievalCache | None:
-    """The retrieval cache from RAGSERVE_CACHE_* settings (None when the backend is "off")."""
-    from ragserve.cache.circuit import CircuitBreaker
-    from ragserve.cache.layer import StoreBackedCache
-    from ragserve.cache.memory import MemoryStore
-    from ragserve.cache.semantic import SemanticIndex
+def _cache_settings(settings: Settings | CacheSettings) -> CacheSettings:
+    return settings.cache if isinstance(settings, Settings) else settings
 
-    cfg = settings.cache if isinstance(settings, Settings) else settings
-    if cfg.backend == "off":
-        return None
+
+def make_cache_store(cfg: CacheSettings) -> CacheStore:
+    """One store per cache: each has its own pool (or LRU), breaker and lifetime."""
+    from ragserve.cache.memory import MemoryStore
+
     if cfg.backend == "redis":
         from ragserve.cache.redis_cache import RedisStore
 
-        store: MemoryStore | RedisStore = RedisStore(
+        return RedisStore(
             cfg.redis_url,
             namespace=cfg.namespace,
             timeout_s=cfg.redis_timeout_ms / 1000.0,
@@ -106,13 +104,39 @@ def make_cache(settings: Settings | CacheSettings) -> RetrievalCache | None:
             pool_size=cfg.redis_pool_size,
             health_check_interval_s=cfg.redis_health_check_interval_s,
         )
-    else:
-        store = MemoryStore(max_entries=cfg.max_entries, max_bytes=cfg.max_bytes)
+    return MemoryStore(max_entries=cfg.max_entries, max_bytes=cfg.max_bytes)
+
+
+def make_cache(settings: Settings | CacheSettings) -> RetrievalCache | None:
+    """The retrieval cache from RAGSERVE_CACHE_* settings (None when the backend is "off")."""
+    from ragserve.cache.circuit import CircuitBreaker
+    from ragserve.cache.layer import StoreBackedCache
+    from ragserve.cache.semantic import SemanticIndex
+
+    cfg = _cache_settings(settings)
+    if cfg.backend == "off":
+        return None
     semantic = SemanticIndex(cfg.semantic_threshold, cfg.semantic_window) if cfg.semantic else None
     breaker = CircuitBreaker(cfg.breaker_failures, cfg.breaker_cooldown_s)
     log.info("retrieval cache: %s (ttl %.0f s, semantic %s)", cfg.backend, cfg.ttl_s, "on" if semantic else "off")
     return StoreBackedCache(
-        store, ttl_s=cfg.ttl_s, degraded_ttl_s=cfg.degraded_ttl_s, breaker=breaker, semantic=semantic
+        make_cache_store(cfg), ttl_s=cfg.ttl_s, degraded_ttl_s=cfg.degraded_ttl_s, breaker=breaker, semantic=semantic
+    )
+
+
+def make_answer_cache(settings: Settings | CacheSettings) -> AnswerCache | None:
+    """The answer cache (None when the backend is "off" or RAGSERVE_CACHE_ANSWERS is false)."""
+    from ragserve.cache.circuit import CircuitBreaker
+    from ragserve.cache.layer import StoreBackedAnswerCache
+
+    cfg = _cache_settings(settings)
+    if cfg.backend == "off" or not cfg.answers:
+        return None
+    log.info("answer cache: %s (ttl %.0f s, temperature-0 answers only)", cfg.backend, cfg.answer_ttl_s)
+    return StoreBackedAnswerCache(
+        make_cache_store(cfg),
+        ttl_s=cfg.answer_ttl_s,
+        breaker=CircuitBreaker(cfg.breaker_failures, cfg.breaker_cooldown_s),
     )
 
 
@@ -205,4 +229,5 @@ def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipelin
         reranker=reranker,
         prompt_layout=settings.prompt_layout,
         rerank_executor=rerank_executor,
+        answers=make_answer_cache(settings) if generator is not None else None,
     )

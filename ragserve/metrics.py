@@ -22,6 +22,17 @@ RERANK_DEPTH = Histogram(
 CACHE_REQUESTS = Counter("ragserve_cache_requests_total", "Retrieval cache lookups", ["backend", "result"])
 CACHE_ERRORS = Counter("ragserve_cache_errors_total", "Retrieval cache backend failures", ["backend", "kind"])
 CACHE_CIRCUIT_OPEN = Gauge("ragserve_cache_circuit_open", "1 while the cache backend is skipped", ["backend"])
+# The answer cache has its own series (its own breaker too): one result per lookup (hit, miss, error,
+# skipped) plus "stored" per answer written.
+ANSWER_CACHE_REQUESTS = Counter(
+    "ragserve_answer_cache_requests_total", "Answer cache lookups and stored answers", ["backend", "result"]
+)
+ANSWER_CACHE_ERRORS = Counter(
+    "ragserve_answer_cache_errors_total", "Answer cache backend failures", ["backend", "kind"]
+)
+ANSWER_CACHE_CIRCUIT_OPEN = Gauge(
+    "ragserve_answer_cache_circuit_open", "1 while the answer cache backend is skipped", ["backend"]
+)
 PROMPT_TOKENS = Counter("ragserve_prompt_tokens_total", "Prompt tokens sent to the generator")
 PREFIX_CACHE_HIT_TOKENS = Counter(
     "ragserve_prefix_cache_hit_tokens_total", "Prompt tokens served from the generator's prefix cache"

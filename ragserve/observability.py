@@ -30,13 +30,17 @@ def observe_retrieval(result: RetrievalResult) -> None:
 
 def observe_final(summary: FinalSummary) -> None:
     t = summary.timings
-    metrics.STAGE_MS.labels("prompt").observe(t.prompt_ms)
+    if t.answer_cache_ms > 0:
+        metrics.STAGE_MS.labels("answer_cache").observe(t.answer_cache_ms)
     if t.ttft_ms > 0:
         metrics.STAGE_MS.labels("ttft").observe(t.ttft_ms)
+    metrics.STAGE_MS.labels("query_total").observe(t.total_ms)
+    if summary.answer_cache_hit:
+        return  # the engine was not asked: no prompt, generation or tokens to count for this request
+    metrics.STAGE_MS.labels("prompt").observe(t.prompt_ms)
     if t.time_per_output_token_ms > 0:
         metrics.STAGE_MS.labels("time_per_output_token").observe(t.time_per_output_token_ms)
     metrics.STAGE_MS.labels("generation").observe(t.generation_ms)
-    metrics.STAGE_MS.labels("query_total").observe(t.total_ms)
     metrics.PROMPT_TOKENS.inc(summary.usage.prompt_tokens)
     metrics.PREFIX_CACHE_HIT_TOKENS.inc(summary.usage.prefix_cache_hit_tokens)
     metrics.COMPLETION_TOKENS.inc(summary.usage.completion_tokens)

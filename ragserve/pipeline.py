@@ -2,7 +2,8 @@
 
 retrieve: embed -> search -> (rerank) under one Deadline; a stage that would overrun is shortened
 or skipped and the result says so. query: retrieve, emit the passages, build the prompt, stream
-the generator's tokens, then a final summary.
+the generator's tokens, then a final summary; a temperature-0 question answered cleanly before
+(same passages' key, model, template and limits) is replayed from the answer cache instead.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import TypeVar
 import numpy as np
 
 from ragserve.budget import Deadline, StageTimer
-from ragserve.cache.base import CachedRetrieval, CacheHit, RetrievalCache
-from ragserve.cache.keys import RetrievalKey, retrieval_key
+from ragserve.cache.base import AnswerCache, CachedAnswer, CachedRetrieval, CacheHit, RetrievalCache
+from ragserve.cache.keys import AnswerKey, RetrievalKey, answer_key, prompt_template_id, retrieval_key
 from ragserve.context import fit_context
 from ragserve.embedding import Embedder
 from ragserve.errors import ConfigError, DeadlineExpired
@@ -72,6 +73,7 @@ class RagPipeline:
         reranker: Reranker | None = None,
         prompt_layout: str = "stable",
         rerank_executor: ThreadPoolExecutor | None = None,
+        answers: AnswerCache | None = None,
     ) -> None:
         self.embedder = embedder
         self.index = index
@@ -86,6 +88,7 @@ class RagPipeline:
         self.reranker = reranker
         # "stable" keeps the template prefix first (prefix cache); "naive" exists for baselines.
         self.prompt_layout = prompt_layout
+        self.answers = answers
 
     def close(self) -> None:
         """Release the model threads (at shutdown, after in-flight calls have finished)."""
@@ -102,13 +105,13 @@ class RagPipeline:
         if deadline.client_expired():
             raise DeadlineExpired(f"client deadline passed before {stage}")
 
-    def _cache_key(self, params: RetrieveParams, index: SearchIndex) -> RetrievalKey:
+    def _cache_key(self, params: RetrieveParams, index_version: str) -> RetrievalKey:
         # Everything that changes the passage list; a rerank stage adds its model ids here.
         rerank = tuple(self.reranker.describe()) if self.reranker is not None else ()
         return retrieval_key(
             params.query,
             params.top_k,
-            index.version,
+            index_version,
             (self.embedder.model_id,),
             (f"ef={self._ef_search}", self.retrieval.cache_tag(params.dedupe_documents), *rerank),
         )
@@ -138,6 +141,33 @@ class RagPipeline:
         except Exception:
             log.exception("retrieval cache write failed; continuing without it")
 
+    def _answer_key(self, params: RetrieveParams, gen: GenerateParams, retrieval: RetrievalResult) -> AnswerKey:
+        # The version the retrieval used (maybe a retrieval cache hit), not the index served now.
+        generator = self.generator
+        assert generator is not None
+        return answer_key(
+            self._cache_key(params, retrieval.index_version),
+            generator.model_id,
+            prompt_template_id(self.prompt_layout),
+            gen.context_token_budget,
+            gen.max_tokens,
+        )
+
+    async def _answer_lookup(self, key: AnswerKey) -> CachedAnswer | None:
+        assert self.answers is not None
+        try:
+            return await self.answers.get(key)
+        except Exception:
+            log.exception("answer cache lookup failed; generating the answer")
+            return None
+
+    def _answer_store(self, key: AnswerKey, entry: CachedAnswer) -> None:
+        assert self.answers is not None
+        try:
+            self.answers.put(key, entry)  # a background write: the final event does not wait
+        except Exception:
+            log.exception("answer cache write failed; continuing without it")
+
     @staticmethod
     def _from_cache(hit: CacheHit, timings: StageTimings, deadline: Deadline) -> RetrievalResult:
         degraded = Degraded()
@@ -158,7 +188,7 @@ class RagPipeline:
 
         cache_key = None
         if self.cache is not None:
-            cache_key = self._cache_key(params, index)
+            cache_key = self._cache_key(params, index.version)
             with StageTimer("cache") as t:
                 hit = await self._cache_lookup(cache_key)
             timings.cache_ms = t.ms
@@ -238,6 +268,18 @@ class RagPipeline:
 
         timings = retrieval.timings
         generator = self.generator
+        # Only greedy (temperature 0) answers are reproducible, so only they are served again.
+        answer_key = None
+        if self.answers is not None and gen.temperature == 0.0:
+            answer_key = self._answer_key(params, gen, retrieval)
+            with StageTimer("answer_cache") as t:
+                cached = await self._answer_lookup(answer_key)
+            timings.answer_cache_ms = t.ms
+            if cached is not None:
+                for event in cached.replay(timings, started):  # the engine is not asked at all
+                    yield event
+                return
+
         with StageTimer("context") as t:
             context = fit_context(params.query, retrieval.passages, gen.context_token_budget, generator.count_tokens)
         timings.context_ms = t.ms
@@ -249,6 +291,7 @@ class RagPipeline:
         first_token_at: float | None = None
         usage = Usage(0, 0, 0)
         finish_reason = ""
+        pieces: list[str] = []
         remaining = deadline.client_left_s()
         stream = generator.stream(prompt, gen, request_id)
         # Hand the prompt to the engine before the retrieval event is sent: prefill overlaps the send.
@@ -260,6 +303,7 @@ class RagPipeline:
                     if step.text:
                         if first_token_at is None:
                             first_token_at = time.perf_counter()
+                        pieces.append(step.text)
                         yield TokenDelta(step.text)
                     if step.finished:
                         usage = step.usage or usage
@@ -281,6 +325,22 @@ class RagPipeline:
             if usage.completion_tokens > 1:
                 timings.time_per_output_token_ms = (end - first_token_at) * 1000.0 / (usage.completion_tokens - 1)
         timings.total_ms = (end - started) * 1000.0
+        # Reached only after a finish (a cancel, an engine failure or the deadline raised above);
+        # a length-cut answer or one from passages cut short by the budget is never replayed.
+        if answer_key is not None and finish_reason == "stop" and not retrieval.degraded.is_degraded():
+            self._answer_store(
+                answer_key,
+                CachedAnswer(
+                    "".join(pieces),
+                    tuple(retrieval.passages),
+                    retrieval.index_version,
+                    tuple(retrieval.rerank_tiers),
+                    usage,
+                    generator.model_id,
+                    context.tokens,
+                    context.tokens_full,
+                ),
+            )
         yield FinalSummary(
             usage,
             timings,

@@ -1,19 +1,33 @@
-"""The retrieval cache contracts: what the pipeline sees, and the byte stores behind it.
+"""The cache contracts: what the pipeline sees, and the byte stores behind them.
 
-The pipeline talks to a `RetrievalCache`. The one implementation (`cache.layer.StoreBackedCache`)
-owns the failure handling (timeouts, circuit breaker, metrics) and the optional semantic layer, and
-keeps entries in a `CacheStore`: the in-process LRU or Redis. Both stores pass one contract suite.
+The pipeline talks to a `RetrievalCache` (passage lists) and an `AnswerCache` (answer text). Their
+implementations (`cache.layer`) share the failure handling (timeouts, circuit breaker, metrics) and
+keep entries in a `CacheStore`: the in-process LRU or Redis. Both stores pass one contract suite.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ragserve.cache.keys import RetrievalKey
-from ragserve.types import Passage
+from ragserve.cache.keys import AnswerKey, RetrievalKey
+from ragserve.types import (
+    Degraded,
+    FinalSummary,
+    Passage,
+    QueryEvent,
+    RetrievalResult,
+    StageTimings,
+    TokenDelta,
+    Usage,
+)
+
+# A hit's text goes out in pieces of at most this many characters (a few events, each small).
+_REPLAY_CHUNK_CHARS = 4096
 
 
 class CacheBackendError(Exception):
@@ -65,6 +79,69 @@ class RetrievalCache(Protocol):
 
     def put(self, key: RetrievalKey, entry: CachedRetrieval, query_vector: np.ndarray | None = None) -> None:
         """Schedule a write; the request does not wait for it."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def flush(self) -> int: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CachedAnswer:
+    """A clean temperature-0 answer and the passages it was generated from (the ones it cites)."""
+
+    text: str
+    passages: tuple[Passage, ...]
+    index_version: str
+    rerank_tiers: tuple[str, ...]
+    # The original run's usage: what the answer cost when the engine made it.
+    usage: Usage
+    generator_model: str
+    context_tokens: int = 0
+    context_tokens_full: int = 0
+
+    def replay(self, timings: StageTimings, started: float) -> Iterator[QueryEvent]:
+        """A hit's events, as a generated answer's: the stored passages, the text, a final summary.
+
+        `timings` are this request's (retrieval so far, answer cache lookup); TTFT counts from
+        `started` (perf_counter at the request start) to the first token event.
+        """
+        # The stored passages replace this request's retrieval, so its degraded flags do not apply;
+        # only answers from a retrieval that was not cut short are ever stored.
+        degraded = Degraded()
+        yield RetrievalResult(
+            list(self.passages), timings, degraded, self.index_version, list(self.rerank_tiers), cache_hit=True
+        )
+        first_token_at = time.perf_counter()
+        for start in range(0, len(self.text), _REPLAY_CHUNK_CHARS):
+            yield TokenDelta(self.text[start : start + _REPLAY_CHUNK_CHARS])
+        timings.ttft_ms = (first_token_at - started) * 1000.0
+        timings.total_ms = (time.perf_counter() - started) * 1000.0
+        yield FinalSummary(
+            self.usage,
+            timings,
+            degraded,
+            "stop",
+            self.generator_model,
+            context_tokens=self.context_tokens,
+            context_tokens_full=self.context_tokens_full,
+            answer_cache_hit=True,
+        )
+
+
+@runtime_checkable
+class AnswerCache(Protocol):
+    """What the pipeline uses for answers. No method raises: a failing backend behaves as a miss."""
+
+    @property
+    def backend(self) -> str: ...
+
+    async def get(self, key: AnswerKey) -> CachedAnswer | None: ...
+
+    def put(self, key: AnswerKey, entry: CachedAnswer) -> None:
+        """Schedule a write of a clean answer (the caller decides what is clean); never waits."""
         ...
 
     async def start(self) -> None: ...

@@ -5,6 +5,10 @@ give a different vector), top_k, the index version (a newly published version ma
 entry unreachable), the model ids (embedder, and reranker tiers where configured) and the server
 settings that change the ranking (e.g. HNSW ef). The budget is NOT in the key: it changes how much
 work may be done, not what the answer is; a result cut short by the budget is never stored.
+
+An answer key is a retrieval key's parts plus what turns passages into text: the generator model,
+the prompt template, the context token budget and max_tokens. It has its own prefix ("a" against
+"r"), so an answer and a passage list can never be read for each other.
 """
 
 from __future__ import annotations
@@ -12,8 +16,12 @@ from __future__ import annotations
 import hashlib
 import unicodedata
 from dataclasses import dataclass
+from functools import lru_cache
 
 import orjson
+
+from ragserve.prompt import build_prompt
+from ragserve.types import Chunk, Passage
 
 KEY_SCHEMA = 1  # bump when the key layout or the entry encoding changes
 
@@ -32,8 +40,30 @@ class RetrievalKey:
 
     @property
     def storage_key(self) -> str:
-        digest = hashlib.blake2b(self.query.encode(), digest_size=16).hexdigest()
-        return f"r{KEY_SCHEMA}:{self.index_version}:{self.scope}:{digest}"
+        return _storage_key("r", self)
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerKey:
+    """The same layout as a retrieval key; `scope` also covers the generation settings."""
+
+    query: str
+    scope: str
+    index_version: str
+
+    @property
+    def storage_key(self) -> str:
+        return _storage_key("a", self)
+
+
+def _storage_key(prefix: str, key: RetrievalKey | AnswerKey) -> str:
+    # The index version stays readable in the key (operators can see which version an entry is for).
+    digest = hashlib.blake2b(key.query.encode(), digest_size=16).hexdigest()
+    return f"{prefix}{KEY_SCHEMA}:{key.index_version}:{key.scope}:{digest}"
+
+
+def _scope(*parts: object) -> str:
+    return hashlib.blake2b(orjson.dumps([KEY_SCHEMA, *parts]), digest_size=8).hexdigest()
 
 
 def retrieval_key(
@@ -43,6 +73,26 @@ def retrieval_key(
     model_ids: tuple[str, ...],
     settings: tuple[str, ...] = (),
 ) -> RetrievalKey:
-    parts = orjson.dumps([KEY_SCHEMA, top_k, index_version, list(model_ids), list(settings)])
-    scope = hashlib.blake2b(parts, digest_size=8).hexdigest()
+    scope = _scope(top_k, index_version, list(model_ids), list(settings))
     return RetrievalKey(normalize_query(query), scope, index_version)
+
+
+@lru_cache(maxsize=8)
+def prompt_template_id(layout: str) -> str:
+    """A hash of a probe prompt rendered by the real template: it changes with SYSTEM_PREFIX, the
+    layout and the passage markup alike, so an edited template never serves answers of the old one."""
+    probe = build_prompt("?", [Passage(Chunk("c", "d", "t", "n"), 1.0, 1)], layout)
+    return hashlib.blake2b(f"{probe.system}\x00{probe.user}".encode(), digest_size=8).hexdigest()
+
+
+def answer_key(
+    retrieval: RetrievalKey,
+    generator_model: str,
+    prompt_template: str,
+    context_token_budget: int,
+    max_tokens: int,
+) -> AnswerKey:
+    """`retrieval` is the key of the passage list the answer was generated from (its index version
+    must be the one the retrieval used, which may have come from the retrieval cache)."""
+    scope = _scope(retrieval.scope, generator_model, prompt_template, context_token_budget, max_tokens)
+    return AnswerKey(retrieval.query, scope, retrieval.index_version)

@@ -159,8 +159,9 @@ class RagServer:
             # After the engine is up: each tier measures its cost at the load it will serve under.
             await loop.run_in_executor(None, pipeline.reranker.warm_up)
             log.info("rerank tiers: %s", "; ".join(pipeline.reranker.describe()))
-        if pipeline.cache is not None:
-            await pipeline.cache.start()  # pre-connect the Redis pool before traffic arrives
+        for cache in (pipeline.cache, pipeline.answers):
+            if cache is not None:
+                await cache.start()  # pre-connect the Redis pool before traffic arrives
         self.pipeline = pipeline
         self._servicer.pipeline = pipeline
         if self.settings.index_reload_interval_s > 0:
@@ -219,8 +220,10 @@ class RagServer:
         for task in self._background:
             task.cancel()
         await self.server.stop(self.settings.shutdown_grace_s)
-        if self.pipeline is not None and self.pipeline.cache is not None:
-            await self.pipeline.cache.close()  # flushes pending background writes
+        if self.pipeline is not None:
+            for cache in (self.pipeline.cache, self.pipeline.answers):
+                if cache is not None:
+                    await cache.close()  # flushes pending background writes
         if self.pipeline is not None and self.pipeline.generator is not None:
             await self.pipeline.generator.close()
         if self.pipeline is not None:

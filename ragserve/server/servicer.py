@@ -142,6 +142,7 @@ class _Call:
                 "completion_tokens": summary.usage.completion_tokens,
                 "ttft_ms": round(summary.timings.ttft_ms, 1),
                 "finish_reason": summary.finish_reason,
+                "answer_cache_hit": summary.answer_cache_hit,
             },
         )
         observe_final(summary)

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from ragserve.cache.base import CacheStore
+from ragserve.cache.memory import MemoryStore
+from ragserve.cache.redis_cache import RedisStore
 from tests.cache.redis_proc import RedisProcess
 
 
@@ -17,3 +20,13 @@ def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def make_store(request: pytest.FixtureRequest) -> Callable[[], CacheStore]:
+    """Each contract test runs against both stores: the in-process LRU and a real redis-server."""
+    if request.param == "memory":
+        return lambda: MemoryStore(max_entries=100)
+    server: RedisProcess = request.getfixturevalue("redis_server")
+    # Generous timeout: these tests check behaviour, not speed, on a shared machine.
+    return lambda: RedisStore(server.url, namespace="t", timeout_s=1.0)

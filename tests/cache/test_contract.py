@@ -6,10 +6,9 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import pytest
 import redis
 
-from ragserve.cache.base import CachedRetrieval, CacheStore
+from ragserve.cache.base import CachedRetrieval
 from ragserve.cache.keys import retrieval_key
 from ragserve.cache.layer import StoreBackedCache
 from ragserve.cache.memory import MemoryStore
@@ -20,15 +19,6 @@ from tests.cache.redis_proc import RedisProcess
 
 def run(coro_fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(coro_fn())
-
-
-@pytest.fixture(params=["memory", "redis"])
-def make_store(request: pytest.FixtureRequest, tmp_path) -> Callable[[], CacheStore]:
-    if request.param == "memory":
-        return lambda: MemoryStore(max_entries=100)
-    server: RedisProcess = request.getfixturevalue("redis_server")
-    # Generous timeout: these tests check behaviour, not speed, on a shared machine.
-    return lambda: RedisStore(server.url, namespace="t", timeout_s=1.0)
 
 
 def test_get_set_overwrite(make_store) -> None:

@@ -1,4 +1,4 @@
-"""The cache over the real gRPC server path: flags and timings in the response, Redis faults invisible."""
+"""The caches over the real gRPC server path: flags and timings in the response, Redis faults invisible."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 from ragserve.cache.circuit import CircuitBreaker
-from ragserve.cache.layer import StoreBackedCache
+from ragserve.cache.layer import StoreBackedAnswerCache, StoreBackedCache
 from ragserve.cache.memory import MemoryStore
 from ragserve.cache.redis_cache import RedisStore
 from ragserve.client import RagClient
@@ -14,6 +14,7 @@ from ragserve.index.hnsw import HnswIndex
 from ragserve.pipeline import RagPipeline
 from tests.cache.inproc_server import serve_pipeline
 from tests.cache.redis_proc import RedisProcess
+from tests.cache.test_answer_cache import FakeScriptedGenerator
 
 Q = "Explain how a Bloom filter answers membership queries."
 # Generous: a miss cut short by the budget is not cached, and misses are slow on a loaded host.
@@ -68,5 +69,33 @@ def test_redis_dies_and_returns_under_grpc_load(embedder, sample_index, redis_se
             assert hit, "no cache hit after Redis came back"
         await cache.close()
         executor.shutdown()
+
+    asyncio.run(body())
+
+
+def test_query_replays_a_cached_answer_over_grpc(embedder, sample_index) -> None:
+    async def body() -> None:
+        executor = ThreadPoolExecutor(2)
+        generator = FakeScriptedGenerator()
+        answers = StoreBackedAnswerCache(MemoryStore())
+        index = HnswIndex.load(sample_index)
+        pipeline = RagPipeline(
+            embedder, index, generator, executor, cache=StoreBackedCache(MemoryStore()), answers=answers
+        )
+        async with serve_pipeline(pipeline) as target, RagClient(target) as client:
+            first = [e async for e in client.query(Q, top_k=3, budget_ms=BUDGET_MS)]
+            await answers.drain()
+            again = [e async for e in client.query(Q, top_k=3, budget_ms=BUDGET_MS)]
+        executor.shutdown()
+        assert generator.calls == 1
+        assert [e.WhichOneof("event") for e in again] == ["retrieval", "token", "final"]
+        text = ["".join(e.token.text for e in events if e.HasField("token")) for events in (first, again)]
+        assert text[0] == text[1] and text[0]
+        miss, hit = first[-1].final, again[-1].final
+        assert not miss.answer_cache_hit and hit.answer_cache_hit and hit.finish_reason == "stop"
+        assert hit.usage == miss.usage and hit.usage.prompt_tokens == 321
+        assert hit.timings.answer_cache_ms > 0 and 0 < hit.timings.ttft_ms <= hit.timings.total_ms
+        assert again[0].retrieval.cache_hit
+        assert [p.chunk_id for p in again[0].retrieval.passages] == [p.chunk_id for p in first[0].retrieval.passages]
 
     asyncio.run(body())
