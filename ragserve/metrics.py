@@ -37,6 +37,8 @@ PROMPT_TOKENS = Counter("ragserve_prompt_tokens_total", "Prompt tokens sent to t
 PREFIX_CACHE_HIT_TOKENS = Counter(
     "ragserve_prefix_cache_hit_tokens_total", "Prompt tokens served from the generator's prefix cache"
 )
+SPEC_DRAFT_TOKENS = Counter("ragserve_spec_draft_tokens_total", "Speculative draft tokens proposed")
+SPEC_ACCEPTED_TOKENS = Counter("ragserve_spec_accepted_tokens_total", "Speculative draft tokens accepted")
 COMPLETION_TOKENS = Counter("ragserve_completion_tokens_total", "Tokens generated")
 
 # Export the rerank series from the start, at zero, so dashboards see them even with reranking off.

@@ -44,6 +44,8 @@ def observe_final(summary: FinalSummary) -> None:
     metrics.PROMPT_TOKENS.inc(summary.usage.prompt_tokens)
     metrics.PREFIX_CACHE_HIT_TOKENS.inc(summary.usage.prefix_cache_hit_tokens)
     metrics.COMPLETION_TOKENS.inc(summary.usage.completion_tokens)
+    metrics.SPEC_DRAFT_TOKENS.inc(summary.usage.draft_tokens)
+    metrics.SPEC_ACCEPTED_TOKENS.inc(summary.usage.accepted_draft_tokens)
 
 
 def observe_request(method: str, code: str, total_ms: float) -> None:

@@ -107,6 +107,9 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     prefix_cache_hit_tokens: int
+    # Speculative decoding: draft tokens proposed, and how many of them the model accepted.
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,8 @@ class ResolvedEngine:
     omp_threads_bind: str
     block_size: int | None
     choices: tuple[EngineChoice, ...]
+    # vLLM's speculative_config, or None for plain decoding.
+    speculative_config: dict[str, object] | None = None
 
     def summary(self) -> str:
         return "; ".join(f"{c.name}={c.value} ({c.reason})" for c in self.choices)
@@ -86,15 +88,41 @@ def cpu_list(cpus: tuple[int, ...]) -> str:
     return ",".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
 
 
+def resolve_speculative(settings: GeneratorSettings) -> tuple[dict[str, object] | None, EngineChoice]:
+    if settings.prompt_lookup_min > settings.prompt_lookup_max:
+        raise ConfigError(
+            f"RAGSERVE_GENERATOR_PROMPT_LOOKUP_MIN={settings.prompt_lookup_min} is above "
+            f"RAGSERVE_GENERATOR_PROMPT_LOOKUP_MAX={settings.prompt_lookup_max}"
+        )
+    if settings.speculative == "off" or (settings.speculative == "auto" and settings.device != "cpu"):
+        why = "set by RAGSERVE_GENERATOR_SPECULATIVE" if settings.speculative == "off" else "GPU: not measured there"
+        return None, EngineChoice("speculative", "off", why)
+    config: dict[str, object] = {
+        "method": "ngram",
+        "num_speculative_tokens": settings.speculative_tokens,
+        "prompt_lookup_max": settings.prompt_lookup_max,
+        "prompt_lookup_min": settings.prompt_lookup_min,
+    }
+    value = f"ngram k={settings.speculative_tokens} lookup {settings.prompt_lookup_min}-{settings.prompt_lookup_max}"
+    why = (
+        "set by RAGSERVE_GENERATOR_SPECULATIVE"
+        if settings.speculative == "ngram"
+        else "answers copy from the passages: drafts looked up in the prompt cut time per token on CPU"
+    )
+    return config, EngineChoice("speculative", value, why)
+
+
 def resolve_engine(settings: GeneratorSettings, host: HostCpu) -> ResolvedEngine:
     choices: list[EngineChoice] = []
+    speculative, speculative_choice = resolve_speculative(settings)
     if settings.device != "cpu":
         dtype, block = settings.dtype, settings.block_size or None
         dtype_why = "GPU: vLLM's choice" if dtype == "auto" else "set by RAGSERVE_GENERATOR_DTYPE"
         block_why = "GPU: vLLM's choice" if block is None else "set by RAGSERVE_GENERATOR_BLOCK_SIZE"
         choices.append(EngineChoice("dtype", dtype, dtype_why))
         choices.append(EngineChoice("block_size", str(block or "auto"), block_why))
-        return ResolvedEngine(dtype, "", block, tuple(choices))
+        choices.append(speculative_choice)
+        return ResolvedEngine(dtype, "", block, tuple(choices), speculative)
 
     if settings.dtype != "auto":
         dtype, why = settings.dtype, "set by RAGSERVE_GENERATOR_DTYPE"
@@ -124,4 +152,5 @@ def resolve_engine(settings: GeneratorSettings, host: HostCpu) -> ResolvedEngine
         block = CPU_BLOCK_SIZE
         why = "only full KV blocks are prefix-cached: at most 31 tokens of a repeated prefix are computed again"
     choices.append(EngineChoice("block_size", str(block), why))
-    return ResolvedEngine(dtype, bind, block, tuple(choices))
+    choices.append(speculative_choice)
+    return ResolvedEngine(dtype, bind, block, tuple(choices), speculative)

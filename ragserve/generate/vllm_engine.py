@@ -25,6 +25,15 @@ class GenerationFailed(Unavailable):
     """The engine failed one request (it may still serve others)."""
 
 
+def _speculation_counts(completion: Any) -> tuple[int, int]:
+    """(draft tokens proposed, draft tokens accepted) for one finished sequence; zeros without speculation."""
+    metrics = getattr(completion, "spec_decode_metrics", None)
+    if metrics is None:
+        return 0, 0
+    accepted = sum(j * count for j, count in enumerate(metrics.histogram))
+    return int(metrics.num_draft_tokens), int(accepted)
+
+
 class VllmGenerator:
     def __init__(self, settings: GeneratorSettings) -> None:
         self._settings = settings
@@ -63,6 +72,10 @@ class VllmGenerator:
         }
         if self._resolved.block_size is not None:
             kwargs["block_size"] = self._resolved.block_size
+        if self._resolved.speculative_config is not None:
+            kwargs["speculative_config"] = self._resolved.speculative_config
+            # Per-request draft/accept counts in each finished output (the final event reports them).
+            kwargs["per_request_spec_decode_metrics"] = "summary"
         if s.device == "cuda":
             kwargs["tensor_parallel_size"] = s.tensor_parallel_size
             kwargs["gpu_memory_utilization"] = s.gpu_memory_utilization
@@ -114,10 +127,13 @@ class VllmGenerator:
                 delta = completion.text[sent:]
                 sent = len(completion.text)
                 if output.finished:
+                    drafted, accepted = _speculation_counts(completion)
                     usage = Usage(
                         prompt_tokens=len(output.prompt_token_ids or []),
                         completion_tokens=len(completion.token_ids),
                         prefix_cache_hit_tokens=int(output.num_cached_tokens or 0),
+                        draft_tokens=drafted,
+                        accepted_draft_tokens=accepted,
                     )
                     yield GenerationChunk(delta, True, str(completion.finish_reason or ""), usage)
                 elif delta:

@@ -76,6 +76,8 @@ def query_event_pb(event: RetrievalResult | TokenDelta | FinalSummary) -> pb.Que
                 prompt_tokens=event.usage.prompt_tokens,
                 completion_tokens=event.usage.completion_tokens,
                 prefix_cache_hit_tokens=event.usage.prefix_cache_hit_tokens,
+                draft_tokens=event.usage.draft_tokens,
+                accepted_draft_tokens=event.usage.accepted_draft_tokens,
                 context_tokens=event.context_tokens,
                 context_tokens_full=event.context_tokens_full,
             ),

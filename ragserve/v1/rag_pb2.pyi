@@ -133,18 +133,22 @@ class TokenEvent(_message.Message):
     def __init__(self, text: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "completion_tokens", "prefix_cache_hit_tokens", "context_tokens", "context_tokens_full")
+    __slots__ = ("prompt_tokens", "completion_tokens", "prefix_cache_hit_tokens", "context_tokens", "context_tokens_full", "draft_tokens", "accepted_draft_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_TOKENS_FULL_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     completion_tokens: int
     prefix_cache_hit_tokens: int
     context_tokens: int
     context_tokens_full: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., context_tokens: _Optional[int] = ..., context_tokens_full: _Optional[int] = ...) -> None: ...
+    draft_tokens: int
+    accepted_draft_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., context_tokens: _Optional[int] = ..., context_tokens_full: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class FinalEvent(_message.Message):
     __slots__ = ("usage", "timings", "degraded", "finish_reason", "generator_model", "answer_cache_hit")

@@ -42,7 +42,7 @@ def test_large_host_keeps_vllm_auto_binding() -> None:
 
 
 def test_explicit_settings_win() -> None:
-    settings = GeneratorSettings(dtype="bfloat16", cpu_omp_threads_bind="1", block_size=128)
+    settings = GeneratorSettings(dtype="bfloat16", cpu_omp_threads_bind="1", block_size=128, speculative="ngram")
     resolved = resolve_engine(settings, ZEN3)
     assert (resolved.dtype, resolved.omp_threads_bind, resolved.block_size) == ("bfloat16", "1", 128)
     assert all("set by RAGSERVE_GENERATOR_" in c.reason for c in resolved.choices)
@@ -75,3 +75,26 @@ def test_reads_model_and_flags(tmp_path: Path) -> None:
 def test_unreadable_cpuinfo_means_the_safe_choice(tmp_path: Path) -> None:
     host = read_host_cpu(tmp_path / "missing")
     assert resolve_engine(GeneratorSettings(), host).dtype == "float32"
+
+
+def test_cpu_speculates_with_prompt_lookup_by_default() -> None:
+    resolved = resolve_engine(GeneratorSettings(), ZEN3)
+    assert resolved.speculative_config == {
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2,
+    }
+    assert _choice(resolved, "speculative").startswith("ngram")
+
+
+def test_speculation_off_on_gpu_unless_asked_for() -> None:
+    assert resolve_engine(GeneratorSettings(device="cuda"), ZEN3).speculative_config is None
+    asked = resolve_engine(GeneratorSettings(device="cuda", speculative="ngram", speculative_tokens=3), ZEN3)
+    assert asked.speculative_config is not None and asked.speculative_config["num_speculative_tokens"] == 3
+    assert resolve_engine(GeneratorSettings(speculative="off"), ZEN3).speculative_config is None
+
+
+def test_lookup_window_must_be_ordered() -> None:
+    with pytest.raises(ConfigError, match="PROMPT_LOOKUP_MIN"):
+        resolve_engine(GeneratorSettings(prompt_lookup_min=5, prompt_lookup_max=3), ZEN3)
