@@ -145,9 +145,11 @@ class RagPipeline:
         # The version the retrieval used (maybe a retrieval cache hit), not the index served now.
         generator = self.generator
         assert generator is not None
+        # Engine settings (dtype, speculation) can change a greedy answer: they are part of the key.
+        engine = ",".join(f"{c.name}={c.value}" for c in generator.engine_choices)
         return answer_key(
             self._cache_key(params, retrieval.index_version),
-            generator.model_id,
+            f"{generator.model_id}|{engine}",
             prompt_template_id(self.prompt_layout),
             gen.context_token_budget,
             gen.max_tokens,
