@@ -160,7 +160,7 @@ class Settings(BaseSettings):
     default_top_k: int = 3
     # Most passage tokens in a Query's prompt: each passage is cut to the sentences that best match
     # the question (ragserve/context.py). 0 keeps whole passages. Per request: context_token_budget.
-    context_token_budget: int = Field(default=160, ge=0)
+    context_token_budget: int = Field(default=128, ge=0)
     max_top_k: int = 50
     max_query_chars: int = 2000
     # HNSW breadth at query time: at least top_k, usually more for recall.

@@ -81,7 +81,13 @@ def encode_answer(entry: CachedAnswer) -> bytes:
             "v": entry.index_version,
             "t": list(entry.rerank_tiers),
             "m": entry.generator_model,
-            "u": [entry.usage.prompt_tokens, entry.usage.completion_tokens, entry.usage.prefix_cache_hit_tokens],
+            "u": [
+                entry.usage.prompt_tokens,
+                entry.usage.completion_tokens,
+                entry.usage.prefix_cache_hit_tokens,
+                entry.usage.draft_tokens,
+                entry.usage.accepted_draft_tokens,
+            ],
             "c": [entry.context_tokens, entry.context_tokens_full],
             "p": _passage_rows(entry.passages),
         }
@@ -113,7 +119,7 @@ def decode_answer(raw: bytes) -> CachedAnswer:
             _typed(row, list, "passage")
             if len(row) != 9 or not all(isinstance(f, str) for f in row[:5]):
                 raise ValueError("malformed passage")
-        usage = _ints(data["u"], 3, "usage")
+        usage = _ints(data["u"], 5, "usage")
         context = _ints(data["c"], 2, "context tokens")
         return CachedAnswer(
             text=_typed(data["a"], str, "text"),
