@@ -20,10 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from ragserve.client import RagClient  # noqa: E402
+from tests.bench.harness import percentile, start_server, stop_server  # noqa: E402
 
 CONFIGS = {
     "ragserve": {},
@@ -86,22 +84,6 @@ class RunResult:
         prompt = sum(s.prompt_tokens for s in ok)
         out["prefix_hit_ratio"] = round(sum(s.prefix_hit_tokens for s in ok) / prompt, 3) if prompt else None
         return out
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        return ordered[0]
-    rank = (len(ordered) - 1) * q / 100.0
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def questions() -> list[str]:
@@ -189,33 +171,6 @@ async def open_loop(
         tasks.append(asyncio.create_task(one_query(client, workload.next(), max_tokens)))
     samples = list(await asyncio.gather(*tasks))
     return samples, time.perf_counter() - started
-
-
-def start_server(index: Path, env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    full_env = {**os.environ, "RAGSERVE_METRICS_PORT": "0", "RAGSERVE_LOG_LEVEL": "WARNING", **env}
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "ragserve.cli", "serve", "--port", str(port), "--index", str(index)],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-        )
-    target = f"127.0.0.1:{port}"
-    subprocess.run(
-        [sys.executable, "-m", "ragserve.cli", "health", "--port", str(port), "--wait", "400"],
-        check=True,
-        capture_output=True,
-    )
-    return process, target
-
-
-def stop_server(process: subprocess.Popen[bytes]) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
 
 
 async def drive(targets: dict[str, str], args: argparse.Namespace) -> list[RunResult]:

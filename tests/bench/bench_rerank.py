@@ -26,9 +26,6 @@ import dataclasses
 import json
 import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from ragserve.client import RagClient  # noqa: E402
+from tests.bench.harness import load_avg, percentile, start_server, stop_server  # noqa: E402
 from tests.rerank.models import build_all  # noqa: E402
 
 BASE_ENV = {
@@ -74,21 +72,6 @@ class Sample:
     tier2: int = 0
     skipped: bool = False
     truncated: bool = False
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    rank = q / 100.0 * (len(ordered) - 1)
-    lo = int(rank)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
-
-
-def load_avg() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
 
 
 def queries(corpus: Path) -> list[str]:
@@ -180,41 +163,6 @@ def summarize(variant: str, scenario: str, concurrency: int, samples: list[Sampl
         "truncated": sum(s.truncated for s in ok) / max(1, len(ok)),
         "load_avg": load_avg(),
     }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_server(index: Path, env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "ragserve.cli", "serve", "--port", str(port), "--index", str(index)],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env},
-        )
-    health = subprocess.run(
-        [sys.executable, "-m", "ragserve.cli", "health", "--port", str(port), "--wait", "600"],
-        capture_output=True,
-    )
-    if health.returncode != 0 or process.poll() is not None:
-        stop_server(process)
-        raise SystemExit(f"server did not start; see {log}:\n{log.read_text(errors='replace')[-3000:]}")
-    return process, f"127.0.0.1:{port}"
-
-
-def stop_server(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 async def drive(target: str, variant: str, args: argparse.Namespace, qs: list[str]) -> list[dict]:

@@ -1,0 +1,75 @@
+"""Helpers shared by the benchmarks that start real `ragserve serve` processes on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Every benchmark server: no metrics port (several servers may run at once), quiet logs.
+SERVER_DEFAULTS = {"RAGSERVE_METRICS_PORT": "0", "RAGSERVE_LOG_LEVEL": "WARNING"}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default); NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = q / 100.0 * (len(ordered) - 1)
+    lo = int(rank)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
+
+
+def load_avg() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_server(
+    index: Path, env: dict[str, str], log: Path, wait_s: float = 600.0
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start `ragserve serve` on a free loopback port and wait until it is SERVING.
+
+    Runs from the repository root, so `-m ragserve.cli` imports this checkout's code. Returns the
+    process and its target ("127.0.0.1:PORT"); exits with the log's tail if the server never comes up.
+    """
+    port = free_port()
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ragserve.cli", "serve", "--port", str(port), "--index", str(index)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **SERVER_DEFAULTS, **env},
+            cwd=REPO,
+        )
+    health = subprocess.run(
+        [sys.executable, "-m", "ragserve.cli", "health", "--port", str(port), "--wait", str(wait_s)],
+        capture_output=True,
+        cwd=REPO,
+    )
+    if health.returncode != 0 or process.poll() is not None:
+        stop_server(process)
+        raise SystemExit(f"server did not start; see {log}:\n{log.read_text(errors='replace')[-3000:]}")
+    return process, f"127.0.0.1:{port}"
+
+
+def stop_server(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
