@@ -21,6 +21,10 @@ Configurations (`--configs` picks some, by name):
   +block32           + 32-token KV blocks
   +context-N         + RAGSERVE_CONTEXT_TOKEN_BUDGET=N, for each N in `--context-budgets`
   new-defaults       no overrides: whatever the server now resolves from the host
+  spec-off           new-defaults without speculative decoding (its gain and cost, side by side)
+
+`--workload summary` asks every question as a request for a summary in other words: answers that
+do not copy from the passages, where prompt-lookup drafts are rarely accepted.
 
 Reported per configuration: client-side TTFT (request sent -> first token event) p50/p95/p99, the
 server's ttft_ms, repeat TTFT and answer-cache hits, prompt / prefix-cached / passage tokens, time
@@ -127,8 +131,8 @@ def configurations(context_budgets: list[int]) -> dict[str, dict[str, str]]:
         # vLLM's old auto binding on a 2-core host: the engine on one core.
         "RAGSERVE_GENERATOR_CPU_OMP_THREADS_BIND": "0",
         "RAGSERVE_CONTEXT_TOKEN_BUDGET": "0",
-        # Ignored by servers without an answer cache.
         "RAGSERVE_CACHE_ANSWERS": "false",
+        "RAGSERVE_GENERATOR_SPECULATIVE": "off",
     }
     float32 = {**previous, "RAGSERVE_GENERATOR_DTYPE": "float32"}
     all_cores = {**float32, "RAGSERVE_GENERATOR_CPU_OMP_THREADS_BIND": cpu_list(tuple(os.sched_getaffinity(0)))}
@@ -137,6 +141,8 @@ def configurations(context_budgets: list[int]) -> dict[str, dict[str, str]]:
     for budget in context_budgets:
         configs[f"+context-{budget}"] = {**block32, "RAGSERVE_CONTEXT_TOKEN_BUDGET": str(budget)}
     configs["new-defaults"] = {}
+    # The new defaults but plain decoding: speculation's cost or gain, side by side.
+    configs["spec-off"] = {"RAGSERVE_GENERATOR_SPECULATIVE": "off"}
     return configs
 
 
@@ -152,6 +158,8 @@ class Answer:
     server_ttft_ms: float | None = None
     server_total_ms: float | None = None
     tpot_ms: float | None = None
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
     retrieval_ms: float | None = None
     context_ms: float | None = None
     answer_cache_ms: float | None = None
@@ -170,12 +178,18 @@ class Answer:
     answer: str = ""
 
 
-async def ask(client: RagClient, q: Question, phase: str, max_tokens: int, timeout_s: float) -> Answer:
+SUMMARY_REQUEST = "In your own words, without quoting the passages, briefly summarize what they say about this: "
+
+
+async def ask(
+    client: RagClient, q: Question, phase: str, max_tokens: int, timeout_s: float, workload: str = "squad"
+) -> Answer:
     out = Answer(q.id, phase, q.impossible)
     parts: list[str] = []
     started = time.perf_counter()
+    text = SUMMARY_REQUEST + q.question if workload == "summary" else q.question
     try:
-        async for event in client.query(q.question, max_tokens=max_tokens, temperature=0.0, timeout_s=timeout_s):
+        async for event in client.query(text, max_tokens=max_tokens, temperature=0.0, timeout_s=timeout_s):
             kind = event.WhichOneof("event")
             if kind == "retrieval":
                 out.retrieval_ms = event.retrieval.timings.retrieval_total_ms
@@ -196,6 +210,8 @@ async def ask(client: RagClient, q: Question, phase: str, max_tokens: int, timeo
                 out.prompt_tokens = final.usage.prompt_tokens
                 out.prefix_cache_hit_tokens = final.usage.prefix_cache_hit_tokens
                 out.completion_tokens = final.usage.completion_tokens
+                out.draft_tokens = final.usage.draft_tokens
+                out.accepted_draft_tokens = final.usage.accepted_draft_tokens
                 out.context_tokens = final.usage.context_tokens
                 out.context_tokens_full = final.usage.context_tokens_full
                 out.finish_reason = final.finish_reason
@@ -366,7 +382,7 @@ async def drive(name: str, target: str, qs: list[Question], args: argparse.Names
 
         t0 = time.perf_counter()
         for i, q in enumerate(qs, start=1):
-            answers.append(await ask(client, q, "cold", args.max_tokens, args.timeout))
+            answers.append(await ask(client, q, "cold", args.max_tokens, args.timeout, args.workload))
             if i % args.progress_every == 0 or i == len(qs):
                 ttfts = [a.client_ttft_ms for a in answers if a.phase == "cold" and a.client_ttft_ms is not None]
                 print(
@@ -378,7 +394,7 @@ async def drive(name: str, target: str, qs: list[Question], args: argparse.Names
 
         t0 = time.perf_counter()
         for q in qs[: args.repeats]:
-            answers.append(await ask(client, q, "repeat", args.max_tokens, args.timeout))
+            answers.append(await ask(client, q, "repeat", args.max_tokens, args.timeout, args.workload))
         result["repeat_s"] = time.perf_counter() - t0
         repeat_ttft = [a.client_ttft_ms for a in answers if a.phase == "repeat" and a.client_ttft_ms is not None]
         print(
@@ -402,6 +418,23 @@ def share(flags: list[bool | None]) -> tuple[float, int]:
     return (sum(known) / len(known) if known else float("nan")), len(known)
 
 
+def same_answers(runs: dict[str, dict[str, Any]]) -> list[str]:
+    """Greedy answers with and without speculation (new-defaults vs spec-off), question by question."""
+    if "new-defaults" not in runs or "spec-off" not in runs:
+        return []
+
+    def cold(run: dict[str, Any]) -> dict[str, str]:
+        return {a.qid: a.answer for a in run.get("answers", []) if a.phase == "cold" and a.ok}
+
+    on, off = cold(runs["new-defaults"]), cold(runs["spec-off"])
+    both = sorted(set(on) & set(off))
+    differ = [qid for qid in both if on[qid] != off[qid]]
+    lines = ["", f"Greedy answers identical with and without speculation: {len(both) - len(differ)}/{len(both)}."]
+    for qid in differ[:10]:
+        lines += [f"- `{qid}` on: {on[qid][:160]!r}", f"  off: {off[qid][:160]!r}"]
+    return lines
+
+
 def summarize(run: dict[str, Any]) -> dict[str, Any]:
     answers: list[Answer] = run.get("answers", [])
     cold = [a for a in answers if a.phase == "cold"]
@@ -418,6 +451,9 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         for q in (50, 95, 99):
             s[f"{key}_p{q}"] = percentile(values(ok, attr), q)
     s["tpot_p50"] = percentile(values(ok, "tpot_ms"), 50)
+    s["tpot_p95"] = percentile(values(ok, "tpot_ms"), 95)
+    drafted = sum(a.draft_tokens for a in ok)
+    s["acceptance"] = sum(a.accepted_draft_tokens for a in ok) / drafted if drafted else float("nan")
     s["retrieval_p50"] = percentile(values(ok, "retrieval_ms"), 50)
     s["repeat_ttft_p50"] = percentile(values(rep_ok, "client_ttft_ms"), 50)
     s["repeat_ttft_p95"] = percentile(values(rep_ok, "client_ttft_ms"), 95)
@@ -516,7 +552,8 @@ def markdown(meta: dict[str, Any], runs: dict[str, dict[str, Any]]) -> str:
 
     summaries = {name: run["summary"] for name, run in runs.items() if run.get("summary")}
     header = ["config", "n", "errors", "TTFT p50", "p95", "p99", "server TTFT p50", "p95", "p99", "repeat n"]
-    header += ["repeat TTFT p50", "p95", "repeat answer-cache hits", "answer p50", "p95", "per output token p50"]
+    header += ["repeat TTFT p50", "p95", "repeat answer-cache hits", "answer p50", "p95", "per output token p50", "p95"]
+    header += ["draft acceptance"]
     rows = [
         [
             name,
@@ -531,6 +568,8 @@ def markdown(meta: dict[str, Any], runs: dict[str, dict[str, Any]]) -> str:
             fmt(s["total_p50"]),
             fmt(s["total_p95"]),
             fmt(s["tpot_p50"], 1),
+            fmt(s["tpot_p95"], 1),
+            pct(s["acceptance"]) if s["acceptance"] == s["acceptance"] else "-",
         ]
         for name, s in summaries.items()
     ]
@@ -538,6 +577,7 @@ def markdown(meta: dict[str, Any], runs: dict[str, dict[str, Any]]) -> str:
     out += table(header, rows)
     cold_hits = {name: s["cold_answer_cache_hits"] for name, s in summaries.items() if s["cold_answer_cache_hits"]}
     out += ["", f"Answer-cache hits in the cold passes: {cold_hits or 'none'} (each question is asked once there)."]
+    out += same_answers(runs)
 
     header = ["config", "prompt", "prefix-cache hit", "repeat: prefix-cache hit", "passage tokens in prompt"]
     header += ["whole passages", "completion"]
@@ -698,7 +738,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench-results" / "ttft")
     parser.add_argument("--index", type=Path, help="an index root of the corpus; default: built into OUT/index")
     parser.add_argument("--configs", help="comma-separated names (default: all); see the list above")
-    parser.add_argument("--context-budgets", default="96,160,256", help="one +context-N configuration for each")
+    parser.add_argument("--context-budgets", default="96,128,192", help="one +context-N configuration for each")
     parser.add_argument("--questions", type=int, default=0, help="questions per configuration (default 0: all)")
     parser.add_argument(
         "--slow-questions",
@@ -709,6 +749,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20, help="questions asked a second time")
     parser.add_argument("--seed", type=int, default=13, help="order of the questions (the subset is a prefix)")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument(
+        "--workload", choices=["squad", "summary"], default="squad", help="summary: answers in other words"
+    )
     parser.add_argument("--warmup", type=int, default=1, help="Query calls before measuring (not reported)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per Query call")
     parser.add_argument("--progress-every", type=int, default=25)
