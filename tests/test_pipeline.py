@@ -24,21 +24,15 @@ from ragserve.types import (
     TokenDelta,
     Usage,
 )
+from tests.fakes import FakeGeneratorBase
 
 
-class FakeGenerator:
+class FakeGenerator(FakeGeneratorBase):
     """Streams fixed words with a delay; records the prompt it was given."""
-
-    model_id = "fake-generator"
-    engine_choices = ()
-    host_cpu = "fake CPU"
 
     def __init__(self, delay_s: float = 0.0) -> None:
         self.delay_s = delay_s
         self.prompts: list[Prompt] = []
-
-    async def start(self) -> None:
-        return None
 
     async def stream(self, prompt: Prompt, params: GenerateParams, request_id: str) -> AsyncIterator[GenerationChunk]:
         self.prompts.append(prompt)
@@ -47,18 +41,6 @@ class FakeGenerator:
             await asyncio.sleep(self.delay_s)
             last = i == len(words) - 1
             yield GenerationChunk(word, last, "stop" if last else "", Usage(100, len(words), 64) if last else None)
-
-    async def check_health(self) -> None:
-        return None
-
-    def count_tokens(self, text: str) -> int:
-        return len(text.split())
-
-    def unfinished_requests(self) -> int:
-        return 0
-
-    async def close(self) -> None:
-        return None
 
 
 @pytest.fixture

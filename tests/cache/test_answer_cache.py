@@ -51,20 +51,17 @@ from ragserve.types import (
 from tests.cache.redis_proc import RedisProcess
 from tests.cache.test_breaker_and_layer import FakeFlakyStore
 from tests.conftest import SAMPLE_DOCS
+from tests.fakes import FakeGeneratorBase
 
 Q = "What does the TCP three-way handshake exchange between client and server?"
 BUDGET_MS = 10_000  # generous: a retrieval cut short by the budget is (rightly) never stored
 
 
-class FakeScriptedGenerator:
+class FakeScriptedGenerator(FakeGeneratorBase):
     """A generator fake: streams fixed words and finishes with `finish_reason`; counts its streams.
 
     `fail_after` raises after that many words (an engine failure); `delay_s` sleeps before each word.
     """
-
-    model_id = "fake-generator"
-    engine_choices = ()
-    host_cpu = "fake CPU"
 
     def __init__(self, finish_reason: str = "stop", fail_after: int | None = None, delay_s: float = 0.0) -> None:
         self.words = ["The handshake ", "exchanges ", "SYN, SYN-ACK ", "and ACK [1]. ✓"]
@@ -72,9 +69,6 @@ class FakeScriptedGenerator:
         self.fail_after = fail_after
         self.delay_s = delay_s
         self.calls = 0
-
-    async def start(self) -> None:
-        return None
 
     async def stream(self, prompt: Prompt, params: GenerateParams, request_id: str) -> AsyncIterator[GenerationChunk]:
         self.calls += 1
@@ -85,18 +79,6 @@ class FakeScriptedGenerator:
             last = i == len(self.words) - 1
             usage = Usage(321, len(self.words), 256) if last else None
             yield GenerationChunk(word, last, self.finish_reason if last else "", usage)
-
-    async def check_health(self) -> None:
-        return None
-
-    def count_tokens(self, text: str) -> int:
-        return len(text.split())
-
-    def unfinished_requests(self) -> int:
-        return 0
-
-    async def close(self) -> None:
-        return None
 
 
 class FakeRefusingGenerator(FakeScriptedGenerator):

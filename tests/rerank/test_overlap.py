@@ -13,22 +13,16 @@ from ragserve.index.hnsw import HnswIndex
 from ragserve.pipeline import RagPipeline
 from ragserve.prompt import Prompt
 from ragserve.types import GenerateParams, GenerationChunk, RetrievalResult, RetrieveParams, TokenDelta, Usage
+from tests.fakes import FakeGeneratorBase
 
 
-class FakeSlowGenerator:
+class FakeSlowGenerator(FakeGeneratorBase):
     """Records when a stream starts and whether it was cancelled; one token after `delay_s`."""
-
-    model_id = "fake-generator"
-    engine_choices = ()
-    host_cpu = "fake CPU"
 
     def __init__(self, delay_s: float) -> None:
         self.delay_s = delay_s
         self.started = 0
         self.cancelled = 0
-
-    async def start(self) -> None:
-        return None
 
     async def stream(self, prompt: Prompt, params: GenerateParams, request_id: str) -> AsyncIterator[GenerationChunk]:
         self.started += 1
@@ -38,18 +32,6 @@ class FakeSlowGenerator:
             self.cancelled += 1
             raise
         yield GenerationChunk("ok", True, "stop", Usage(10, 1, 0))
-
-    async def check_health(self) -> None:
-        return None
-
-    def count_tokens(self, text: str) -> int:
-        return len(text.split())
-
-    def unfinished_requests(self) -> int:
-        return 0
-
-    async def close(self) -> None:
-        return None
 
 
 def test_generation_starts_before_the_retrieval_event_is_sent(
