@@ -77,22 +77,17 @@ def test_unreadable_cpuinfo_means_the_safe_choice(tmp_path: Path) -> None:
     assert resolve_engine(GeneratorSettings(), host).dtype == "float32"
 
 
-def test_cpu_speculates_with_prompt_lookup_by_default() -> None:
-    resolved = resolve_engine(GeneratorSettings(), ZEN3)
-    assert resolved.speculative_config == {
+def test_speculation_is_opt_in() -> None:
+    assert resolve_engine(GeneratorSettings(), ZEN3).speculative_config is None
+    assert resolve_engine(GeneratorSettings(device="cuda"), ZEN3).speculative_config is None
+    asked = resolve_engine(GeneratorSettings(speculative="ngram", speculative_tokens=3), ZEN3)
+    assert asked.speculative_config == {
         "method": "ngram",
-        "num_speculative_tokens": 4,
+        "num_speculative_tokens": 3,
         "prompt_lookup_max": 4,
         "prompt_lookup_min": 2,
     }
-    assert _choice(resolved, "speculative").startswith("ngram")
-
-
-def test_speculation_off_on_gpu_unless_asked_for() -> None:
-    assert resolve_engine(GeneratorSettings(device="cuda"), ZEN3).speculative_config is None
-    asked = resolve_engine(GeneratorSettings(device="cuda", speculative="ngram", speculative_tokens=3), ZEN3)
-    assert asked.speculative_config is not None and asked.speculative_config["num_speculative_tokens"] == 3
-    assert resolve_engine(GeneratorSettings(speculative="off"), ZEN3).speculative_config is None
+    assert _choice(asked, "speculative").startswith("ngram")
 
 
 def test_lookup_window_must_be_ordered() -> None:
