@@ -15,7 +15,7 @@ from typing import Any
 from ragserve.config import GeneratorSettings
 from ragserve.errors import ConfigError, InvalidArgument, Unavailable
 from ragserve.generate.host import HostCpu, ResolvedEngine, read_host_cpu, resolve_engine
-from ragserve.prompt import SYSTEM_PREFIX, Prompt, build_prompt
+from ragserve.prompt import SYSTEM_PREFIX, Prompt, break_special_tokens, build_prompt
 from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, Usage
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ class VllmGenerator:
         self._model = settings.resolved_model()
         self._engine: Any = None
         self._tokenizer: Any = None
+        self._special_tokens: frozenset[str] = frozenset()
         self._dead: BaseException | None = None
         self._host: HostCpu = read_host_cpu()
         self._resolved: ResolvedEngine = resolve_engine(settings, self._host)
@@ -94,10 +95,9 @@ class VllmGenerator:
                 f"generator model folder {self._model} is missing or incomplete "
                 "(RAGSERVE_GENERATOR_MODEL); run `ragserve prepare-models` first"
             )
-        from transformers import AutoTokenizer
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self._tokenizer = AutoTokenizer.from_pretrained(self._model)
+        self.load_tokenizer()
         self._engine = AsyncLLM.from_engine_args(self._engine_args())
         # Warm the engine and put the fixed system prefix into the prefix cache.
         warm = build_prompt("Warm-up.", [])
@@ -105,9 +105,22 @@ class VllmGenerator:
             pass
         log.info("generator ready: %s (prefix of %d chars cached)", self._model, len(SYSTEM_PREFIX))
 
+    def load_tokenizer(self) -> None:
+        """The model's tokenizer and every special or added token it knows (what untrusted text must
+        never spell out)."""
+        from transformers import AutoTokenizer
+
+        self._tokenizer = AutoTokenizer.from_pretrained(self._model)
+        added = (token.content for token in self._tokenizer.added_tokens_decoder.values())
+        self._special_tokens = frozenset([*self._tokenizer.all_special_tokens, *added])
+
     def render(self, prompt: Prompt) -> str:
-        """Apply the model's chat template; the system message comes first, so it is the stable prefix."""
-        messages = [{"role": "system", "content": prompt.system}, {"role": "user", "content": prompt.user}]
+        """Apply the model's chat template; the system message comes first, so it is the stable prefix.
+
+        The user message holds the passages and the question, untrusted text: the tokenizer's
+        special tokens in it are broken up so they tokenize as plain text."""
+        user = break_special_tokens(prompt.user, self._special_tokens)
+        messages = [{"role": "system", "content": prompt.system}, {"role": "user", "content": user}]
         text = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return str(text)
 
