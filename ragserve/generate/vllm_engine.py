@@ -47,7 +47,10 @@ class VllmGenerator:
 
     @property
     def model_id(self) -> str:
-        return self._model
+        # What callers see (Info, the final event): a hub id as it is, a local folder by its name
+        # only; the server's file system layout is not theirs to learn.
+        local = Path(self._model)
+        return local.name if local.is_absolute() or self._model.startswith(".") else self._model
 
     @property
     def engine_choices(self) -> tuple[EngineChoice, ...]:
@@ -151,16 +154,22 @@ class VllmGenerator:
                     yield GenerationChunk(delta, True, str(completion.finish_reason or ""), usage)
                 elif delta:
                     yield GenerationChunk(delta)
+        # Callers are told what failed; the engine's own text (paths, internals) goes to the log only.
         except EngineDeadError as exc:
             self._dead = exc
-            raise Unavailable(f"generator engine died: {exc}") from exc
+            log.error("generator engine died: %s", exc)
+            raise Unavailable("the generator engine died") from exc
         except (VLLMClientError, ValueError) as exc:
             # The engine refused this prompt (e.g. longer than max_model_len); others still work.
-            raise InvalidArgument("query", f"the generator rejected the prompt: {exc}") from exc
+            log.warning("generator rejected a prompt: %s", exc)
+            raise InvalidArgument(
+                "query", "the generator rejected the prompt (longer than its context with the passages?)"
+            ) from exc
         except EngineGenerateError as exc:
             if self._engine.errored:
                 self._dead = exc
-            raise GenerationFailed(f"generation failed: {exc}") from exc
+            log.error("generation failed: %s", exc)
+            raise GenerationFailed("generation failed") from exc
 
     def count_tokens(self, text: str) -> int:
         if self._tokenizer is None:
@@ -180,7 +189,8 @@ class VllmGenerator:
         try:
             await self._engine.check_health()
         except Exception as exc:  # any failure of the probe means: do not route traffic here
-            raise Unavailable(f"generator health check failed: {exc}") from exc
+            log.warning("generator health check failed: %s", exc)
+            raise Unavailable("generator health check failed") from exc
 
     async def close(self) -> None:
         if self._engine is not None:
