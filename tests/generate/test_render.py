@@ -31,7 +31,8 @@ def test_control_tokens_in_documents_and_questions_stay_text() -> None:
 def test_callers_see_a_local_model_by_its_folder_name_only() -> None:
     from ragserve.generate.vllm_engine import VllmGenerator
 
-    assert VllmGenerator(GeneratorSettings(model="/srv/models/SmolLM2-135M-Instruct")).model_id == "SmolLM2-135M-Instruct"
+    local = VllmGenerator(GeneratorSettings(model="/srv/models/SmolLM2-135M-Instruct"))
+    assert local.model_id == "SmolLM2-135M-Instruct"
     assert VllmGenerator(GeneratorSettings(model="HuggingFaceTB/SmolLM2-135M-Instruct")).model_id == (
         "HuggingFaceTB/SmolLM2-135M-Instruct"
     )
