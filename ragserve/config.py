@@ -206,13 +206,15 @@ class Settings(BaseSettings):
     generation_enabled: bool = True
 
     # Access control. Loopback and Unix sockets need nothing; any other address requires
-    # allow_non_loopback together with TLS (tls_cert_file/tls_key_file) or an auth token.
+    # allow_non_loopback, TLS (tls_cert_file/tls_key_file), and client certificates or an auth token.
     allow_non_loopback: bool = False
     auth_token: str = Field(default="", repr=False)
     tls_cert_file: str = ""
     tls_key_file: str = ""
     # With a CA file, clients must present a certificate signed by it (mTLS).
     tls_client_ca_file: str = ""
+    # mTLS pinning: comma-separated certificate names (CN or SAN) allowed to call; empty: any the CA signed.
+    tls_allowed_client_ids: str = ""
 
     # Keepalive for long-lived sidecar channels: clients may ping every keepalive_min_ping_ms.
     keepalive_time_ms: int = 30_000

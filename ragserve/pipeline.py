@@ -174,7 +174,8 @@ class RagPipeline:
     def _from_cache(hit: CacheHit, timings: StageTimings, deadline: Deadline) -> RetrievalResult:
         degraded = Degraded()
         if hit.kind == "semantic":
-            degraded.note(f"passages reused from a near-duplicate query: {hit.entry.query!r}")
+            # Never the other query's text: it is another caller's question.
+            degraded.note("passages reused from a near-duplicate earlier query (semantic cache)")
         if hit.entry.degraded:
             degraded.note("cached passages come from a ranking that was cut short by the budget")
         timings.retrieval_total_ms = deadline.elapsed_ms()

@@ -8,6 +8,7 @@ inside a passage that could close or open that element is neutralized.
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 
 from ragserve.types import Passage
@@ -21,7 +22,25 @@ Reply with the answer in one short sentence, copying names, numbers and dates ex
 passages, and cite the passage you used, for example [1]. If the passages do not contain the \
 answer, reply exactly: "The documents do not contain the answer.\""""
 
-_TAG = re.compile(r"</?\s*passages?\b", re.IGNORECASE)
+# A passage tag however it is spelt once the text is canonical: "< /passage", "</ passages", and the
+# entity forms "&lt;/passage" / "&#60;passage" a model may read as the tag itself.
+_TAG = re.compile(r"(?:<|&lt;?|&#0*60;?|&#x0*3c;?)\s*/?\s*passages?\b", re.IGNORECASE)
+_OPENER = re.compile(r"^(?:<|&lt;?|&#0*60;?|&#x0*3c;?)\s*", re.IGNORECASE)
+# Characters that draw like angle brackets or a slash (NFKC leaves these alone).
+_LOOKALIKES = str.maketrans(
+    {
+        "\u2039": "<", "\u203a": ">", "\u2329": "<", "\u232a": ">", "\u27e8": "<", "\u27e9": ">",
+        "\u3008": "<", "\u3009": ">", "\u276e": "<", "\u276f": ">", "\u02c2": "<", "\u02c3": ">",
+        "\u2215": "/", "\u2044": "/", "\u29f8": "/",
+    }
+)  # fmt: skip
+# Letters from other scripts that draw like the letters of "passage" (used only to find a tag).
+_LETTER_LOOKALIKES = str.maketrans(
+    {
+        "\u0430": "a", "\u0410": "A", "\u0435": "e", "\u0415": "E", "\u0440": "p", "\u0420": "P",
+        "\u0455": "s", "\u0405": "S", "\u0261": "g", "\u050d": "g", "\u050c": "G", "\u03b1": "a",
+    }
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,13 +51,44 @@ class Prompt:
     user: str
 
 
+def canonical(text: str) -> str:
+    """NFKC (full-width forms become ASCII), look-alike brackets mapped, and invisible format
+    characters (zero-width spaces and joiners, bidi controls) dropped: what the check sees is what
+    a model would read."""
+    text = unicodedata.normalize("NFKC", text).translate(_LOOKALIKES)
+    return "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
+
+
 def _neutralize(text: str) -> str:
-    # A document must not be able to end the data block early and speak as the user.
-    return _TAG.sub(lambda m: m.group(0).replace("<", "&lt;"), text)
+    # A document must not be able to end the data block early and speak as the user: any spelling
+    # of a passage tag has its opening bracket (or entity) replaced by "[", which no model reads as a tag.
+    # Matching runs on a view with look-alike letters folded (one character for one, so positions
+    # agree); the text itself keeps its letters (Cyrillic words stay Cyrillic).
+    text = canonical(text)
+    view = text.translate(_LETTER_LOOKALIKES)
+    out, last = [], 0
+    for match in _TAG.finditer(view):
+        opener = _OPENER.match(match.group(0))
+        cut = match.start() + (opener.end() if opener else 0)
+        out += [text[last : match.start()], "["]
+        last = cut
+    out.append(text[last:])
+    return "".join(out)
 
 
 def _attr(text: str) -> str:
     return text.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;").replace("\n", " ")
+
+
+def break_special_tokens(text: str, special_tokens: frozenset[str]) -> str:
+    """A zero-width space after the first character of every special or added token of the model's
+    tokenizer (e.g. "<|im_end|>"): untrusted text then tokenizes as plain characters and cannot
+    close its chat turn or open a new system one."""
+    tokens = sorted((t for t in special_tokens if len(t) > 1), key=len, reverse=True)
+    if not tokens:
+        return text
+    pattern = re.compile("|".join(re.escape(t) for t in tokens))
+    return pattern.sub(lambda m: m.group(0)[0] + "\u200b" + m.group(0)[1:], text)
 
 
 def stable_order(passages: list[Passage]) -> list[Passage]:

@@ -15,7 +15,7 @@ from typing import Any
 from ragserve.config import GeneratorSettings
 from ragserve.errors import ConfigError, InvalidArgument, Unavailable
 from ragserve.generate.host import HostCpu, ResolvedEngine, read_host_cpu, resolve_engine
-from ragserve.prompt import SYSTEM_PREFIX, Prompt, build_prompt
+from ragserve.prompt import SYSTEM_PREFIX, Prompt, break_special_tokens, build_prompt
 from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, Usage
 
 log = logging.getLogger(__name__)
@@ -40,13 +40,17 @@ class VllmGenerator:
         self._model = settings.resolved_model()
         self._engine: Any = None
         self._tokenizer: Any = None
+        self._special_tokens: frozenset[str] = frozenset()
         self._dead: BaseException | None = None
         self._host: HostCpu = read_host_cpu()
         self._resolved: ResolvedEngine = resolve_engine(settings, self._host)
 
     @property
     def model_id(self) -> str:
-        return self._model
+        # What callers see (Info, the final event): a hub id as it is, a local folder by its name
+        # only; the server's file system layout is not theirs to learn.
+        local = Path(self._model)
+        return local.name if local.is_absolute() or self._model.startswith(".") else self._model
 
     @property
     def engine_choices(self) -> tuple[EngineChoice, ...]:
@@ -94,10 +98,9 @@ class VllmGenerator:
                 f"generator model folder {self._model} is missing or incomplete "
                 "(RAGSERVE_GENERATOR_MODEL); run `ragserve prepare-models` first"
             )
-        from transformers import AutoTokenizer
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self._tokenizer = AutoTokenizer.from_pretrained(self._model)
+        self.load_tokenizer()
         self._engine = AsyncLLM.from_engine_args(self._engine_args())
         # Warm the engine and put the fixed system prefix into the prefix cache.
         warm = build_prompt("Warm-up.", [])
@@ -105,9 +108,22 @@ class VllmGenerator:
             pass
         log.info("generator ready: %s (prefix of %d chars cached)", self._model, len(SYSTEM_PREFIX))
 
+    def load_tokenizer(self) -> None:
+        """The model's tokenizer and every special or added token it knows (what untrusted text must
+        never spell out)."""
+        from transformers import AutoTokenizer
+
+        self._tokenizer = AutoTokenizer.from_pretrained(self._model)
+        added = (token.content for token in self._tokenizer.added_tokens_decoder.values())
+        self._special_tokens = frozenset([*self._tokenizer.all_special_tokens, *added])
+
     def render(self, prompt: Prompt) -> str:
-        """Apply the model's chat template; the system message comes first, so it is the stable prefix."""
-        messages = [{"role": "system", "content": prompt.system}, {"role": "user", "content": prompt.user}]
+        """Apply the model's chat template; the system message comes first, so it is the stable prefix.
+
+        The user message holds the passages and the question, untrusted text: the tokenizer's
+        special tokens in it are broken up so they tokenize as plain text."""
+        user = break_special_tokens(prompt.user, self._special_tokens)
+        messages = [{"role": "system", "content": prompt.system}, {"role": "user", "content": user}]
         text = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return str(text)
 
@@ -138,16 +154,22 @@ class VllmGenerator:
                     yield GenerationChunk(delta, True, str(completion.finish_reason or ""), usage)
                 elif delta:
                     yield GenerationChunk(delta)
+        # Callers are told what failed; the engine's own text (paths, internals) goes to the log only.
         except EngineDeadError as exc:
             self._dead = exc
-            raise Unavailable(f"generator engine died: {exc}") from exc
+            log.error("generator engine died: %s", exc)
+            raise Unavailable("the generator engine died") from exc
         except (VLLMClientError, ValueError) as exc:
             # The engine refused this prompt (e.g. longer than max_model_len); others still work.
-            raise InvalidArgument("query", f"the generator rejected the prompt: {exc}") from exc
+            log.warning("generator rejected a prompt: %s", exc)
+            raise InvalidArgument(
+                "query", "the generator rejected the prompt (longer than its context with the passages?)"
+            ) from exc
         except EngineGenerateError as exc:
             if self._engine.errored:
                 self._dead = exc
-            raise GenerationFailed(f"generation failed: {exc}") from exc
+            log.error("generation failed: %s", exc)
+            raise GenerationFailed("generation failed") from exc
 
     def count_tokens(self, text: str) -> int:
         if self._tokenizer is None:
@@ -167,7 +189,8 @@ class VllmGenerator:
         try:
             await self._engine.check_health()
         except Exception as exc:  # any failure of the probe means: do not route traffic here
-            raise Unavailable(f"generator health check failed: {exc}") from exc
+            log.warning("generator health check failed: %s", exc)
+            raise Unavailable("generator health check failed") from exc
 
     async def close(self) -> None:
         if self._engine is not None:

@@ -24,7 +24,7 @@ from ragserve.generate.base import Generator
 from ragserve.index.reload import IndexReloader
 from ragserve.limiter import InFlightLimiter
 from ragserve.pipeline import RagPipeline
-from ragserve.server.auth import BearerTokenInterceptor, check_exposure
+from ragserve.server.auth import BearerTokenInterceptor, ClientIdentityInterceptor, check_exposure
 from ragserve.server.servicer import RagServicer
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
@@ -117,7 +117,12 @@ class RagServer:
         if settings.tracing_enabled:
             tracing.setup_tracing(settings.tracing_otlp_endpoint)
         self.settings = settings
-        interceptors = [BearerTokenInterceptor(settings.auth_token)] if settings.auth_token else []
+        interceptors: list[grpc.aio.ServerInterceptor] = []
+        if settings.auth_token:
+            interceptors.append(BearerTokenInterceptor(settings.auth_token))
+        allowed = frozenset(name.strip() for name in settings.tls_allowed_client_ids.split(",") if name.strip())
+        if allowed:
+            interceptors.append(ClientIdentityInterceptor(allowed))
         self.server = grpc.aio.server(options=server_options(settings), interceptors=interceptors)
         self.health = health.aio.HealthServicer()
         self.pipeline: RagPipeline | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -23,20 +23,29 @@ def is_loopback(host: str) -> bool:
 
 
 def check_exposure(settings: Settings) -> None:
-    """A sidecar stays on loopback or a Unix socket unless the operator opts out AND protects it."""
+    """A sidecar stays on loopback or a Unix socket unless the operator opts out AND protects it.
+
+    Off loopback, TLS alone is not protection (any peer that trusts the server's certificate could
+    call everything): callers must prove who they are, with a client certificate (mTLS) or a bearer
+    token, and a token only travels inside TLS.
+    """
+    if settings.tls_allowed_client_ids and not settings.tls_client_ca_file:
+        raise ConfigError("RAGSERVE_TLS_ALLOWED_CLIENT_IDS needs client certificates (RAGSERVE_TLS_CLIENT_CA_FILE)")
     if settings.uds_path or is_loopback(settings.host):
         return
+    needs = (
+        "TLS (RAGSERVE_TLS_CERT_FILE/RAGSERVE_TLS_KEY_FILE) with client certificates "
+        "(RAGSERVE_TLS_CLIENT_CA_FILE) or a bearer token (RAGSERVE_AUTH_TOKEN)"
+    )
     if not settings.allow_non_loopback:
-        raise ConfigError(
-            f"refusing to listen on {settings.host}: set RAGSERVE_ALLOW_NON_LOOPBACK=true together with "
-            "TLS (RAGSERVE_TLS_CERT_FILE/RAGSERVE_TLS_KEY_FILE) or RAGSERVE_AUTH_TOKEN"
-        )
+        raise ConfigError(f"refusing to listen on {settings.host}: set RAGSERVE_ALLOW_NON_LOOPBACK=true with {needs}")
     has_tls = bool(settings.tls_cert_file and settings.tls_key_file)
-    if not (has_tls or settings.auth_token):
+    if not has_tls:
         raise ConfigError(
-            f"listening on {settings.host} needs TLS (RAGSERVE_TLS_CERT_FILE/RAGSERVE_TLS_KEY_FILE) "
-            "or a bearer token (RAGSERVE_AUTH_TOKEN)"
+            f"listening on {settings.host} needs {needs}; a bearer token over plaintext is readable on the network"
         )
+    if not (settings.tls_client_ca_file or settings.auth_token):
+        raise ConfigError(f"listening on {settings.host} with TLS alone lets any peer in: it needs {needs}")
 
 
 def _deny(message: str) -> grpc.RpcMethodHandler:
@@ -44,6 +53,74 @@ def _deny(message: str) -> grpc.RpcMethodHandler:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
     return grpc.unary_unary_rpc_method_handler(abort)
+
+
+def client_ids(context: grpc.aio.ServicerContext) -> set[str]:
+    """The verified client certificate's common name and subject alternative names."""
+    auth = context.auth_context() or {}
+    names = [*auth.get("x509_common_name", []), *auth.get("x509_subject_alternative_name", [])]
+    return {n.decode(errors="replace") if isinstance(n, bytes) else str(n) for n in names}
+
+
+def _guarded(handler: grpc.RpcMethodHandler, allowed: frozenset[str]) -> grpc.RpcMethodHandler:
+    """The same handler, refusing a caller whose certificate names none of `allowed`."""
+
+    async def check(context: grpc.aio.ServicerContext) -> None:
+        if not client_ids(context) & allowed:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "client certificate is not allowed")
+
+    codec = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+    if handler.unary_unary is not None:
+        inner_uu = handler.unary_unary
+
+        async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await check(context)
+            return await inner_uu(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(unary_unary, **codec)
+    if handler.unary_stream is not None:
+        inner_us = handler.unary_stream
+
+        async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            await check(context)
+            async for response in inner_us(request, context):
+                yield response
+
+        return grpc.unary_stream_rpc_method_handler(unary_stream, **codec)
+    if handler.stream_unary is not None:
+        inner_su = handler.stream_unary
+
+        async def stream_unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            await check(context)
+            return await inner_su(requests, context)
+
+        return grpc.stream_unary_rpc_method_handler(stream_unary, **codec)
+    inner_ss = handler.stream_stream
+
+    async def stream_stream(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await check(context)
+        async for response in inner_ss(requests, context):
+            yield response
+
+    return grpc.stream_stream_rpc_method_handler(stream_stream, **codec)
+
+
+class ClientIdentityInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """mTLS pinning: every method, health and reflection included, only for certificates whose CN or
+    a SAN is in RAGSERVE_TLS_ALLOWED_CLIENT_IDS (a certificate the CA signed is not enough)."""
+
+    def __init__(self, allowed: frozenset[str]) -> None:
+        if not allowed:
+            raise ValueError("no allowed client ids")
+        self._allowed = allowed
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        return None if handler is None else _guarded(handler, self._allowed)
 
 
 class BearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]

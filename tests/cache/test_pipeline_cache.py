@@ -176,6 +176,8 @@ def test_semantic_hit_through_the_pipeline(embedder, sample_index, executor) -> 
     assert paraphrase.cache_hit and paraphrase.timings.embed_ms > 0 and paraphrase.timings.search_ms == 0
     assert paraphrase.passages == stored.passages
     assert any("near-duplicate" in n for n in paraphrase.degraded.notes)
+    # The earlier caller's question is never told to this one.
+    assert not any("role of evaporation" in n for n in paraphrase.degraded.notes)
     assert not negated.cache_hit
 
 

@@ -7,6 +7,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -135,6 +136,7 @@ def mtls_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory, pk
         "RAGSERVE_TLS_CERT_FILE": str(pki.server_cert),
         "RAGSERVE_TLS_KEY_FILE": str(pki.server_key),
         "RAGSERVE_TLS_CLIENT_CA_FILE": str(pki.ca_cert),
+        "RAGSERVE_TLS_ALLOWED_CLIENT_IDS": "another app, ragserve test client",
     }
     server = spawn_server(sample_index, folder / "server.log", env)
     try:
@@ -171,3 +173,40 @@ def test_mtls_refuses_other_clients(mtls_server: LiveServer, pki: Pki, mode: str
     with pytest.raises(grpc.RpcError) as info:
         _retrieve(mtls_server.target, credentials)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.fixture(scope="module")
+def pinned_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[LiveServer]:
+    """mTLS that admits only a certificate named "another app": the test client's CA-signed one is not."""
+    folder = tmp_path_factory.mktemp("pinned")
+    env = {
+        **RETRIEVAL_ONLY,
+        "RAGSERVE_TLS_CERT_FILE": str(pki.server_cert),
+        "RAGSERVE_TLS_KEY_FILE": str(pki.server_key),
+        "RAGSERVE_TLS_CLIENT_CA_FILE": str(pki.ca_cert),
+        "RAGSERVE_TLS_ALLOWED_CLIENT_IDS": "another app",
+    }
+    server = spawn_server(sample_index, folder / "server.log", env)
+    try:
+        # Health is pinned too, so readiness is read from the log.
+        give_up = time.monotonic() + 300
+        while "serving on" not in server.log_text():
+            assert server.process.poll() is None and time.monotonic() < give_up, server.log_tail()
+            time.sleep(0.5)
+        yield server
+    finally:
+        assert server.stop() == 0, server.log_tail()
+
+
+def test_mtls_pinning_refuses_a_certificate_of_another_name(pinned_server: LiveServer, pki: Pki) -> None:
+    credentials = _client_credentials(pki, with_client_cert=True)
+    with pytest.raises(grpc.RpcError) as info:
+        _retrieve(pinned_server.target, credentials)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    options = [("grpc.ssl_target_name_override", "localhost")]
+    with (
+        grpc.secure_channel(pinned_server.target, credentials, options=options) as channel,
+        pytest.raises(grpc.RpcError) as health_info,
+    ):
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    assert health_info.value.code() == grpc.StatusCode.PERMISSION_DENIED
