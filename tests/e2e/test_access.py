@@ -128,17 +128,20 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
-@pytest.fixture(scope="module")
-def mtls_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[LiveServer]:
-    folder = tmp_path_factory.mktemp("mtls")
-    env = {
+def _mtls_env(pki: Pki, allowed_client_ids: str) -> dict[str, str]:
+    return {
         **RETRIEVAL_ONLY,
         "RAGSERVE_TLS_CERT_FILE": str(pki.server_cert),
         "RAGSERVE_TLS_KEY_FILE": str(pki.server_key),
         "RAGSERVE_TLS_CLIENT_CA_FILE": str(pki.ca_cert),
-        "RAGSERVE_TLS_ALLOWED_CLIENT_IDS": "another app, ragserve test client",
+        "RAGSERVE_TLS_ALLOWED_CLIENT_IDS": allowed_client_ids,
     }
-    server = spawn_server(sample_index, folder / "server.log", env)
+
+
+@pytest.fixture(scope="module")
+def mtls_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[LiveServer]:
+    folder = tmp_path_factory.mktemp("mtls")
+    server = spawn_server(sample_index, folder / "server.log", _mtls_env(pki, "another app, ragserve test client"))
     try:
         wait_serving(server, credentials=_client_credentials(pki, with_client_cert=True))
         yield server
@@ -179,14 +182,7 @@ def test_mtls_refuses_other_clients(mtls_server: LiveServer, pki: Pki, mode: str
 def pinned_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[LiveServer]:
     """mTLS that admits only a certificate named "another app": the test client's CA-signed one is not."""
     folder = tmp_path_factory.mktemp("pinned")
-    env = {
-        **RETRIEVAL_ONLY,
-        "RAGSERVE_TLS_CERT_FILE": str(pki.server_cert),
-        "RAGSERVE_TLS_KEY_FILE": str(pki.server_key),
-        "RAGSERVE_TLS_CLIENT_CA_FILE": str(pki.ca_cert),
-        "RAGSERVE_TLS_ALLOWED_CLIENT_IDS": "another app",
-    }
-    server = spawn_server(sample_index, folder / "server.log", env)
+    server = spawn_server(sample_index, folder / "server.log", _mtls_env(pki, "another app"))
     try:
         # Health is pinned too, so readiness is read from the log.
         give_up = time.monotonic() + 300
