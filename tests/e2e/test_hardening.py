@@ -87,7 +87,9 @@ def test_overload_is_rejected_fast_with_pushback(live_server: LiveServer) -> Non
             for call in calls:
                 call.cancel()
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert elapsed < 0.010, f"rejection took {elapsed * 1000:.1f} ms"
+        # Rejected without queueing behind the admitted streams (each runs for seconds). The bound is
+        # loose on purpose: typically a few ms, but 11.8 ms was seen on a busy 2-core host.
+        assert elapsed < 0.25, f"rejection took {elapsed * 1000:.1f} ms"
         trailers = dict(info.value.trailing_metadata() or ())
         assert int(trailers["grpc-retry-pushback-ms"]) > 0
         _wait_engine_idle(stub, limit_s=2.0)
