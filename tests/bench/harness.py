@@ -38,12 +38,13 @@ def free_port() -> int:
 
 
 def start_server(
-    index: Path, env: dict[str, str], log: Path, wait_s: float = 600.0
+    index: Path, env: dict[str, str], log: Path, wait_s: float = 600.0, repo: Path = REPO
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start `ragserve serve` on a free loopback port and wait until it is SERVING.
 
-    Runs from the repository root, so `-m ragserve.cli` imports this checkout's code. Returns the
-    process and its target ("127.0.0.1:PORT"); exits with the log's tail if the server never comes up.
+    Runs from `repo` (default: this checkout), so `-m ragserve.cli` imports that tree's code. Returns
+    the process and its target ("127.0.0.1:PORT"); exits with the log's tail if the server never
+    comes up.
     """
     port = free_port()
     with log.open("wb") as sink:
@@ -52,12 +53,12 @@ def start_server(
             stdout=sink,
             stderr=subprocess.STDOUT,
             env={**os.environ, **SERVER_DEFAULTS, **env},
-            cwd=REPO,
+            cwd=repo,
         )
     health = subprocess.run(
         [sys.executable, "-m", "ragserve.cli", "health", "--port", str(port), "--wait", str(wait_s)],
         capture_output=True,
-        cwd=REPO,
+        cwd=repo,
     )
     if health.returncode != 0 or process.poll() is not None:
         stop_server(process)
