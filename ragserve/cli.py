@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from ragserve.config import Settings, default_generator_path
-from ragserve.errors import RagError
+from ragserve.config import ClientSettings, Settings, default_generator_path
+from ragserve.errors import ConfigError, RagError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="ragserve: a low-latency RAG sidecar.")
 
@@ -76,6 +76,53 @@ def _target(host: str, port: int, uds: str) -> str:
     return target_for(host, port, uds)
 
 
+# Client access flags shared by ask, retrieve and health; each falls back to its environment variable.
+TokenFileOption = Annotated[
+    Path | None,
+    typer.Option(help="Read the bearer token from this file (else RAGSERVE_CLIENT_AUTH_TOKEN, RAGSERVE_AUTH_TOKEN)"),
+]
+TlsOption = Annotated[
+    bool | None,
+    typer.Option("--tls/--no-tls", help="TLS with the system's roots (RAGSERVE_CLIENT_TLS)", show_default=False),
+]
+TlsCaOption = Annotated[
+    str | None, typer.Option(help="CA of the server's certificate; implies TLS (RAGSERVE_CLIENT_TLS_CA_FILE)")
+]
+TlsCertOption = Annotated[str | None, typer.Option(help="Client certificate for mTLS (RAGSERVE_CLIENT_TLS_CERT_FILE)")]
+TlsKeyOption = Annotated[str | None, typer.Option(help="Client key for mTLS (RAGSERVE_CLIENT_TLS_KEY_FILE)")]
+TlsServerNameOption = Annotated[
+    str | None, typer.Option(help="Name the server's certificate must carry (RAGSERVE_CLIENT_TLS_SERVER_NAME)")
+]
+
+
+def _access(
+    token_file: Path | None,
+    tls: bool | None,
+    tls_ca_file: str | None,
+    tls_cert_file: str | None,
+    tls_key_file: str | None,
+    tls_server_name: str | None,
+) -> ClientSettings:
+    """Flags over the environment."""
+    overrides: dict[str, object] = {
+        key: value
+        for key, value in (
+            ("tls", tls),
+            ("tls_ca_file", tls_ca_file),
+            ("tls_cert_file", tls_cert_file),
+            ("tls_key_file", tls_key_file),
+            ("tls_server_name", tls_server_name),
+        )
+        if value is not None
+    }
+    if token_file is not None:
+        try:
+            overrides["auth_token"] = token_file.read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the token file: {exc}") from exc
+    return ClientSettings(**overrides)  # type: ignore[arg-type]
+
+
 @app.command()
 def ask(
     question: Annotated[str, typer.Argument(help="The question")],
@@ -88,6 +135,12 @@ def ask(
         int | None, typer.Option(help="passage tokens in the prompt (0: whole passages; default: the server's)")
     ] = None,
     timeout: float = 60.0,
+    token_file: TokenFileOption = None,
+    tls: TlsOption = None,
+    tls_ca_file: TlsCaOption = None,
+    tls_cert_file: TlsCertOption = None,
+    tls_key_file: TlsKeyOption = None,
+    tls_server_name: TlsServerNameOption = None,
 ) -> None:
     """Stream an answer: citations first, then tokens as they arrive, then timings."""
     import grpc
@@ -95,7 +148,8 @@ def ask(
     from ragserve.client import RagClient
 
     async def run() -> None:
-        async with RagClient(_target(host, port, uds), default_timeout_s=timeout) as client:
+        access = _access(token_file, tls, tls_ca_file, tls_cert_file, tls_key_file, tls_server_name)
+        async with RagClient(_target(host, port, uds), default_timeout_s=timeout, access=access) as client:
             started = time.perf_counter()
             async for event in client.query(
                 question, top_k=top_k, max_tokens=max_tokens, context_token_budget=context_tokens
@@ -131,6 +185,9 @@ def ask(
     except grpc.aio.AioRpcError as exc:
         typer.echo(f"error: {exc.code().name}: {exc.details()}", err=True)
         raise typer.Exit(1) from None
+    except RagError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -142,6 +199,12 @@ def retrieve(
     top_k: int = 0,
     dedupe: Annotated[bool, typer.Option(help="At most one passage (its best chunk) per document")] = False,
     budget_ms: Annotated[int, typer.Option(help="Retrieval+rerank budget; 0: the server's")] = 0,
+    token_file: TokenFileOption = None,
+    tls: TlsOption = None,
+    tls_ca_file: TlsCaOption = None,
+    tls_cert_file: TlsCertOption = None,
+    tls_key_file: TlsKeyOption = None,
+    tls_server_name: TlsServerNameOption = None,
 ) -> None:
     """Retrieval only: passages, scores, stage timings and reranking depth."""
     import grpc
@@ -149,7 +212,8 @@ def retrieve(
     from ragserve.client import RagClient
 
     async def run() -> None:
-        async with RagClient(_target(host, port, uds)) as client:
+        access = _access(token_file, tls, tls_ca_file, tls_cert_file, tls_key_file, tls_server_name)
+        async with RagClient(_target(host, port, uds), access=access) as client:
             r = await client.retrieve(question, top_k=top_k, budget_ms=budget_ms, dedupe_documents=dedupe)
             for p in r.passages:
                 print(f"[{p.rank}] {p.doc_id} ({p.chunk_id}) score={p.score:.3f}")
@@ -166,6 +230,9 @@ def retrieve(
     except grpc.aio.AioRpcError as exc:
         typer.echo(f"error: {exc.code().name}: {exc.details()}", err=True)
         raise typer.Exit(1) from None
+    except RagError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -174,18 +241,39 @@ def health(
     port: int = 50051,
     uds: str = "",
     wait: Annotated[float, typer.Option(help="Keep probing up to this many seconds")] = 0.0,
+    token_file: TokenFileOption = None,
+    tls: TlsOption = None,
+    tls_ca_file: TlsCaOption = None,
+    tls_cert_file: TlsCertOption = None,
+    tls_key_file: TlsKeyOption = None,
+    tls_server_name: TlsServerNameOption = None,
 ) -> None:
-    """Exit 0 when the service reports SERVING (usable as a readiness probe)."""
+    """Exit 0 when the service reports SERVING (usable as a readiness probe, with auth on too)."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from ragserve.client import call_metadata, channel_credentials, channel_options
+
+    target = _target(host, port, uds)
+    try:
+        access = _access(token_file, tls, tls_ca_file, tls_cert_file, tls_key_file, tls_server_name)
+        metadata = call_metadata(target, access)
+        credentials = channel_credentials(access)
+    except RagError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    options = channel_options(access)
     give_up = time.monotonic() + wait
     status = "UNKNOWN"
-    with grpc.insecure_channel(_target(host, port, uds)) as channel:
+    with (
+        grpc.insecure_channel(target, options=options)
+        if credentials is None
+        else grpc.secure_channel(target, credentials, options=options)
+    ) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0, metadata=metadata)
                 status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
             except grpc.RpcError as exc:
                 status = exc.code().name

@@ -1,4 +1,4 @@
-"""A Python client with one long-lived channel (loopback or a Unix socket)."""
+"""A Python client with one long-lived channel (loopback, a Unix socket, or TLS), with a bearer token if set."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from types import TracebackType
 
 import grpc
 
+from ragserve.config import ClientSettings
+from ragserve.errors import ConfigError
+from ragserve.server.auth import is_loopback
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 
@@ -44,13 +47,78 @@ def target_for(host: str = "127.0.0.1", port: int = 50051, uds_path: str = "") -
     return f"unix:{uds_path}" if uds_path else f"{host}:{port}"
 
 
-class RagClient:
-    """Use as `async with RagClient(target) as client:`; keep one per process and reuse it."""
+def _host(address: str) -> str:
+    if address.startswith("["):
+        return address[1:].split("]", 1)[0]
+    return address.split(":", 1)[0] if address.count(":") == 1 else address
 
-    def __init__(self, target: str, default_timeout_s: float = 30.0) -> None:
+
+def is_local_target(target: str) -> bool:
+    """A Unix socket or loopback addresses only: nothing on the way can read plaintext."""
+    if target.startswith(("unix:", "unix-abstract:")):
+        return True
+    for scheme in ("dns:", "ipv4:", "ipv6:"):
+        if target.startswith(scheme):
+            target = target[len(scheme) :].rsplit("/", 1)[-1]  # dns://resolver/host:port
+            break
+    return all(is_loopback(_host(address)) for address in target.split(","))
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the client's {what} ({exc})") from exc
+
+
+def channel_credentials(access: ClientSettings) -> grpc.ChannelCredentials | None:
+    """TLS credentials from the files named in `access`, or None for plaintext."""
+    if not access.uses_tls():
+        return None
+    if bool(access.tls_cert_file) != bool(access.tls_key_file):
+        raise ConfigError("a client certificate needs its key and a key its certificate (tls_cert_file, tls_key_file)")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(access.tls_ca_file, "TLS CA file") if access.tls_ca_file else None,
+        private_key=_read(access.tls_key_file, "TLS key file") if access.tls_key_file else None,
+        certificate_chain=_read(access.tls_cert_file, "TLS certificate file") if access.tls_cert_file else None,
+    )
+
+
+def channel_options(access: ClientSettings) -> list[tuple[str, object]]:
+    options: list[tuple[str, object]] = list(CHANNEL_OPTIONS)
+    if access.tls_server_name:
+        options.append(("grpc.ssl_target_name_override", access.tls_server_name))
+    return options
+
+
+def call_metadata(target: str, access: ClientSettings) -> tuple[tuple[str, str], ...]:
+    """The bearer token header; refused where it would cross a network in plaintext."""
+    if not access.auth_token:
+        return ()
+    if not access.uses_tls() and not is_local_target(target):
+        raise ConfigError(f"a bearer token is sent to {target} only over TLS (set a TLS CA file or tls)")
+    return (("authorization", f"Bearer {access.auth_token}"),)
+
+
+def open_channel(target: str, access: ClientSettings) -> grpc.aio.Channel:
+    credentials = channel_credentials(access)
+    if credentials is None:
+        return grpc.aio.insecure_channel(target, options=channel_options(access))
+    return grpc.aio.secure_channel(target, credentials, options=channel_options(access))
+
+
+class RagClient:
+    """Use as `async with RagClient(target) as client:`; keep one per process and reuse it.
+
+    `access`: token and TLS files; by default read from the environment (ClientSettings)."""
+
+    def __init__(self, target: str, default_timeout_s: float = 30.0, access: ClientSettings | None = None) -> None:
+        access = access if access is not None else ClientSettings()
         self.target = target
         self.default_timeout_s = default_timeout_s
-        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._metadata = call_metadata(target, access)
+        self._channel = open_channel(target, access)
         self._stub = pb_grpc.RagServiceStub(self._channel)
 
     async def __aenter__(self) -> RagClient:
@@ -74,7 +142,9 @@ class RagClient:
         dedupe_documents: bool = False,
     ) -> pb.RetrieveResponse:
         request = pb.RetrieveRequest(query=query, top_k=top_k, budget_ms=budget_ms, dedupe_documents=dedupe_documents)
-        response: pb.RetrieveResponse = await self._stub.Retrieve(request, timeout=timeout_s or self.default_timeout_s)
+        response: pb.RetrieveResponse = await self._stub.Retrieve(
+            request, timeout=timeout_s or self.default_timeout_s, metadata=self._metadata
+        )
         return response
 
     async def query(
@@ -98,7 +168,7 @@ class RagClient:
             budget_ms=budget_ms,
             context_token_budget=context_token_budget,
         )
-        call = self._stub.Query(request, timeout=timeout_s or self.default_timeout_s)
+        call = self._stub.Query(request, timeout=timeout_s or self.default_timeout_s, metadata=self._metadata)
         try:
             async for event in call:
                 yield event
@@ -106,5 +176,7 @@ class RagClient:
             call.cancel()  # a consumer that stops early frees the server's generation at once
 
     async def info(self) -> pb.InfoResponse:
-        response: pb.InfoResponse = await self._stub.Info(pb.InfoRequest(), timeout=self.default_timeout_s)
+        response: pb.InfoResponse = await self._stub.Info(
+            pb.InfoRequest(), timeout=self.default_timeout_s, metadata=self._metadata
+        )
         return response

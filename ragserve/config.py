@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # The embedded default models; any HF id or local path can be configured instead.
@@ -237,3 +237,31 @@ class Settings(BaseSettings):
     generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
     rerank: RerankSettings = Field(default_factory=RerankSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
+
+
+class ClientSettings(BaseSettings):
+    """How a client (RagClient; `ragserve health`, `ask`, `retrieve`) reaches a protected server.
+
+    Environment variables use the RAGSERVE_CLIENT_ prefix. The token falls back to the server's own
+    RAGSERVE_AUTH_TOKEN, so a probe run inside the server's container passes auth with no extra setting.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_CLIENT_", extra="ignore", populate_by_name=True)
+
+    auth_token: str = Field(
+        default="",
+        repr=False,
+        validation_alias=AliasChoices("RAGSERVE_CLIENT_AUTH_TOKEN", "RAGSERVE_AUTH_TOKEN", "auth_token"),
+    )
+    # TLS with the system's trusted roots; implied by any of the files below.
+    tls: bool = False
+    # The CA that signed the server's certificate (empty: the system's roots).
+    tls_ca_file: str = ""
+    # A client certificate and key, for a server that requires them (mTLS).
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    # The name the server's certificate must carry, when it is not the target's host (e.g. over a Unix socket).
+    tls_server_name: str = ""
+
+    def uses_tls(self) -> bool:
+        return self.tls or bool(self.tls_ca_file or self.tls_cert_file or self.tls_key_file or self.tls_server_name)

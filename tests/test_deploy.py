@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ragserve.config import CacheSettings, GeneratorSettings, RerankSettings, Settings
+from ragserve.config import CacheSettings, ClientSettings, GeneratorSettings, RerankSettings, Settings
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -33,6 +33,7 @@ def _known_env_names() -> set[str]:
         ("RAGSERVE_GENERATOR_", GeneratorSettings),
         ("RAGSERVE_CACHE_", CacheSettings),
         ("RAGSERVE_RERANK_", RerankSettings),
+        ("RAGSERVE_CLIENT_", ClientSettings),
     ):
         names |= {f"{prefix}{field.upper()}" for field in model.model_fields}
     return names

@@ -26,6 +26,8 @@ from ragserve.limiter import InFlightLimiter
 from ragserve.pipeline import RagPipeline
 from ragserve.server.auth import BearerTokenInterceptor, ClientIdentityInterceptor, check_exposure
 from ragserve.server.servicer import RagServicer
+from ragserve.server.tls import CertificateReloader, TlsFiles
+from ragserve.server.unix_socket import private_socket_path
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 
@@ -80,32 +82,38 @@ def _clear_stale_socket(path: Path) -> None:
 
 
 def _tls_credentials(settings: Settings) -> grpc.ServerCredentials:
-    try:
-        key = Path(settings.tls_key_file).read_bytes()
-        cert = Path(settings.tls_cert_file).read_bytes()
-        client_ca = Path(settings.tls_client_ca_file).read_bytes() if settings.tls_client_ca_file else None
-    except OSError as exc:
-        raise ConfigError(f"cannot read TLS files: {exc}") from exc
-    return grpc.ssl_server_credentials(
-        [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
-    )
+    # Re-read when the files change (rotation without a restart); a bad new pair keeps the current one.
+    files = TlsFiles(settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file)
+    return CertificateReloader(files).credentials
 
 
-def bind(server: grpc.aio.Server, settings: Settings) -> str:
-    address = listen_address(settings)
-    if settings.uds_path:
-        _clear_stale_socket(Path(settings.uds_path))
+def bind(server: grpc.aio.Server, settings: Settings, address: str = "") -> str:
+    """Add the listening port at `address` (default: the configured one); returns the configured one."""
+    configured = listen_address(settings)
+    address = address or configured
     try:
         if settings.tls_cert_file and settings.tls_key_file:
             port = server.add_secure_port(address, _tls_credentials(settings))
         else:
             port = server.add_insecure_port(address)
     except RuntimeError as exc:
-        raise ConfigError(f"cannot listen on {address}: the address is in use or not available") from exc
+        raise ConfigError(f"cannot listen on {configured}: the address is in use or not available") from exc
     if not settings.uds_path and port == 0:
-        raise ConfigError(f"cannot listen on {address}: the address is in use or not available")
-    if settings.uds_path:
-        os.chmod(settings.uds_path, 0o600)  # only this user (the app container's) may connect
+        raise ConfigError(f"cannot listen on {configured}: the address is in use or not available")
+    return configured
+
+
+async def bind_and_start(server: grpc.aio.Server, settings: Settings) -> str:
+    """A Unix socket appears at its path only once it is 0600 (server/unix_socket.py)."""
+    if not settings.uds_path:
+        address = bind(server, settings)
+        await server.start()
+        return address
+    final = Path(settings.uds_path)
+    _clear_stale_socket(final)
+    with private_socket_path(final) as bind_path:
+        address = bind(server, settings, f"unix:{bind_path}")
+        await server.start()  # inside: correct even if grpc binds only when the server starts
     return address
 
 
@@ -127,6 +135,7 @@ class RagServer:
         self.health = health.aio.HealthServicer()
         self.pipeline: RagPipeline | None = None
         self._stop = asyncio.Event()
+        self._owns_socket = False  # a server refused at start-up must not remove another's socket
         self._background: list[asyncio.Task[None]] = []
         limiter = InFlightLimiter(settings.max_in_flight, settings.overload_retry_after_ms)
         self._servicer = RagServicer(settings, limiter)
@@ -141,8 +150,8 @@ class RagServer:
     async def start(self) -> str:
         """Bind and answer health checks (NOT_SERVING) at once, then load and warm everything."""
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        address = bind(self.server, self.settings)
-        await self.server.start()
+        address = await bind_and_start(self.server, self.settings)
+        self._owns_socket = bool(self.settings.uds_path)
         if self.settings.metrics_port:
             try:
                 prometheus_client.start_http_server(self.settings.metrics_port, addr=self.settings.metrics_host)
@@ -233,7 +242,7 @@ class RagServer:
             await self.pipeline.generator.close()
         if self.pipeline is not None:
             self.pipeline.close()
-        if self.settings.uds_path:
+        if self._owns_socket:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.settings.uds_path)
         log.info("stopped")

@@ -32,7 +32,8 @@ def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
     )
 
 
-def make_pki(folder: Path) -> Pki:
+def make_pki(folder: Path, server_name: str = "localhost") -> Pki:
+    """Any other `server_name` is the server certificate's only name (no loopback address in it)."""
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (
@@ -47,7 +48,9 @@ def make_pki(folder: Path) -> Pki:
         .sign(ca_key, hashes.SHA256())
     )
 
-    def leaf(common_name: str, usage: x509.ObjectIdentifier) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    def leaf(
+        common_name: str, usage: x509.ObjectIdentifier, names: list[x509.GeneralName]
+    ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
         key = ec.generate_private_key(ec.SECP256R1())
         cert = (
             x509.CertificateBuilder()
@@ -57,19 +60,16 @@ def make_pki(folder: Path) -> Pki:
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(
-                x509.SubjectAlternativeName(
-                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-                ),
-                critical=False,
-            )
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
             .sign(ca_key, hashes.SHA256())
         )
         return cert, key
 
-    server_cert, server_key = leaf("localhost", ExtendedKeyUsageOID.SERVER_AUTH)
-    client_cert, client_key = leaf("ragserve test client", ExtendedKeyUsageOID.CLIENT_AUTH)
+    local: list[x509.GeneralName] = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    server_names = local if server_name == "localhost" else [x509.DNSName(server_name)]
+    server_cert, server_key = leaf(server_name, ExtendedKeyUsageOID.SERVER_AUTH, server_names)
+    client_cert, client_key = leaf("ragserve test client", ExtendedKeyUsageOID.CLIENT_AUTH, local)
     pki = Pki(
         folder / "ca.pem", folder / "server.pem", folder / "server.key", folder / "client.pem", folder / "client.key"
     )
