@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # The embedded default models; any HF id or local path can be configured instead.
@@ -94,6 +94,16 @@ class CacheSettings(BaseSettings):
     semantic: bool = False
     semantic_threshold: float = Field(default=0.95, gt=0, le=1)
     semantic_window: int = Field(default=1024, ge=1)
+    # Near-duplicates the meaning guard may compare per lookup (best first): bounds a lookup's work
+    # however many crafted variants of one question were stored.
+    semantic_max_candidates: int = Field(default=8, ge=1)
+    # Largest entry written or read (bytes); a larger one in the store is refused unparsed (a miss).
+    max_entry_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # Authenticate entries (HMAC-SHA256, >= 16 bytes): an entry without a valid MAC is a miss, so
+    # whoever can write to Redis cannot plant passages or answers. The same key on every sidecar
+    # sharing a Redis; set the key or a file holding it (read once at start-up), not both.
+    hmac_key: SecretStr | None = None
+    hmac_key_file: Path | None = None
     # Answers to temperature-0 Query requests, replayed without the engine when asked again. On the
     # same backend, with its own entries (and, in process, its own LRU with the bounds above).
     answers: bool = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -12,6 +13,20 @@ from ragserve.config import DEFAULT_EMBEDDER
 from ragserve.errors import ConfigError
 
 _DEFAULT_ALIASES = {DEFAULT_EMBEDDER, "all-MiniLM-L6-v2"}
+
+
+@dataclass(frozen=True, slots=True)
+class QueryEmbedding:
+    vector: np.ndarray
+    # False when the query filled the model's token window (so it may have been cut): its vector
+    # then stands for a prefix only, and two queries sharing that prefix embed the same.
+    fits_window: bool
+
+
+def fits_window(tokens: int, max_tokens: int) -> bool:
+    """`tokens` as the model saw them (special tokens included, after truncation to `max_tokens`):
+    a query that filled the window is treated as cut, so an exact fit errs on the safe side."""
+    return tokens < max_tokens
 
 
 @runtime_checkable
@@ -25,6 +40,10 @@ class Embedder(Protocol):
     def dim(self) -> int: ...
 
     def embed_queries(self, texts: list[str]) -> np.ndarray: ...
+
+    def embed_query(self, text: str) -> QueryEmbedding:
+        """One query's vector, and whether the whole query fit the model's token window."""
+        ...
 
     def embed_documents(self, texts: list[str], batch_size: int = 64) -> np.ndarray: ...
 
@@ -88,6 +107,14 @@ class SentenceTransformerEmbedder:
 
     def embed_queries(self, texts: list[str]) -> np.ndarray:
         return self._encode(texts, batch_size=max(1, len(texts)))
+
+    def embed_query(self, text: str) -> QueryEmbedding:
+        vector = self._encode([text], batch_size=1)[0]
+        # sentence-transformers does not report truncation: count the tokens as it would cut them
+        # (this backend is the non-default one; the ONNX embedder reuses its own tokenization).
+        max_len = int(self._model.max_seq_length or self._model.tokenizer.model_max_length)
+        tokens = len(self._model.tokenizer(text, truncation=True, max_length=max_len)["input_ids"])
+        return QueryEmbedding(vector, fits_window(tokens, max_len))
 
     def embed_documents(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         return self._encode(texts, batch_size=batch_size)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ragserve.config import DEFAULT_EMBEDDER, default_home
-from ragserve.embedding import _DEFAULT_ALIASES, resolve_embedder_path
+from ragserve.embedding import _DEFAULT_ALIASES, QueryEmbedding, fits_window, resolve_embedder_path
 from ragserve.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -160,6 +160,10 @@ class OnnxEmbedder:
         return self._tokenizer
 
     def _run(self, texts: list[str]) -> np.ndarray:
+        return self._run_counted(texts)[0]
+
+    def _run_counted(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The vectors and each text's token count as the model saw it (after truncation)."""
         enc = self._tokenizer(texts, padding=True, truncation=True, max_length=self._max_len, return_tensors="np")
         feeds = {k: v.astype(np.int64) for k, v in enc.items() if k in self._inputs}
         if "token_type_ids" in self._inputs and "token_type_ids" not in feeds:
@@ -169,7 +173,7 @@ class OnnxEmbedder:
         pooled: np.ndarray = (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
         out: np.ndarray = (pooled / np.clip(norms, 1e-12, None)).astype(np.float32)
-        return out
+        return out, feeds["attention_mask"].sum(axis=1)
 
     def _encode(self, texts: list[str], batch_size: int) -> np.ndarray:
         if not texts:
@@ -184,6 +188,11 @@ class OnnxEmbedder:
 
     def embed_queries(self, texts: list[str]) -> np.ndarray:
         return self._encode(texts, batch_size=max(1, len(texts)))
+
+    def embed_query(self, text: str) -> QueryEmbedding:
+        # The token count comes from the tokenization the model runs on anyway: no extra work.
+        vectors, tokens = self._run_counted([text])
+        return QueryEmbedding(vectors[0], fits_window(int(tokens[0]), self._max_len))
 
     def embed_documents(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         return self._encode(texts, batch_size=batch_size)

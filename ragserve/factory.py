@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 from ragserve.cache.base import AnswerCache, CacheStore, RetrievalCache
+from ragserve.cache.integrity import MIN_KEY_BYTES, EntrySeal
 from ragserve.config import CacheSettings, Settings
 from ragserve.embedding import Embedder, SentenceTransformerEmbedder
 from ragserve.errors import ConfigError
@@ -107,6 +108,23 @@ def make_cache_store(cfg: CacheSettings) -> CacheStore:
     return MemoryStore(max_entries=cfg.max_entries, max_bytes=cfg.max_bytes)
 
 
+def make_entry_seal(cfg: CacheSettings) -> EntrySeal:
+    """The size cap and, if a key is configured, the HMAC every cache entry must carry."""
+    if cfg.hmac_key is not None and cfg.hmac_key_file is not None:
+        raise ConfigError("set RAGSERVE_CACHE_HMAC_KEY or RAGSERVE_CACHE_HMAC_KEY_FILE, not both")
+    key: bytes | None = None
+    if cfg.hmac_key is not None:
+        key = cfg.hmac_key.get_secret_value().encode()
+    elif cfg.hmac_key_file is not None:
+        try:
+            key = cfg.hmac_key_file.read_bytes().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read RAGSERVE_CACHE_HMAC_KEY_FILE={cfg.hmac_key_file}: {exc}") from exc
+    if key is not None and len(key) < MIN_KEY_BYTES:
+        raise ConfigError(f"the cache HMAC key (RAGSERVE_CACHE_HMAC_KEY*) must be at least {MIN_KEY_BYTES} bytes")
+    return EntrySeal(cfg.max_entry_bytes, key)
+
+
 def make_cache(settings: Settings | CacheSettings) -> RetrievalCache | None:
     """The retrieval cache from RAGSERVE_CACHE_* settings (None when the backend is "off")."""
     from ragserve.cache.circuit import CircuitBreaker
@@ -116,11 +134,27 @@ def make_cache(settings: Settings | CacheSettings) -> RetrievalCache | None:
     cfg = _cache_settings(settings)
     if cfg.backend == "off":
         return None
-    semantic = SemanticIndex(cfg.semantic_threshold, cfg.semantic_window) if cfg.semantic else None
+    semantic = (
+        SemanticIndex(cfg.semantic_threshold, cfg.semantic_window, cfg.semantic_max_candidates)
+        if cfg.semantic
+        else None
+    )
     breaker = CircuitBreaker(cfg.breaker_failures, cfg.breaker_cooldown_s)
-    log.info("retrieval cache: %s (ttl %.0f s, semantic %s)", cfg.backend, cfg.ttl_s, "on" if semantic else "off")
+    seal = make_entry_seal(cfg)
+    log.info(
+        "retrieval cache: %s (ttl %.0f s, semantic %s, entries %s)",
+        cfg.backend,
+        cfg.ttl_s,
+        "on" if semantic else "off",
+        "authenticated" if seal.authenticated else "not authenticated",
+    )
     return StoreBackedCache(
-        make_cache_store(cfg), ttl_s=cfg.ttl_s, degraded_ttl_s=cfg.degraded_ttl_s, breaker=breaker, semantic=semantic
+        make_cache_store(cfg),
+        ttl_s=cfg.ttl_s,
+        degraded_ttl_s=cfg.degraded_ttl_s,
+        breaker=breaker,
+        semantic=semantic,
+        seal=seal,
     )
 
 
@@ -137,6 +171,7 @@ def make_answer_cache(settings: Settings | CacheSettings) -> AnswerCache | None:
         make_cache_store(cfg),
         ttl_s=cfg.answer_ttl_s,
         breaker=CircuitBreaker(cfg.breaker_failures, cfg.breaker_cooldown_s),
+        seal=make_entry_seal(cfg),
     )
 
 

@@ -22,6 +22,11 @@ RERANK_DEPTH = Histogram(
 CACHE_REQUESTS = Counter("ragserve_cache_requests_total", "Retrieval cache lookups", ["backend", "result"])
 CACHE_ERRORS = Counter("ragserve_cache_errors_total", "Retrieval cache backend failures", ["backend", "kind"])
 CACHE_CIRCUIT_OPEN = Gauge("ragserve_cache_circuit_open", "1 while the cache backend is skipped", ["backend"])
+# A stored entry refused on read (too large, unauthenticated, malformed, out of bounds, another index
+# or query): served as a miss. reason is one of those words.
+CACHE_REJECTED = Counter(
+    "ragserve_cache_rejected_entries_total", "Retrieval cache entries refused on read", ["backend", "reason"]
+)
 # The answer cache has its own series (its own breaker too): one result per lookup (hit, miss, error,
 # skipped) plus "stored" per answer written.
 ANSWER_CACHE_REQUESTS = Counter(
@@ -32,6 +37,9 @@ ANSWER_CACHE_ERRORS = Counter(
 )
 ANSWER_CACHE_CIRCUIT_OPEN = Gauge(
     "ragserve_answer_cache_circuit_open", "1 while the answer cache backend is skipped", ["backend"]
+)
+ANSWER_CACHE_REJECTED = Counter(
+    "ragserve_answer_cache_rejected_entries_total", "Answer cache entries refused on read", ["backend", "reason"]
 )
 PROMPT_TOKENS = Counter("ragserve_prompt_tokens_total", "Prompt tokens sent to the generator")
 PREFIX_CACHE_HIT_TOKENS = Counter(

@@ -127,7 +127,7 @@ class RagPipeline:
             log.exception("retrieval cache lookup failed; continuing without it")
             return None
 
-    def _cache_store(self, key: RetrievalKey, result: RetrievalResult, query_vector: np.ndarray) -> None:
+    def _cache_store(self, key: RetrievalKey, result: RetrievalResult, query_vector: np.ndarray | None) -> None:
         assert self.cache is not None
         entry = CachedRetrieval(
             tuple(result.passages),
@@ -200,12 +200,21 @@ class RagPipeline:
 
         self._check_client(deadline, "embedding")
         with StageTimer("embed") as t:
-            vectors = await self._off_loop(lambda: self.embedder.embed_queries([params.query]))
+            embedded = await self._off_loop(lambda: self.embedder.embed_query(params.query))
         timings.embed_ms = t.ms
+        query_vector = embedded.vector
+        # A query longer than the embedder's window is embedded by its prefix alone: any two sharing
+        # that prefix score a cosine near 1, so such a query is never matched or offered semantically.
+        semantic_vector = query_vector if embedded.fits_window else None
 
-        if self.cache is not None and cache_key is not None and self.cache.semantic_enabled:
+        if (
+            self.cache is not None
+            and cache_key is not None
+            and self.cache.semantic_enabled
+            and semantic_vector is not None
+        ):
             with StageTimer("semantic_cache") as t:
-                hit = await self._cache_lookup(cache_key, vectors[0])
+                hit = await self._cache_lookup(cache_key, semantic_vector)
             timings.cache_ms += t.ms
             if hit is not None:
                 return self._from_cache(hit, timings, deadline)
@@ -216,7 +225,6 @@ class RagPipeline:
             ef = params.top_k
             degraded.search_truncated = True
             degraded.note("search breadth cut to top_k: budget nearly spent after embedding")
-        query_vector = vectors[0]
         # The reranker reorders a deeper candidate list than the caller asked for.
         fetch_k = params.top_k if self.reranker is None else max(params.top_k, self.reranker.candidates)
         ef = max(ef, fetch_k)
@@ -239,7 +247,7 @@ class RagPipeline:
         result = RetrievalResult(passages, timings, degraded, index.version, rerank_tiers)
         # The cache decides what a result cut short by the budget is worth (by default: not stored).
         if self.cache is not None and cache_key is not None:
-            self._cache_store(cache_key, result, query_vector)
+            self._cache_store(cache_key, result, semantic_vector)
         return result
 
     async def _rerank(

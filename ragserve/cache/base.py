@@ -33,12 +33,24 @@ _REPLAY_CHUNK_CHARS = 4096
 class CacheBackendError(Exception):
     """A store could not answer (down, paused, refusing, timed out). Never reaches a caller.
 
-    `kind` labels the failure in CACHE_ERRORS: timeout, connection, protocol, decode.
+    `kind` labels the failure in CACHE_ERRORS: timeout, connection, protocol.
     """
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(f"{kind}: {message}")
         self.kind = kind
+
+
+class RejectedEntry(Exception):
+    """A stored entry this process will not serve; the lookup is a miss. Never reaches a caller.
+
+    `reason` labels it in the rejected-entries counter: too_large, unauthenticated, malformed,
+    out_of_bounds, index_version, query.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, TypeVar
 
 import orjson
 
-from ragserve.cache.base import CacheBackendError, CachedAnswer, CachedRetrieval
+from ragserve.cache.base import CachedAnswer, CachedRetrieval, RejectedEntry
 from ragserve.cache.keys import KEY_SCHEMA
 from ragserve.types import Chunk, Passage, Usage
 
@@ -33,11 +34,54 @@ def _passage_rows(passages: tuple[Passage, ...]) -> list[list[Any]]:
     ]
 
 
-def _passages(rows: Any) -> tuple[Passage, ...]:
-    return tuple(
-        Passage(Chunk(cid, doc, text, title, source, int(start), int(end)), float(score), int(rank))
-        for cid, doc, text, title, source, start, end, score, rank in rows
-    )
+# More tiers than any configuration makes (two today): a longer list is not one of ours.
+_MAX_RERANK_TIERS = 8
+
+
+def _typed(value: Any, kind: type[T], what: str) -> T:
+    # bool is an int to isinstance: a count must be a real int.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"{what} is {type(value).__name__}, not {kind.__name__}")
+    return value
+
+
+def _ints(value: Any, n: int, what: str) -> list[int]:
+    if not isinstance(value, list) or len(value) != n:
+        raise ValueError(f"{what} is not a list of {n}")
+    counts = [_typed(v, int, what) for v in value]
+    if any(c < 0 for c in counts):
+        raise RejectedEntry("out_of_bounds", f"negative {what}")
+    return counts
+
+
+def _passages(rows: Any, top_k: int) -> tuple[Passage, ...]:
+    """Every field typed; at most `top_k` passages (when known), ranked 1..n, offsets in order."""
+    rows = _typed(rows, list, "passages")
+    if top_k and len(rows) > top_k:
+        raise RejectedEntry("out_of_bounds", f"{len(rows)} passages for top_k {top_k}")
+    passages = []
+    for rank, row in enumerate(rows, start=1):
+        _typed(row, list, "passage")
+        if len(row) != 9:
+            raise ValueError("malformed passage")
+        cid, doc, text, title, source = (_typed(f, str, "passage field") for f in row[:5])
+        start, end = _typed(row[5], int, "chunk start"), _typed(row[6], int, "chunk end")
+        score = row[7]
+        if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+            raise ValueError("passage score is not a finite number")
+        if _typed(row[8], int, "passage rank") != rank:
+            raise RejectedEntry("out_of_bounds", "passage ranks are not 1..n")
+        if not 0 <= start <= end:
+            raise RejectedEntry("out_of_bounds", "chunk offsets out of order")
+        passages.append(Passage(Chunk(cid, doc, text, title, source, start, end), float(score), rank))
+    return tuple(passages)
+
+
+def _tiers(value: Any) -> tuple[str, ...]:
+    tiers = tuple(_typed(t, str, "rerank tier") for t in _typed(value, list, "rerank tiers"))
+    if len(tiers) > _MAX_RERANK_TIERS:
+        raise RejectedEntry("out_of_bounds", f"{len(tiers)} rerank tiers")
+    return tiers
 
 
 def _loads(raw: bytes) -> dict[str, Any]:
@@ -60,16 +104,22 @@ def encode_entry(entry: CachedRetrieval) -> bytes:
     )
 
 
-def decode_entry(raw: bytes) -> CachedRetrieval:
-    """Raises CacheBackendError("decode") on anything unexpected: a bad entry is a miss."""
+def decode_entry(raw: bytes, top_k: int = 0) -> CachedRetrieval:
+    """Every field's shape is checked: RejectedEntry ("malformed", "out_of_bounds") on anything
+    unexpected, which the layer counts and treats as a miss. `top_k`: the key's (0: unknown)."""
     try:
         data = _loads(raw)
         if "k" in data:
             raise ValueError(f"an entry of kind {data['k']!r}")
-        passages = _passages(data["p"])
-        return CachedRetrieval(passages, str(data["v"]), tuple(data["t"]), str(data["q"]), bool(data["d"]))
+        return CachedRetrieval(
+            _passages(data["p"], top_k),
+            _typed(data["v"], str, "index version"),
+            _tiers(data["t"]),
+            _typed(data["q"], str, "query"),
+            _typed(data["d"], bool, "degraded"),
+        )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise CacheBackendError("decode", f"unreadable cache entry: {exc}") from exc
+        raise RejectedEntry("malformed", f"unreadable cache entry: {exc}") from exc
 
 
 def encode_answer(entry: CachedAnswer) -> bytes:
@@ -94,42 +144,24 @@ def encode_answer(entry: CachedAnswer) -> bytes:
     )
 
 
-def _typed(value: Any, kind: type[T], what: str) -> T:
-    # bool is an int to isinstance: a count must be a real int.
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ValueError(f"{what} is {type(value).__name__}, not {kind.__name__}")
-    return value
-
-
-def _ints(value: Any, n: int, what: str) -> list[int]:
-    if not isinstance(value, list) or len(value) != n:
-        raise ValueError(f"{what} is not a list of {n}")
-    return [_typed(v, int, what) for v in value]
-
-
-def decode_answer(raw: bytes) -> CachedAnswer:
-    """Every field's shape is checked (an answer is streamed verbatim to a client): CacheBackendError
-    ("decode") on anything unexpected, which the layer counts and treats as a miss."""
+def decode_answer(raw: bytes, top_k: int = 0) -> CachedAnswer:
+    """Every field's shape is checked (an answer is streamed verbatim to a client): RejectedEntry
+    ("malformed", "out_of_bounds") on anything unexpected, which the layer counts and treats as a miss."""
     try:
         data = _loads(raw)
         if data.get("k") != _ANSWER_KIND:
             raise ValueError("not an answer entry")
-        rows = _typed(data["p"], list, "passages")
-        for row in rows:
-            _typed(row, list, "passage")
-            if len(row) != 9 or not all(isinstance(f, str) for f in row[:5]):
-                raise ValueError("malformed passage")
         usage = _ints(data["u"], 5, "usage")
         context = _ints(data["c"], 2, "context tokens")
         return CachedAnswer(
             text=_typed(data["a"], str, "text"),
-            passages=_passages(rows),
+            passages=_passages(data["p"], top_k),
             index_version=_typed(data["v"], str, "index version"),
-            rerank_tiers=tuple(_typed(t, str, "rerank tier") for t in _typed(data["t"], list, "rerank tiers")),
+            rerank_tiers=_tiers(data["t"]),
             usage=Usage(*usage),
             generator_model=_typed(data["m"], str, "generator model"),
             context_tokens=context[0],
             context_tokens_full=context[1],
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise CacheBackendError("decode", f"unreadable answer cache entry: {exc}") from exc
+        raise RejectedEntry("malformed", f"unreadable answer cache entry: {exc}") from exc

@@ -37,6 +37,7 @@ class RetrievalKey:
     query: str
     scope: str
     index_version: str
+    top_k: int = 0  # also in `scope`; kept readable to bound a stored entry (0: unknown)
 
     @property
     def storage_key(self) -> str:
@@ -50,6 +51,7 @@ class AnswerKey:
     query: str
     scope: str
     index_version: str
+    top_k: int = 0
 
     @property
     def storage_key(self) -> str:
@@ -74,7 +76,7 @@ def retrieval_key(
     settings: tuple[str, ...] = (),
 ) -> RetrievalKey:
     scope = _scope(top_k, index_version, list(model_ids), list(settings))
-    return RetrievalKey(normalize_query(query), scope, index_version)
+    return RetrievalKey(normalize_query(query), scope, index_version, top_k)
 
 
 @lru_cache(maxsize=8)
@@ -95,4 +97,4 @@ def answer_key(
     """`retrieval` is the key of the passage list the answer was generated from (its index version
     must be the one the retrieval used, which may have come from the retrieval cache)."""
     scope = _scope(retrieval.scope, generator_model, prompt_template, context_token_budget, max_tokens)
-    return AnswerKey(retrieval.query, scope, retrieval.index_version)
+    return AnswerKey(retrieval.query, scope, retrieval.index_version, retrieval.top_k)

@@ -13,27 +13,36 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import numpy as np
 from prometheus_client import Counter, Gauge
 
-from ragserve.cache.base import CacheBackendError, CachedAnswer, CachedRetrieval, CacheHit, CacheStore
+from ragserve.cache.base import (
+    CacheBackendError,
+    CachedAnswer,
+    CachedRetrieval,
+    CacheHit,
+    CacheStore,
+    RejectedEntry,
+)
 from ragserve.cache.circuit import BreakerState, CircuitBreaker
 from ragserve.cache.codec import decode_answer, decode_entry, encode_answer, encode_entry
+from ragserve.cache.integrity import EntrySeal
 from ragserve.cache.keys import AnswerKey, RetrievalKey
-from ragserve.cache.semantic import SemanticIndex
+from ragserve.cache.semantic import SemanticIndex, SemanticMatch
 from ragserve.metrics import (
     ANSWER_CACHE_CIRCUIT_OPEN,
     ANSWER_CACHE_ERRORS,
+    ANSWER_CACHE_REJECTED,
     ANSWER_CACHE_REQUESTS,
     CACHE_CIRCUIT_OPEN,
     CACHE_ERRORS,
+    CACHE_REJECTED,
     CACHE_REQUESTS,
 )
-
-T = TypeVar("T")
 
 
 class _Versioned(Protocol):
@@ -58,16 +67,21 @@ class CacheMetrics:
     requests: Counter
     errors: Counter
     circuit_open: Gauge
+    rejected: Counter
 
 
-RETRIEVAL_METRICS = CacheMetrics("retrieval cache", CACHE_REQUESTS, CACHE_ERRORS, CACHE_CIRCUIT_OPEN)
-ANSWER_METRICS = CacheMetrics("answer cache", ANSWER_CACHE_REQUESTS, ANSWER_CACHE_ERRORS, ANSWER_CACHE_CIRCUIT_OPEN)
+RETRIEVAL_METRICS = CacheMetrics("retrieval cache", CACHE_REQUESTS, CACHE_ERRORS, CACHE_CIRCUIT_OPEN, CACHE_REJECTED)
+ANSWER_METRICS = CacheMetrics(
+    "answer cache", ANSWER_CACHE_REQUESTS, ANSWER_CACHE_ERRORS, ANSWER_CACHE_CIRCUIT_OPEN, ANSWER_CACHE_REJECTED
+)
 
 
 class GuardedStore:
     """A CacheStore behind a circuit breaker, with metrics and bounded background writes.
 
     Only `flush` raises (an operator call); every request-path failure is counted and becomes a miss.
+    Nothing read from the store is trusted: an entry must pass `seal` (size cap, MAC if keyed) and
+    its decoder's checks, or it is refused (counted by reason) and the lookup is a miss.
     """
 
     def __init__(
@@ -76,8 +90,10 @@ class GuardedStore:
         metrics: CacheMetrics,
         breaker: CircuitBreaker | None = None,
         max_pending_writes: int = 256,
+        seal: EntrySeal | None = None,
     ) -> None:
         self.store = store
+        self.seal = seal or EntrySeal()
         self.breaker = breaker or CircuitBreaker()
         self.max_pending_writes = max_pending_writes
         self.metrics = metrics
@@ -161,35 +177,40 @@ class GuardedStore:
         assert self._probe is not None
         await self._probe
 
-    async def _read(self, storage_key: str, decode: Callable[[bytes], T]) -> T | None:
-        """Raises CacheBackendError, already counted (and fed to the breaker unless it is a bad entry)."""
+    async def _fetch(self, storage_key: str, decode: Callable[[bytes], E]) -> tuple[str, E | None]:
+        """("hit", entry), or ("miss" | "error" | "rejected", None): a store failure is counted and
+        fed to the breaker; a refused entry is counted by reason (it says nothing about the store)."""
         try:
             raw = await self.store.get(storage_key)
-            self._succeeded()
-            return None if raw is None else decode(raw)
         except CacheBackendError as exc:
-            if exc.kind == "decode":
-                self._error(exc.kind)  # a bad entry, not a bad backend
-            else:
-                self._failed(exc, "get")
-            raise
+            self._failed(exc, "get")
+            return "error", None
+        self._succeeded()
+        if raw is None:
+            return "miss", None
+        try:
+            return "hit", decode(self.seal.open(storage_key, raw))
+        except RejectedEntry as exc:
+            self.metrics.rejected.labels(self.backend, exc.reason).inc()
+            log.debug("%s entry %s refused: %s", self.metrics.what, storage_key, exc)
+            return "rejected", None
 
-    async def _get_current(self, storage_key: str, index_version: str, decode: Callable[[bytes], E]) -> E | None:
-        """An exact lookup, counted as skipped, error, miss or hit; another index version's entry is a miss."""
+    async def _get_current(self, storage_key: str, decode: Callable[[bytes], E]) -> E | None:
+        """An exact lookup, counted as skipped, error, miss or hit (a refused entry is a miss)."""
         if not self._usable():
             self._count("skipped")
             return None
-        try:
-            entry = await self._read(storage_key, decode)
-        except CacheBackendError:
-            self._count("error")
-            return None
-        # The version is in the key too; checking it again guards against a reused or mangled key.
-        if entry is None or entry.index_version != index_version:
-            self._count("miss")
-            return None
-        self._count("hit")
+        result, entry = await self._fetch(storage_key, decode)
+        self._count("miss" if result == "rejected" else result)
         return entry
+
+    def _schedule_sealed(self, storage_key: str, payload: bytes, ttl_s: float, stored: str = "") -> bool:
+        """Seal and schedule a write; an entry over the size cap is dropped (counted as too_large)."""
+        raw = self.seal.seal(storage_key, payload)
+        if raw is None:
+            self._error("too_large")
+            return False
+        return self._schedule_write(storage_key, raw, ttl_s, stored)
 
     def _schedule_write(self, storage_key: str, value: bytes, ttl_s: float, stored: str = "") -> bool:
         """Write in the background (False: dropped); `stored`, if given, is counted once it has landed."""
@@ -230,8 +251,19 @@ class GuardedStore:
         await self.store.close()
 
 
+def _expect(entry: E, index_version: str) -> E:
+    # The version is in the key too; checking it again guards against a reused or planted key.
+    if entry.index_version != index_version:
+        raise RejectedEntry("index_version", f"entry for index {entry.index_version!r}, key for {index_version!r}")
+    return entry
+
+
 class StoreBackedCache(GuardedStore):
-    """The retrieval cache: reranked passage lists, with the optional semantic layer."""
+    """The retrieval cache: reranked passage lists, with the optional semantic layer.
+
+    Semantic lookups run on one worker thread of their own: the guard is Python and may take a few
+    milliseconds over its bounded candidates, which the event loop must not wait for.
+    """
 
     def __init__(
         self,
@@ -241,47 +273,67 @@ class StoreBackedCache(GuardedStore):
         breaker: CircuitBreaker | None = None,
         semantic: SemanticIndex | None = None,
         max_pending_writes: int = 256,
+        seal: EntrySeal | None = None,
     ) -> None:
-        super().__init__(store, RETRIEVAL_METRICS, breaker, max_pending_writes)
+        super().__init__(store, RETRIEVAL_METRICS, breaker, max_pending_writes, seal)
         self.ttl_s = ttl_s
         self.degraded_ttl_s = degraded_ttl_s
         self.semantic = semantic
+        # One thread: concurrent lookups queue rather than take more than one core between them.
+        self._semantic_executor: ThreadPoolExecutor | None = None
 
     @property
     def semantic_enabled(self) -> bool:
         return self.semantic is not None
 
+    @staticmethod
+    def _decoder(key: RetrievalKey) -> Callable[[bytes], CachedRetrieval]:
+        def decode(payload: bytes) -> CachedRetrieval:
+            entry = _expect(decode_entry(payload, key.top_k), key.index_version)
+            if entry.query != key.query:
+                raise RejectedEntry("query", "the entry was stored for another query")
+            return entry
+
+        return decode
+
     # --- the RetrievalCache contract --------------------------------------------------------
 
     async def get(self, key: RetrievalKey) -> CacheHit | None:
-        entry = await self._get_current(key.storage_key, key.index_version, decode_entry)
+        entry = await self._get_current(key.storage_key, self._decoder(key))
         return None if entry is None else CacheHit(entry, "exact")
+
+    async def _semantic_lookup(self, semantic: SemanticIndex, key: RetrievalKey, vector: np.ndarray) -> SemanticMatch:
+        if len(semantic) == 0:
+            return SemanticMatch(None, 0.0, "")  # nothing to compare: no thread hop
+        if self._semantic_executor is None:
+            self._semantic_executor = ThreadPoolExecutor(1, thread_name_prefix="ragserve-semantic")
+        return await asyncio.get_running_loop().run_in_executor(self._semantic_executor, semantic.lookup, key, vector)
 
     async def get_similar(self, key: RetrievalKey, query_vector: np.ndarray) -> CacheHit | None:
         if self.semantic is None:
             return None
-        match = self.semantic.lookup(key, query_vector)
+        match = await self._semantic_lookup(self.semantic, key, query_vector)
         if match.rejected:
             self._count("semantic_rejected")
         if match.key is None or not self._usable():
             return None
-        try:
-            entry = await self._read(match.key.storage_key, decode_entry)
-        except CacheBackendError:
+        result, entry = await self._fetch(match.key.storage_key, self._decoder(match.key))
+        if result == "error":
             self._count("error")
-            return None
         if entry is None or entry.index_version != key.index_version:
             return None
         self._count("semantic_hit")
         return CacheHit(entry, "semantic")
 
     def put(self, key: RetrievalKey, entry: CachedRetrieval, query_vector: np.ndarray | None = None) -> None:
+        """`query_vector`: None when the query must not be matched semantically (e.g. it did not fit
+        the embedder's token window)."""
         # A ranking cut short by the budget would otherwise be served for a whole TTL: by default it
         # is not stored at all; a short degraded TTL trades that for hits on an overloaded host.
         ttl_s = self.degraded_ttl_s if entry.degraded else self.ttl_s
         if ttl_s <= 0 or not self._usable():
             return
-        scheduled = self._schedule_write(key.storage_key, encode_entry(entry), ttl_s)
+        scheduled = self._schedule_sealed(key.storage_key, encode_entry(entry), ttl_s)
         if scheduled and self.semantic is not None and query_vector is not None and not entry.degraded:
             self.semantic.add(key, query_vector)
 
@@ -289,6 +341,12 @@ class StoreBackedCache(GuardedStore):
         if self.semantic is not None:
             self.semantic.clear()
         return await super().flush()
+
+    async def close(self) -> None:
+        await super().close()
+        if self._semantic_executor is not None:
+            self._semantic_executor.shutdown(wait=False, cancel_futures=True)
+            self._semantic_executor = None
 
 
 class StoreBackedAnswerCache(GuardedStore):
@@ -305,13 +363,20 @@ class StoreBackedAnswerCache(GuardedStore):
         breaker: CircuitBreaker | None = None,
         max_pending_writes: int = 256,
         max_text_bytes: int = MAX_ANSWER_BYTES,
+        seal: EntrySeal | None = None,
     ) -> None:
-        super().__init__(store, ANSWER_METRICS, breaker, max_pending_writes)
+        super().__init__(store, ANSWER_METRICS, breaker, max_pending_writes, seal)
         self.ttl_s = ttl_s
         self.max_text_bytes = max_text_bytes
 
     async def get(self, key: AnswerKey) -> CachedAnswer | None:
-        return await self._get_current(key.storage_key, key.index_version, decode_answer)
+        def decode(payload: bytes) -> CachedAnswer:
+            entry = _expect(decode_answer(payload, key.top_k), key.index_version)
+            if len(entry.text.encode()) > self.max_text_bytes:
+                raise RejectedEntry("out_of_bounds", "answer text over the size cap")
+            return entry
+
+        return await self._get_current(key.storage_key, decode)
 
     def put(self, key: AnswerKey, entry: CachedAnswer) -> None:
         if not entry.text:
@@ -320,4 +385,4 @@ class StoreBackedAnswerCache(GuardedStore):
             self._error("too_large")
             return
         if self._usable():
-            self._schedule_write(key.storage_key, encode_answer(entry), self.ttl_s, stored="stored")
+            self._schedule_sealed(key.storage_key, encode_answer(entry), self.ttl_s, stored="stored")

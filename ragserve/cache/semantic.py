@@ -17,8 +17,10 @@ Any difference is a miss. The guard errs on the side of a miss: a miss only cost
 from __future__ import annotations
 
 import re
+import threading
 from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -189,8 +191,19 @@ _POLARITY = (
 )
 
 
-def _matches(token: str, word: str) -> bool:
-    return token == word or (len(word) >= 5 and token.startswith(word))
+def _polarity_table() -> tuple[dict[str, list[tuple[int, int]]], tuple[int, ...]]:
+    # word -> [(group, side)]; prefixes are looked up by the token's first n letters, so the cost per
+    # token is a few dict lookups instead of a scan over every word of every group.
+    table: dict[str, list[tuple[int, int]]] = {}
+    for group, sides in enumerate(_POLARITY):
+        for side, words in enumerate(sides):
+            for word in words:
+                table.setdefault(word, []).append((group, side))
+    prefix_lengths = tuple(sorted({len(w) for w in table if len(w) >= 5}))
+    return table, prefix_lengths
+
+
+_POLARITY_WORDS, _PREFIX_LENGTHS = _polarity_table()
 
 
 def _tokens(text: str) -> list[str]:
@@ -245,27 +258,50 @@ def _entities(text: str) -> set[str]:
     return entities
 
 
-def _polarity(tokens: list[str]) -> tuple[tuple[bool, bool], ...]:
-    low = [t.lower() for t in tokens]
-    return tuple(
-        (any(_matches(t, w) for t in low for w in ups), any(_matches(t, w) for t in low for w in downs))
-        for ups, downs in _POLARITY
+def _polarity(tokens: list[str]) -> frozenset[tuple[int, int]]:
+    """The (group, side) pairs present: a word of 5+ letters also matches as a prefix."""
+    found: set[tuple[int, int]] = set()
+    for token in tokens:
+        low = token.lower()
+        found.update(_POLARITY_WORDS.get(low, ()))
+        for n in _PREFIX_LENGTHS:
+            if len(low) > n:
+                found.update(_POLARITY_WORDS.get(low[:n], ()))
+    return frozenset(found)
+
+
+@dataclass(frozen=True, slots=True)
+class _Features:
+    negations: int
+    quantities: Counter[tuple[float, str]]
+    entities: frozenset[str]
+    folded: frozenset[str]
+    polarity: frozenset[tuple[int, int]]
+
+
+@lru_cache(maxsize=4096)
+def _features(text: str) -> _Features:
+    # Memoized: a stored query is compared again and again, and its features never change.
+    tokens = _tokens(text)
+    return _Features(
+        _negations(tokens),
+        _quantities(tokens),
+        frozenset(_entities(text)),
+        frozenset(_strip_possessive(t).casefold() for t in tokens),
+        _polarity(tokens),
     )
 
 
 def meaning_change(a: str, b: str) -> str:
     """Why `a` and `b` may mean different things ("" when the guard finds no change)."""
-    ta, tb = _tokens(a), _tokens(b)
-    if _negations(ta) != _negations(tb):
+    fa, fb = _features(a), _features(b)
+    if fa.negations != fb.negations:
         return "negation"
-    if _quantities(ta) != _quantities(tb):
+    if fa.quantities != fb.quantities:
         return "numbers"
-    ea, eb = _entities(a), _entities(b)
-    folded_a = {_strip_possessive(t).casefold() for t in ta}
-    folded_b = {_strip_possessive(t).casefold() for t in tb}
-    if not ea <= folded_b or not eb <= folded_a:
+    if not fa.entities <= fb.folded or not fb.entities <= fa.folded:
         return "entities"
-    if _polarity(ta) != _polarity(tb):
+    if fa.polarity != fb.polarity:
         return "direction"
     return ""
 
@@ -275,6 +311,7 @@ class SemanticMatch:
     key: RetrievalKey | None  # the entry to reuse, or None
     similarity: float  # best cosine seen at or above the threshold (0 when none)
     rejected: str  # why the best near-duplicate was refused ("" if none was)
+    examined: int = 0  # near-duplicates the guard compared (at most `max_candidates`)
 
 
 class SemanticIndex:
@@ -282,13 +319,21 @@ class SemanticIndex:
 
     With Redis the entries are shared, but each sidecar only knows its own recent queries.
     Embeddings are L2-normalized, so a dot product is the cosine.
+
+    A lookup compares at most `max_candidates` near-duplicates with the guard, best first: a flood
+    of crafted variants of one question cannot make a lookup cost more than that. Lookups may run
+    on a worker thread while the event loop adds entries: a lock guards the arrays, and the guard
+    (the slow part) runs outside it. Callers add and look up only queries that fit the embedder's
+    token window (a cut query's vector stands for its prefix alone).
     """
 
-    def __init__(self, threshold: float = 0.95, window: int = 1024) -> None:
-        if not 0.0 < threshold <= 1.0 or window < 1:
-            raise ValueError("threshold must be in (0, 1] and window >= 1")
+    def __init__(self, threshold: float = 0.95, window: int = 1024, max_candidates: int = 8) -> None:
+        if not 0.0 < threshold <= 1.0 or window < 1 or max_candidates < 1:
+            raise ValueError("threshold must be in (0, 1], window >= 1 and max_candidates >= 1")
         self.threshold = threshold
         self.window = window
+        self.max_candidates = max_candidates
+        self._lock = threading.Lock()
         self._vectors: np.ndarray | None = None
         self._keys: list[RetrievalKey | None] = [None] * window
         self._slot_of: dict[str, int] = {}
@@ -299,45 +344,56 @@ class SemanticIndex:
 
     def add(self, key: RetrievalKey, vector: np.ndarray) -> None:
         vec = np.asarray(vector, dtype=np.float32).reshape(-1)
-        if self._vectors is None or self._vectors.shape[1] != vec.shape[0]:
-            self.clear()
-            self._vectors = np.zeros((self.window, vec.shape[0]), dtype=np.float32)
-        slot = self._slot_of.get(key.storage_key)
-        if slot is None:
-            slot = self._next
-            self._next = (self._next + 1) % self.window
-            old = self._keys[slot]
-            if old is not None:
-                self._slot_of.pop(old.storage_key, None)
-            self._slot_of[key.storage_key] = slot
-        self._keys[slot] = key
-        self._vectors[slot] = vec
+        with self._lock:
+            if self._vectors is None or self._vectors.shape[1] != vec.shape[0]:
+                self._reset()
+                self._vectors = np.zeros((self.window, vec.shape[0]), dtype=np.float32)
+            slot = self._slot_of.get(key.storage_key)
+            if slot is None:
+                slot = self._next
+                self._next = (self._next + 1) % self.window
+                old = self._keys[slot]
+                if old is not None:
+                    self._slot_of.pop(old.storage_key, None)
+                self._slot_of[key.storage_key] = slot
+            self._keys[slot] = key
+            self._vectors[slot] = vec
+
+    def _candidates(self, key: RetrievalKey, vec: np.ndarray) -> list[tuple[RetrievalKey, float]]:
+        """The best `max_candidates` near-duplicates of the same scope, best first (vectorized)."""
+        with self._lock:
+            if self._vectors is None or not self._slot_of or vec.shape[0] != self._vectors.shape[1]:
+                return []
+            sims = self._vectors @ vec
+            above = np.flatnonzero(sims >= self.threshold)
+            found: list[tuple[RetrievalKey, float]] = []
+            for slot in above[np.argsort(-sims[above], kind="stable")]:
+                other = self._keys[int(slot)]
+                if other is None or other.scope != key.scope or other.index_version != key.index_version:
+                    continue
+                if other.query == key.query:
+                    continue  # the exact lookup already missed it
+                found.append((other, float(sims[slot])))
+                if len(found) >= self.max_candidates:
+                    break
+            return found
 
     def lookup(self, key: RetrievalKey, vector: np.ndarray) -> SemanticMatch:
-        if self._vectors is None or not self._slot_of:
-            return SemanticMatch(None, 0.0, "")
-        vec = np.asarray(vector, dtype=np.float32).reshape(-1)
-        if vec.shape[0] != self._vectors.shape[1]:
-            return SemanticMatch(None, 0.0, "")
-        sims = self._vectors @ vec
+        candidates = self._candidates(key, np.asarray(vector, dtype=np.float32).reshape(-1))
         best_sim, rejected = 0.0, ""
-        for slot in np.argsort(-sims):
-            sim = float(sims[slot])
-            if sim < self.threshold:
-                break
-            other = self._keys[int(slot)]
-            if other is None or other.scope != key.scope or other.index_version != key.index_version:
-                continue
-            if other.query == key.query:
-                continue  # the exact lookup already missed it
+        for examined, (other, sim) in enumerate(candidates, start=1):
             reason = meaning_change(key.query, other.query)
             if not reason:
-                return SemanticMatch(other, sim, "")
+                return SemanticMatch(other, sim, "", examined)
             if not rejected:
                 best_sim, rejected = sim, reason
-        return SemanticMatch(None, best_sim, rejected)
+        return SemanticMatch(None, best_sim, rejected, len(candidates))
 
     def clear(self) -> None:
+        with self._lock:
+            self._reset()
+
+    def _reset(self) -> None:
         self._vectors = None
         self._keys = [None] * self.window
         self._slot_of.clear()

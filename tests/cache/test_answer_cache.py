@@ -31,7 +31,12 @@ from ragserve.config import CacheSettings
 from ragserve.errors import DeadlineExpired
 from ragserve.factory import make_answer_cache
 from ragserve.index.hnsw import HnswIndex
-from ragserve.metrics import ANSWER_CACHE_CIRCUIT_OPEN, ANSWER_CACHE_ERRORS, ANSWER_CACHE_REQUESTS
+from ragserve.metrics import (
+    ANSWER_CACHE_CIRCUIT_OPEN,
+    ANSWER_CACHE_ERRORS,
+    ANSWER_CACHE_REJECTED,
+    ANSWER_CACHE_REQUESTS,
+)
 from ragserve.pipeline import RagPipeline
 from ragserve.prompt import Prompt
 from ragserve.types import (
@@ -411,10 +416,10 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("case", list(MALFORMED))
-def test_a_malformed_entry_is_a_miss_counted_as_decode_error(case: str) -> None:
+def test_a_malformed_entry_is_a_miss_counted_as_rejected(case: str) -> None:
     store = MemoryStore()
     answers = StoreBackedAnswerCache(store)
-    decode_errors = ANSWER_CACHE_ERRORS.labels("memory", "decode")
+    decode_errors = ANSWER_CACHE_REJECTED.labels("memory", "malformed")
 
     async def body() -> None:
         key = _key()
