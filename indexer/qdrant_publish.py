@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from indexer.chunking import embedding_text
-from ragserve.index.format import CHUNKS_FILE, VECTORS_FILE, read_verified_manifest, resolve_current
+from ragserve.index.format import CHUNKS_FILE, VECTORS_FILE, read_verified_version, require_listed, resolve_current
 from ragserve.index.hnsw import read_chunks
 from ragserve.index.qdrant_index import publish_collection
 
@@ -21,7 +21,8 @@ from ragserve.index.qdrant_index import publish_collection
 def publish_folder_to_qdrant(client: Any, name: str, root: Path) -> tuple[str, int]:
     """Returns (collection, Qdrant version)."""
     folder = resolve_current(root)
-    manifest = read_verified_manifest(folder)
+    manifest, identity = read_verified_version(folder)
+    require_listed(folder, manifest, CHUNKS_FILE, VECTORS_FILE)
     chunks = read_chunks(folder / CHUNKS_FILE)
     vectors = np.load(folder / VECTORS_FILE, allow_pickle=False)
     meta = {
@@ -29,6 +30,8 @@ def publish_folder_to_qdrant(client: Any, name: str, root: Path) -> tuple[str, i
         "dim": manifest.dim,
         "documents": manifest.documents,
         "local_version": manifest.version,
+        # What the points are: the local version's identity (its manifest lists every file's sha256).
+        "content_id": identity,
         "chunking": manifest.chunking,
     }
     return publish_collection(

@@ -16,7 +16,7 @@ from ragserve.generate.base import Generator
 from ragserve.index.base import SearchIndex
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
-from ragserve.index.reload import IndexWatch, published_marker
+from ragserve.index.reload import IndexWatch, published_marker, version_marker
 from ragserve.pipeline import RagPipeline
 from ragserve.rerank.base import Reranker
 
@@ -49,7 +49,8 @@ def make_index(settings: Settings) -> SearchIndex:
 def make_index_watch(settings: Settings, current: Callable[[], SearchIndex]) -> IndexWatch:
     """For hot reload: a folder's CURRENT link, or a Qdrant alias."""
     if settings.index_backend == "qdrant":
-        from ragserve.index.qdrant_index import QdrantIndex, alias_target
+        from ragserve.index.qdrant_index import QdrantIndex
+        from ragserve.index.qdrant_index import published_marker as qdrant_marker
 
         name = settings.qdrant_collection
 
@@ -58,15 +59,16 @@ def make_index_watch(settings: Settings, current: Callable[[], SearchIndex]) -> 
             return cast(QdrantIndex, current()).client
 
         return IndexWatch(
-            published=lambda: alias_target(client(), name),
+            published=lambda: qdrant_marker(client(), name),
             load=lambda: QdrantIndex.open(client(), name),
-            served=lambda index: cast(QdrantIndex, index).collection,
+            served=lambda index: version_marker(cast(QdrantIndex, index).collection, index.identity),
         )
     root = settings.index_path
     return IndexWatch(
         published=lambda: published_marker(root),
         load=lambda: HnswIndex.load(root),
-        served=lambda index: cast(HnswIndex, index).folder.name,  # CURRENT links to the folder's name
+        # CURRENT links to the folder's name.
+        served=lambda index: version_marker(cast(HnswIndex, index).folder.name, index.identity),
     )
 
 

@@ -105,7 +105,7 @@ class RagPipeline:
         if deadline.client_expired():
             raise DeadlineExpired(f"client deadline passed before {stage}")
 
-    def _cache_key(self, params: RetrieveParams, index_version: str) -> RetrievalKey:
+    def _cache_key(self, params: RetrieveParams, index_version: str, index_identity: str) -> RetrievalKey:
         # Everything that changes the passage list; a rerank stage adds its model ids here.
         rerank = tuple(self.reranker.describe()) if self.reranker is not None else ()
         return retrieval_key(
@@ -114,6 +114,7 @@ class RagPipeline:
             index_version,
             (self.embedder.model_id,),
             (f"ef={self._ef_search}", self.retrieval.cache_tag(params.dedupe_documents), *rerank),
+            index_identity,
         )
 
     async def _cache_lookup(self, key: RetrievalKey, query_vector: np.ndarray | None = None) -> CacheHit | None:
@@ -148,7 +149,7 @@ class RagPipeline:
         # Engine settings (dtype, speculation) can change a greedy answer: they are part of the key.
         engine = ",".join(f"{c.name}={c.value}" for c in generator.engine_choices)
         return answer_key(
-            self._cache_key(params, retrieval.index_version),
+            self._cache_key(params, retrieval.index_version, retrieval.index_identity),
             f"{generator.model_id}|{engine}",
             prompt_template_id(self.prompt_layout),
             gen.context_token_budget,
@@ -171,7 +172,7 @@ class RagPipeline:
             log.exception("answer cache write failed; continuing without it")
 
     @staticmethod
-    def _from_cache(hit: CacheHit, timings: StageTimings, deadline: Deadline) -> RetrievalResult:
+    def _from_cache(hit: CacheHit, identity: str, timings: StageTimings, deadline: Deadline) -> RetrievalResult:
         degraded = Degraded()
         if hit.kind == "semantic":
             # Never the other query's text: it is another caller's question.
@@ -180,8 +181,15 @@ class RagPipeline:
             degraded.note("cached passages come from a ranking that was cut short by the budget")
         timings.retrieval_total_ms = deadline.elapsed_ms()
         entry = hit.entry
+        # The entry was found under a key of `identity` (it is in the scope), so it is that index's.
         return RetrievalResult(
-            list(entry.passages), timings, degraded, entry.index_version, list(entry.rerank_tiers), cache_hit=True
+            list(entry.passages),
+            timings,
+            degraded,
+            entry.index_version,
+            list(entry.rerank_tiers),
+            cache_hit=True,
+            index_identity=identity,
         )
 
     async def retrieve(self, params: RetrieveParams, deadline: Deadline) -> RetrievalResult:
@@ -191,12 +199,12 @@ class RagPipeline:
 
         cache_key = None
         if self.cache is not None:
-            cache_key = self._cache_key(params, index.version)
+            cache_key = self._cache_key(params, index.version, index.identity)
             with StageTimer("cache") as t:
                 hit = await self._cache_lookup(cache_key)
             timings.cache_ms = t.ms
             if hit is not None:
-                return self._from_cache(hit, timings, deadline)
+                return self._from_cache(hit, index.identity, timings, deadline)
 
         self._check_client(deadline, "embedding")
         with StageTimer("embed") as t:
@@ -217,7 +225,7 @@ class RagPipeline:
                 hit = await self._cache_lookup(cache_key, semantic_vector)
             timings.cache_ms += t.ms
             if hit is not None:
-                return self._from_cache(hit, timings, deadline)
+                return self._from_cache(hit, index.identity, timings, deadline)
 
         self._check_client(deadline, "search")
         ef = max(self._ef_search, params.top_k)
@@ -244,7 +252,9 @@ class RagPipeline:
         timings.retrieval_total_ms = deadline.elapsed_ms()
         if deadline.budget_exhausted():
             degraded.budget_exhausted = True
-        result = RetrievalResult(passages, timings, degraded, index.version, rerank_tiers)
+        result = RetrievalResult(
+            passages, timings, degraded, index.version, rerank_tiers, index_identity=index.identity
+        )
         # The cache decides what a result cut short by the budget is worth (by default: not stored).
         if self.cache is not None and cache_key is not None:
             self._cache_store(cache_key, result, semantic_vector)

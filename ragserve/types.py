@@ -95,6 +95,9 @@ class RetrievalResult:
     rerank_tiers: list[str] = field(default_factory=list)
     # Served from the retrieval cache: embedding, search and rerank were skipped.
     cache_hit: bool = False
+    # The identity of the index version the passages came from (SearchIndex.identity): an answer is
+    # keyed on it. Empty when replayed from the answer cache (nothing is keyed on that result).
+    index_identity: str = ""
 
 
 @dataclass(frozen=True, slots=True)

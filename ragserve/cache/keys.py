@@ -1,9 +1,11 @@
 """Cache keys: the normalized query plus everything else that changes the passage list.
 
 What goes into a key: the query (NFKC, whitespace collapsed, case kept: a cased embedder would
-give a different vector), top_k, the index version (a newly published version makes every older
-entry unreachable), the model ids (embedder, and reranker tiers where configured) and the server
-settings that change the ranking (e.g. HNSW ef). The budget is NOT in the key: it changes how much
+give a different vector), top_k, the index version and identity (a newly published version makes
+every older entry unreachable; the identity, a hash of what the version holds, keeps apart two
+corpora, or a rebuilt root, or two backends that happen to share a version number), the model
+ids (embedder, and reranker tiers where configured) and the server settings that change the
+ranking (e.g. HNSW ef). The budget is NOT in the key: it changes how much
 work may be done, not what the answer is; a result cut short by the budget is never stored.
 
 An answer key is a retrieval key's parts plus what turns passages into text: the generator model,
@@ -74,8 +76,11 @@ def retrieval_key(
     index_version: str,
     model_ids: tuple[str, ...],
     settings: tuple[str, ...] = (),
+    index_identity: str = "",
 ) -> RetrievalKey:
-    scope = _scope(top_k, index_version, list(model_ids), list(settings))
+    """`index_identity` is the index's SearchIndex.identity; it enters the scope (and so the storage
+    key, the semantic guard and every answer key built on this one)."""
+    scope = _scope(top_k, index_version, index_identity, list(model_ids), list(settings))
     return RetrievalKey(normalize_query(query), scope, index_version, top_k)
 
 

@@ -24,6 +24,13 @@ class SearchIndex(Protocol):
     def version(self) -> str: ...
 
     @property
+    def identity(self) -> str:
+        """What this version holds (a hash of its content's description), not what it is numbered:
+        two corpora at the same version number, or a root rebuilt from v1, never share it. Caches
+        key on it."""
+        ...
+
+    @property
     def count(self) -> int: ...
 
     @property

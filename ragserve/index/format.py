@@ -15,9 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ragserve.errors import IndexLoadError
@@ -53,13 +54,67 @@ class Manifest:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> Manifest:
+    def from_json(cls, text: str | bytes) -> Manifest:
+        """ValueError naming the first thing wrong: every field is checked before anything trusts it."""
         data = json.loads(text)
         if not isinstance(data, dict):
             raise ValueError("manifest is not a JSON object")
         if data.get("format") != FORMAT_VERSION:
             raise ValueError(f"unsupported index format {data.get('format')!r}")
+        unknown = sorted(set(data) - set(_FIELD_TYPES))
+        if unknown:
+            raise ValueError(f"unknown field {unknown[0]!r}")
+        for name in _REQUIRED_FIELDS:
+            if name not in data:
+                raise ValueError(f"missing field {name!r}")
+        for name, value in data.items():
+            kind = _FIELD_TYPES[name]
+            # bool is an int to isinstance: a count must be a real int.
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise ValueError(f"field {name!r} is {type(value).__name__}, not {kind.__name__}")
+            if isinstance(value, int) and value < (1 if name == "dim" else 0):
+                raise ValueError(f"field {name!r} is out of range: {value}")
+        for name, digest in data["files"].items():
+            check_file_name(name)
+            if not isinstance(digest, str) or not _SHA256_HEX.fullmatch(digest):
+                raise ValueError(f"checksum of {name!r} is not a sha256 hex digest")
+        for name, value in data.get("hnsw", {}).items():
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"hnsw setting {name!r} is not an int")
         return cls(**data)
+
+
+_FIELD_TYPES: dict[str, type] = {
+    "version": int,
+    "embedder_id": str,
+    "dim": int,
+    "count": int,
+    "files": dict,
+    "space": str,
+    "hnsw": dict,
+    "chunking": dict,
+    "documents": int,
+    "created_at": str,
+    "format": int,
+    "bm25": dict,
+    "embedder_backend": str,
+}
+_REQUIRED_FIELDS = ("version", "embedder_id", "dim", "count", "files")
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def check_file_name(name: str) -> None:
+    """A listed file must be a plain relative path inside its version folder (ValueError if not)."""
+    parts = PurePosixPath(name).parts
+    if (
+        not name
+        or "\\" in name
+        or "\x00" in name
+        or PurePosixPath(name).is_absolute()
+        or any(part in ("..", ".") for part in parts)
+        or name != "/".join(parts)
+    ):
+        raise ValueError(f"file name {name!r} is not a plain path inside the version folder")
 
 
 def sha256_file(path: Path) -> str:
@@ -81,25 +136,59 @@ def resolve_current(root: Path) -> Path:
     link = root / CURRENT
     if not link.exists():
         raise IndexLoadError(f"no published index at {root} (missing {CURRENT}); run the indexer first")
-    return link.resolve()
+    folder = link.resolve()
+    if folder.parent != root.resolve():
+        raise IndexLoadError(f"{link} points outside {root}: only its own version folders are served")
+    return folder
 
 
-def read_verified_manifest(folder: Path) -> Manifest:
-    """Read the manifest and check every listed file against its checksum."""
+def manifest_identity(raw: bytes) -> str:
+    """What a version holds, not what it is numbered: the manifest lists every file's sha256, so
+    two versions share this only if they hold the same files (16 hex digits: 64 bits)."""
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def read_manifest_bytes(folder: Path) -> bytes:
     try:
-        manifest = Manifest.from_json((folder / MANIFEST).read_text())
+        return (folder / MANIFEST).read_bytes()
     except FileNotFoundError as exc:
         raise IndexLoadError(f"index at {folder} has no {MANIFEST}") from exc
-    except (ValueError, TypeError) as exc:
+    except OSError as exc:
+        raise IndexLoadError(f"index manifest at {folder} cannot be read: {exc}") from exc
+
+
+def read_verified_version(folder: Path) -> tuple[Manifest, str]:
+    """The manifest and its identity, once every listed file is inside `folder` and matches its
+    checksum. Parsed and hashed from the same bytes, so the identity is of what was verified."""
+    raw = read_manifest_bytes(folder)
+    try:
+        manifest = Manifest.from_json(raw)
+    except (ValueError, TypeError, RecursionError) as exc:
         raise IndexLoadError(f"index manifest at {folder} is corrupt: {exc}") from exc
+    base = folder.resolve()
     for name, expected in manifest.files.items():
         path = folder / name
+        # A symlink could still lead out of the folder: the real path must stay inside.
+        if not path.resolve().is_relative_to(base):
+            raise IndexLoadError(f"index file {path} lies outside its version folder")
         if not path.is_file():
             raise IndexLoadError(f"index file {path} is missing")
         actual = sha256_file(path)
         if actual != expected:
             raise IndexLoadError(f"index file {path} fails its checksum (corrupt or truncated)")
-    return manifest
+    return manifest, manifest_identity(raw)
+
+
+def read_verified_manifest(folder: Path) -> Manifest:
+    """Read the manifest and check every listed file against its checksum."""
+    return read_verified_version(folder)[0]
+
+
+def require_listed(folder: Path, manifest: Manifest, *names: str) -> None:
+    """Only files the manifest lists (and so verified) are ever loaded."""
+    for name in names:
+        if name not in manifest.files:
+            raise IndexLoadError(f"index at {folder}: {name} is not listed in its {MANIFEST}")
 
 
 def latest_version(root: Path) -> int:

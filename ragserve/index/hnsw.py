@@ -11,8 +11,17 @@ import orjson
 
 from ragserve.errors import IndexLoadError
 from ragserve.index.base import ScoredChunk
-from ragserve.index.bm25 import Bm25Index
-from ragserve.index.format import CHUNKS_FILE, HNSW_FILE, Manifest, read_verified_manifest, resolve_current
+from ragserve.index.bm25 import BM25_DIR, Bm25Index
+from ragserve.index.format import (
+    CHUNKS_FILE,
+    HNSW_FILE,
+    MANIFEST,
+    Manifest,
+    read_verified_version,
+    require_listed,
+    resolve_current,
+)
+from ragserve.index.hnsw_file import check_hnsw_file
 from ragserve.types import Chunk
 
 # Build-time defaults, chosen by measurement (tests/bench/bench_hnsw.py, BENCHMARKS.md); query-time
@@ -55,6 +64,15 @@ def build_hnsw(
     index.save_index(str(path))
 
 
+def _require_bm25_listed(folder: Path, manifest: Manifest) -> None:
+    """bm25s reads whatever is in the folder: every file there must be listed (and so verified)."""
+    present = sorted(p.relative_to(folder).as_posix() for p in (folder / BM25_DIR).rglob("*") if not p.is_dir())
+    unlisted = [name for name in present if name not in manifest.files]
+    if not present or unlisted:
+        what = f"{unlisted[0]} is not listed in its {MANIFEST}" if unlisted else f"{BM25_DIR}/ is empty"
+        raise IndexLoadError(f"index at {folder}: {what}")
+
+
 class HnswIndex:
     """A loaded index version. Read-only and safe to search from several threads."""
 
@@ -62,6 +80,7 @@ class HnswIndex:
         self,
         folder: Path,
         manifest: Manifest,
+        identity: str,
         index: hnswlib.Index,
         chunks: list[Chunk],
         bm25: Bm25Index | None = None,
@@ -71,17 +90,23 @@ class HnswIndex:
         self._index = index
         self._chunks = chunks
         self._bm25 = bm25
+        self._identity = identity
         self._lock = threading.Lock()
 
     @classmethod
     def load(cls, root: Path) -> HnswIndex:
         folder = resolve_current(root)
-        manifest = read_verified_manifest(folder)
+        manifest, identity = read_verified_version(folder)
+        require_listed(folder, manifest, HNSW_FILE, CHUNKS_FILE)
+        if manifest.bm25:
+            _require_bm25_listed(folder, manifest)
         chunks = read_chunks(folder / CHUNKS_FILE)
         if len(chunks) != manifest.count:
             raise IndexLoadError(
                 f"index at {folder}: docstore has {len(chunks)} chunks, manifest says {manifest.count}"
             )
+        # hnswlib trusts its file (a bad id is a segfault at the first search): check it first.
+        check_hnsw_file(folder / HNSW_FILE, manifest.count, manifest.dim)
         index = hnswlib.Index(space="ip", dim=manifest.dim)
         try:
             index.load_index(str(folder / HNSW_FILE), max_elements=max(1, manifest.count))
@@ -92,11 +117,15 @@ class HnswIndex:
                 f"index at {folder}: HNSW holds {index.get_current_count()} vectors, manifest says {manifest.count}"
             )
         bm25 = Bm25Index.load(folder, manifest.count) if manifest.bm25 else None
-        return cls(folder, manifest, index, chunks, bm25)
+        return cls(folder, manifest, identity, index, chunks, bm25)
 
     @property
     def version(self) -> str:
         return str(self.manifest.version)
+
+    @property
+    def identity(self) -> str:
+        return self._identity
 
     @property
     def count(self) -> int:

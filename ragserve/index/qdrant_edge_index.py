@@ -25,6 +25,7 @@ from ragserve.index.qdrant_index import (
     PublishedMeta,
     _chunk_of,
     point_batches,
+    published_identity,
     term_index,
 )
 from ragserve.types import Chunk
@@ -62,6 +63,7 @@ class EdgeIndex(PublishedMeta):
     def __init__(self, shard: Any, meta: dict[str, Any]) -> None:
         self._shard = shard
         self._meta = meta
+        self._identity = published_identity("qdrant-edge", meta)
 
     @classmethod
     def load(cls, path: Path) -> EdgeIndex:

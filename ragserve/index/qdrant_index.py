@@ -12,6 +12,8 @@ overwrites, never duplicates.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import uuid
 import zlib
 from collections import Counter
@@ -23,6 +25,7 @@ import numpy as np
 from ragserve.errors import IndexLoadError
 from ragserve.index.base import ScoredChunk
 from ragserve.index.bm25 import bm25_terms
+from ragserve.index.reload import version_marker
 from ragserve.types import Chunk
 
 DENSE = "dense"
@@ -162,10 +165,33 @@ def publish_collection(
     return target, version
 
 
+def published_identity(where: str, meta: dict[str, Any]) -> str:
+    """The identity of a Qdrant-hosted version: where it lives and everything published with it,
+    including `content_id` (the hash of the local manifest it was uploaded from, which lists every
+    file's sha256). A collection published without one still differs by name, version and counts."""
+    text = json.dumps([where, meta], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def published_marker(client: Any, name: str) -> str | None:
+    """What the alias points to, with that collection's identity (so a collection deleted and
+    published again under the same name is seen as new); None when nothing is published."""
+    collection = alias_target(client, name)
+    if collection is None:
+        return None
+    meta = dict(client.get_collection(collection).config.metadata or {})
+    return version_marker(collection, published_identity(collection, meta))
+
+
 class PublishedMeta:
     """What a Qdrant-backed index knows from the metadata the indexer published with its points."""
 
     _meta: dict[str, Any]
+    _identity: str
+
+    @property
+    def identity(self) -> str:
+        return self._identity
 
     @property
     def version(self) -> str:
@@ -195,6 +221,7 @@ class QdrantIndex(PublishedMeta):
         self._client = client
         self.collection = collection
         self._meta = meta
+        self._identity = published_identity(collection, meta)
 
     @property
     def client(self) -> Any:

@@ -20,19 +20,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from ragserve.errors import RagError
+from ragserve.errors import IndexLoadError, RagError
 from ragserve.index.base import SearchIndex
-from ragserve.index.format import CURRENT
+from ragserve.index.format import CURRENT, manifest_identity, read_manifest_bytes
 
 log = logging.getLogger(__name__)
 
 
+def version_marker(name: str, identity: str) -> str:
+    """A published version as the watcher compares them: where it is and what it holds. A root
+    rebuilt from scratch publishes v000001 again, with other content: that is a new version."""
+    return f"{name}#{identity}"
+
+
 def published_marker(root: Path) -> str | None:
-    """What CURRENT points to (cheap: one readlink), or None when nothing is published."""
+    """What CURRENT points to and its manifest's identity (one readlink, one small read per check),
+    or None when nothing is published."""
     try:
-        return os.readlink(root / CURRENT)
+        name = os.readlink(root / CURRENT)
     except OSError:
         return None
+    try:
+        return version_marker(name, manifest_identity(read_manifest_bytes(root / name)))
+    except IndexLoadError:
+        return name  # no readable manifest: loading it will say why, once
 
 
 # Longest wait between checks of a source that could not be read.
@@ -99,11 +110,18 @@ class IndexReloader:
             return self._unreadable(exc, old)
         self._failures = 0
         self._seen = marker
-        if new.version == old.version:
+        if new.identity == old.identity:
             return False
         self._swap(new)
         self.reloads += 1
-        log.info("index reloaded: version %s -> %s (%d chunks)", old.version, new.version, new.count)
+        log.info(
+            "index reloaded: version %s (%s) -> %s (%s), %d chunks",
+            old.version,
+            old.identity,
+            new.version,
+            new.identity,
+            new.count,
+        )
         return True
 
     def _unreadable(self, exc: Exception, old: SearchIndex) -> bool:

@@ -1,0 +1,155 @@
+"""Bounds checks of an hnswlib index file, before hnswlib reads it.
+
+hnswlib trusts its file: a neighbour id, entry point or level out of range is a read out of bounds
+at the first search (a segfault, and a crash loop on restart). The checksum cannot catch a crafted
+file, since whoever wrote the file can write the manifest that vouches for it. So the graph is
+checked here, with numpy over the memory-mapped level-0 block (a 100k-vector, 384-dim index takes
+about 0.1 s; its checksum about 0.4 s).
+
+The layout, as hnswlib's saveIndex writes it (hnswlib 0.8; little-endian):
+
+    header   offset_level0, max_elements, count, bytes_per_element, label_offset, vector_offset (u64),
+             max_level (i32), entry_point (u32), max_m, max_m0, m (u64), mult (f64), ef_construction (u64)
+    level 0  `count` records of bytes_per_element: a u32 link count (hnswlib's deleted mark lives in
+             its third byte), max_m0 neighbour ids (u32), the vector (dim float32), the label (u64)
+    upper    per element, a u32 byte size, then one link list per level above 0: a u32 count and
+             max_m ids (u32)
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from ragserve.errors import IndexLoadError
+
+_HEADER = struct.Struct("<QQQQQQiIQQQdQ")
+_U32 = 4
+_LABEL_BYTES = 8
+# hnswlib keeps a list's length in 16 bits.
+_MAX_LINKS = 0xFFFF
+
+
+def check_hnsw_file(path: Path, count: int, dim: int) -> None:
+    """Raise IndexLoadError unless every id, level and size in the file is in range for an index
+    of `count` vectors of `dim` floats (the manifest's), so hnswlib can only read inside its memory."""
+
+    def bad(reason: str) -> IndexLoadError:
+        return _invalid(path, reason)
+
+    size = path.stat().st_size
+    if size < _HEADER.size:
+        raise bad(f"{size} bytes, shorter than its header")
+    # Mapped, not read: a reload runs beside the serving version and should not double its memory.
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    (
+        offset_level0,
+        _max_elements,
+        file_count,
+        per_element,
+        label_offset,
+        vector_offset,
+        max_level,
+        entry_point,
+        max_m,
+        max_m0,
+        _m,
+        _mult,
+        _ef_construction,
+    ) = _HEADER.unpack_from(data.data)
+    if file_count != count:
+        raise bad(f"holds {file_count} vectors, manifest says {count}")
+    if offset_level0 != 0 or not (1 <= max_m <= _MAX_LINKS and 1 <= max_m0 <= _MAX_LINKS):
+        raise bad(f"header out of range (offset {offset_level0}, maxM {max_m}, maxM0 {max_m0})")
+    links0_bytes = _U32 * (1 + max_m0)
+    if (vector_offset, label_offset, per_element) != (
+        links0_bytes,
+        links0_bytes + _U32 * dim,
+        links0_bytes + _U32 * dim + _LABEL_BYTES,
+    ):
+        raise bad(f"element layout does not match {dim}-dimensional vectors and maxM0 {max_m0}")
+    level0_end = _HEADER.size + count * per_element
+    if data.size < level0_end:
+        raise bad(f"{data.size} bytes, too short for {count} elements")
+    if count == 0:
+        if data.size != level0_end:
+            raise bad("bytes after an empty graph")
+        return
+
+    level0 = data[_HEADER.size : level0_end].reshape(count, per_element)
+    link_counts = level0[:, :_U32].copy().view("<u4").ravel()
+    if int(link_counts.max()) > max_m0:
+        raise bad(f"a level-0 neighbour list is longer than maxM0 ({max_m0}) or marked deleted")
+    neighbours = level0[:, _U32:links0_bytes].copy().view("<u4")
+    used = np.arange(max_m0) < link_counts[:, None]
+    if bool((neighbours[used] >= count).any()):
+        raise bad(f"a level-0 neighbour id is out of range (>= {count})")
+    labels = level0[:, label_offset:per_element].copy().view("<u8").ravel()
+    if not np.array_equal(np.sort(labels), np.arange(count, dtype=np.uint64)):
+        raise bad("labels are not 0..count-1, one each")
+
+    levels, rows = _upper_levels(path, data[level0_end:], count, max_m)
+    if not (0 <= entry_point < count) or max_level != int(levels.max()) or levels[entry_point] != max_level:
+        raise bad(f"entry point {entry_point} at level {max_level} is not the top element")
+    if rows.size:
+        row_levels = rows[:, 0].astype(np.int64)
+        upper_counts = rows[:, 1]
+        if int(upper_counts.max()) > max_m:
+            raise bad(f"an upper-level neighbour list is longer than maxM ({max_m})")
+        ids = rows[:, 2:]
+        used = np.arange(max_m) < upper_counts[:, None]
+        if bool((ids[used] >= count).any()):
+            raise bad(f"an upper-level neighbour id is out of range (>= {count})")
+        # hnswlib walks a neighbour's list at the same level: it must have that level.
+        neighbour_levels = levels[np.where(used, ids, 0)]
+        if bool((used & (neighbour_levels < row_levels[:, None])).any()):
+            raise bad("an upper-level neighbour does not reach that level")
+
+
+def _invalid(path: Path, reason: str) -> IndexLoadError:
+    return IndexLoadError(f"index file {path} is not a valid HNSW graph: {reason}")
+
+
+def _upper_levels(path: Path, tail: np.ndarray, count: int, max_m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each element's level, and its upper link lists as rows of (level, count, max_m ids)."""
+
+    def bad(reason: str) -> IndexLoadError:
+        return _invalid(path, reason)
+
+    if tail.size % _U32:
+        raise bad("the link lists are not whole 32-bit words")
+    words = tail.view("<u4")
+    list_words = 1 + max_m
+    list_bytes = _U32 * list_words
+    levels = np.zeros(count, dtype=np.int64)
+    # Sequential by nature (each size says where the next one is); a plain list walks fastest.
+    sizes = words.tolist()
+    starts: list[int] = []
+    pos = 0
+    total = len(sizes)
+    for element in range(count):
+        if pos >= total:
+            raise bad(f"link lists end after {element} of {count} elements")
+        size = sizes[pos]
+        if size:
+            if size % list_bytes:
+                raise bad(f"element {element}'s link lists are {size} bytes, not a multiple of {list_bytes}")
+            levels[element] = size // list_bytes
+            starts.append(pos + 1)
+            pos += 1 + size // _U32
+        else:
+            pos += 1
+    if pos != total:
+        raise bad("bytes after the last element's link lists" if pos < total else "the last link list is cut short")
+    upper = np.flatnonzero(levels)
+    if not upper.size:
+        return levels, np.zeros((0, 2 + max_m), dtype=np.int64)
+    per_element = levels[upper]
+    # One row per (element, level): where its list starts in `words`, and which level it is.
+    first = np.repeat(np.asarray(starts, dtype=np.int64), per_element)
+    within = np.arange(per_element.sum()) - np.repeat(np.cumsum(per_element) - per_element, per_element)
+    row_start = first + within * list_words
+    lists = words[row_start[:, None] + np.arange(list_words)].astype(np.int64)
+    return levels, np.column_stack([within + 1, lists])

@@ -1,0 +1,83 @@
+"""Tiny index versions published without a model (random unit vectors), and a fake embedder to
+query them: enough for format, reload and cache-identity tests that need no MiniLM."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from ragserve.index.bm25 import build_bm25
+from ragserve.index.format import (
+    CHUNKS_FILE,
+    HNSW_FILE,
+    MANIFEST,
+    VECTORS_FILE,
+    Manifest,
+    latest_version,
+    new_build_dir,
+    publish,
+    resolve_current,
+    sha256_file,
+)
+from ragserve.index.hnsw import build_hnsw, write_chunks
+from ragserve.types import Chunk
+
+DIM = 8
+# A small M gives many elements upper levels, so the upper link lists get exercised too.
+TINY_M = 4
+
+
+def unit_vectors(count: int, seed: int) -> np.ndarray:
+    vectors = np.random.default_rng(seed).standard_normal((count, DIM)).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def publish_tiny(root: Path, texts: list[str], seed: int = 0, version: int | None = None, bm25: bool = False) -> Path:
+    """Publish `texts` as the next version of `root` (or as `version`); returns the version folder."""
+    build = new_build_dir(root)
+    build_hnsw(unit_vectors(len(texts), seed), build / HNSW_FILE, m=TINY_M, ef_construction=40)
+    write_chunks(build / CHUNKS_FILE, [Chunk(f"c{i}", f"doc-{text[:12]}", text) for i, text in enumerate(texts)])
+    np.save(build / VECTORS_FILE, unit_vectors(len(texts), seed), allow_pickle=False)
+    names = [HNSW_FILE, CHUNKS_FILE, VECTORS_FILE, *(build_bm25(texts, build) if bm25 else [])]
+    manifest = Manifest(
+        version=version if version is not None else latest_version(root) + 1,
+        embedder_id=FakeEmbedder.model_id,
+        dim=DIM,
+        count=len(texts),
+        files={name: sha256_file(build / name) for name in names},
+        hnsw={"M": TINY_M, "ef_construction": 40},
+        bm25={"library": "bm25s"} if bm25 else {},
+    )
+    return publish(root, build, manifest)
+
+
+def rewrite_manifest(root: Path, change: Callable[[dict], object]) -> None:
+    """Edit the published manifest as JSON (`change` mutates the dict in place)."""
+    path = resolve_current(root) / MANIFEST
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def refresh_checksum(root: Path, name: str) -> None:
+    """What a hostile publisher does after editing a file: make the manifest vouch for it."""
+    folder = resolve_current(root)
+    rewrite_manifest(root, lambda data: data["files"].__setitem__(name, sha256_file(folder / name)))
+
+
+class FakeEmbedder:
+    """Deterministic unit vectors from a hash of the text (no model)."""
+
+    model_id = "fake-embedder"
+    dim = DIM
+
+    def embed_queries(self, texts: list[str]) -> np.ndarray:
+        seeds = [int.from_bytes(hashlib.sha256(t.encode()).digest()[:4], "little") for t in texts]
+        return np.stack([unit_vectors(1, seed)[0] for seed in seeds])
+
+    def embed_documents(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        return self.embed_queries(texts)
