@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ragserve.embedding import QueryEmbedding
 from ragserve.index.bm25 import build_bm25
 from ragserve.index.format import (
     CHUNKS_FILE,
@@ -81,3 +82,6 @@ class FakeEmbedder:
 
     def embed_documents(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         return self.embed_queries(texts)
+
+    def embed_query(self, text: str) -> QueryEmbedding:
+        return QueryEmbedding(self.embed_queries([text])[0], fits_window=True)
