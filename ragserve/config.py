@@ -209,6 +209,15 @@ class Settings(BaseSettings):
     # Threads for model calls (embedding), kept off the event loop.
     model_threads: int = 2
     max_in_flight: int = 64
+    # Longest a Retrieve or Query call may run, whatever deadline the client set (none, or a longer
+    # one): then DEADLINE_EXCEEDED, the engine request is aborted and the in-flight slot freed, also
+    # when the client has stopped reading the stream.
+    max_call_s: float = Field(default=300.0, gt=0)
+    # The largest per-request budget_ms accepted; above it, INVALID_ARGUMENT (field budget_ms).
+    max_budget_ms: int = Field(default=60_000, ge=1)
+    # Health Watch and reflection streams open at once (they stay open as long as the caller likes
+    # and take no in-flight slot); beyond it RESOURCE_EXHAUSTED.
+    max_side_streams: int = Field(default=16, ge=1)
     # What an overloaded caller is told to wait before retrying (grpc-retry-pushback-ms).
     overload_retry_after_ms: int = 100
     shutdown_grace_s: float = 10.0
@@ -234,6 +243,12 @@ class Settings(BaseSettings):
     max_connection_age_ms: int = 0
     max_connection_age_grace_ms: int = 30_000
     max_message_bytes: int = 4 * 1024 * 1024
+    # Calls open at once on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); at least
+    # max_in_flight + max_side_streams, so an overloaded caller on one channel is refused, not queued.
+    max_concurrent_streams: int = Field(default=128, ge=1)
+    # A connection with no call open for this long is closed (GOAWAY); 0 = never. Clients reconnect
+    # by themselves on their next call.
+    max_connection_idle_ms: int = Field(default=600_000, ge=0)
     # OpenTelemetry spans per request and per stage, continuing the caller's trace (W3C
     # traceparent in gRPC metadata). Exported over OTLP/gRPC when an endpoint is set, else to stderr.
     tracing_enabled: bool = False
@@ -241,6 +256,10 @@ class Settings(BaseSettings):
     # Prometheus /metrics on a separate port (0 = off); loopback unless configured otherwise.
     metrics_port: int = 9464
     metrics_host: str = "127.0.0.1"
+    # Metrics connections open at once (a new one replaces the oldest still sending its request),
+    # and the most time one connection may take, request to last byte of the response.
+    metrics_max_connections: int = Field(default=16, ge=1)
+    metrics_timeout_s: float = Field(default=5.0, gt=0)
     # How often the generator's health is probed; a dead engine turns health NOT_SERVING.
     health_probe_interval_s: float = 2.0
 

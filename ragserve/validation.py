@@ -8,9 +8,6 @@ from ragserve.config import Settings
 from ragserve.errors import InvalidArgument
 from ragserve.types import GenerateParams, RetrieveParams
 
-# Retrieval budgets outside this range are almost surely a unit mistake (seconds vs ms).
-MAX_BUDGET_MS = 60_000
-
 
 def validate_retrieve(
     settings: Settings, query: str, top_k: int, budget_ms: int, dedupe_documents: bool = False
@@ -24,8 +21,11 @@ def validate_retrieve(
         raise InvalidArgument("query", "must not contain NUL characters")
     if top_k < 0 or top_k > settings.max_top_k:
         raise InvalidArgument("top_k", f"must be between 0 (server default) and {settings.max_top_k}, got {top_k}")
-    if budget_ms < 0 or budget_ms > MAX_BUDGET_MS:
-        raise InvalidArgument("budget_ms", f"must be between 0 (server default) and {MAX_BUDGET_MS}, got {budget_ms}")
+    # Refused, not clamped: a budget above the cap is a caller's mistake (often seconds for ms).
+    if budget_ms < 0 or budget_ms > settings.max_budget_ms:
+        raise InvalidArgument(
+            "budget_ms", f"must be between 0 (server default) and {settings.max_budget_ms}, got {budget_ms}"
+        )
     return RetrieveParams(
         query=text,
         top_k=top_k or settings.default_top_k,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from ragserve.prompt import Prompt
@@ -34,3 +35,24 @@ class FakeGeneratorBase:
 
     async def close(self) -> None:
         return None
+
+
+class FakeEndlessGenerator(FakeGeneratorBase):
+    """Streams `piece` forever (an engine that never finishes); counts streams opened and closed.
+
+    A stream closed early is the server aborting the engine request."""
+
+    def __init__(self, piece: str = "word ", delay_s: float = 0.0) -> None:
+        self.piece = piece
+        self.delay_s = delay_s
+        self.opened = 0
+        self.closed = 0
+
+    async def stream(self, prompt: Prompt, params: GenerateParams, request_id: str) -> AsyncIterator[GenerationChunk]:
+        self.opened += 1
+        try:
+            while True:
+                await asyncio.sleep(self.delay_s)
+                yield GenerationChunk(self.piece, False, "", None)
+        finally:
+            self.closed += 1

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from ragserve.config import CacheSettings, ClientSettings, GeneratorSettings, RerankSettings, Settings
+from ragserve.server.auth import is_loopback
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -83,6 +84,19 @@ def test_sidecar_shares_the_socket_and_probes_it() -> None:
     assert socket_env.startswith(sidecar_mount["mountPath"]) and app_mount["mountPath"] == sidecar_mount["mountPath"]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert socket_env in sidecar[probe]["exec"]["command"]
+
+
+def test_sidecar_keeps_metrics_inside_the_pod() -> None:
+    """/metrics has no authentication: the manifest leaves it on loopback (scraping from outside is
+    an explicit, documented opt-in)."""
+    deployment = yaml.safe_load((DEPLOY / "k8s" / "ragserve-sidecar.yaml").read_text())
+    sidecar = deployment["spec"]["template"]["spec"]["initContainers"][0]
+    env = {e["name"]: e for e in sidecar["env"]}
+    host = Settings().metrics_host
+    if "RAGSERVE_METRICS_HOST" in env:
+        host = env["RAGSERVE_METRICS_HOST"].get("value", "a valueFrom address")
+    assert is_loopback(host), f"the sidecar serves metrics on {host}"
+    assert not sidecar.get("ports"), "a container port on the pod network for a loopback-only endpoint"
 
 
 def test_compose_wires_redis_and_qdrant() -> None:

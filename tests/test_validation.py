@@ -30,6 +30,14 @@ def test_bad_retrieve_fields_name_the_field(query: str, top_k: int, budget_ms: i
     assert info.value.field == field
 
 
+def test_budget_above_the_server_cap_is_refused_not_clamped() -> None:
+    capped = Settings(max_budget_ms=500)
+    assert validate_retrieve(capped, "ok", 5, 500).budget_ms == 500
+    with pytest.raises(InvalidArgument) as info:
+        validate_retrieve(capped, "ok", 5, 501)
+    assert info.value.field == "budget_ms" and "500" in info.value.description
+
+
 def test_defaults_fill_zero_values() -> None:
     params = validate_retrieve(SETTINGS, "  what is x? ", 0, 0)
     assert params.query == "what is x?"

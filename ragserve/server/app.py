@@ -9,23 +9,26 @@ import os
 import signal
 import socket
 import stat
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
-import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ragserve import tracing
 from ragserve.config import Settings
-from ragserve.errors import ConfigError, RagError
+from ragserve.errors import ConfigError, Overloaded, RagError
 from ragserve.factory import check_compatible, make_index_watch, make_pipeline
 from ragserve.generate.base import Generator
 from ragserve.index.reload import IndexReloader
 from ragserve.limiter import InFlightLimiter
 from ragserve.pipeline import RagPipeline
 from ragserve.server.auth import BearerTokenInterceptor, ClientIdentityInterceptor, check_exposure
+from ragserve.server.handlers import wrap_handler
+from ragserve.server.metrics_http import MetricsServer
 from ragserve.server.servicer import RagServicer
+from ragserve.server.status import to_status
 from ragserve.server.tls import CertificateReloader, TlsFiles
 from ragserve.server.unix_socket import private_socket_path
 from ragserve.v1 import rag_pb2 as pb
@@ -39,11 +42,20 @@ RETRIEVE_HEALTH_NAME = f"{SERVICE_NAME}/Retrieve"
 
 
 def server_options(settings: Settings) -> list[tuple[str, int]]:
+    needed = settings.max_in_flight + settings.max_side_streams
+    if settings.max_concurrent_streams < needed:
+        raise ConfigError(
+            f"RAGSERVE_MAX_CONCURRENT_STREAMS ({settings.max_concurrent_streams}) must be at least "
+            f"RAGSERVE_MAX_IN_FLIGHT + RAGSERVE_MAX_SIDE_STREAMS ({needed}): "
+            "else calls over one channel queue in the client instead of being refused"
+        )
     options = [
         # A second server on the same port must fail to bind, not silently share it.
         ("grpc.so_reuseport", 0),
+        # Also bounds a compressed request by its decompressed size (RESOURCE_EXHAUSTED, no bomb).
         ("grpc.max_receive_message_length", settings.max_message_bytes),
         ("grpc.max_send_message_length", settings.max_message_bytes),
+        ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
         # Long-lived sidecar channels: the server pings idle connections and lets clients ping
         # as often as keepalive_min_ping_ms, even between calls, without a GOAWAY.
         ("grpc.keepalive_time_ms", settings.keepalive_time_ms),
@@ -52,6 +64,8 @@ def server_options(settings: Settings) -> list[tuple[str, int]]:
         ("grpc.http2.min_ping_interval_without_data_ms", settings.keepalive_min_ping_ms),
         ("grpc.http2.max_pings_without_data", 0),
     ]
+    if settings.max_connection_idle_ms > 0:
+        options.append(("grpc.max_connection_idle_ms", settings.max_connection_idle_ms))
     if settings.max_connection_age_ms > 0:
         options.append(("grpc.max_connection_age_ms", settings.max_connection_age_ms))
         options.append(("grpc.max_connection_age_grace_ms", settings.max_connection_age_grace_ms))
@@ -117,6 +131,57 @@ async def bind_and_start(server: grpc.aio.Server, settings: Settings) -> str:
     return address
 
 
+class SideStreamLimit(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Streams other than Query (health Watch, reflection) stay open as long as the caller likes and
+    take no in-flight slot: they get a bound of their own, so they cannot pile up without limit.
+
+    Unary health checks and Info answer at once from memory and need none.
+    """
+
+    def __init__(self, limiter: InFlightLimiter, exempt: frozenset[str]) -> None:
+        self._limiter = limiter
+        self._exempt = exempt
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method in self._exempt:
+            return handler
+        if not (handler.request_streaming or handler.response_streaming):
+            return handler
+        return wrap_handler(handler, self._admitted)
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+        with contextlib.ExitStack() as slot:
+            try:
+                slot.enter_context(self._limiter.admit())
+            except Overloaded as error:
+                await context.abort_with_status(to_status(error))
+            yield
+
+
+def build_grpc_server(settings: Settings, servicer: RagServicer) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+    """The gRPC server with its options, interceptors, RagService, health and reflection (not bound)."""
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    if settings.auth_token:
+        interceptors.append(BearerTokenInterceptor(settings.auth_token))
+    allowed = frozenset(name.strip() for name in settings.tls_allowed_client_ids.split(",") if name.strip())
+    if allowed:
+        interceptors.append(ClientIdentityInterceptor(allowed))
+    side_streams = InFlightLimiter(settings.max_side_streams, settings.overload_retry_after_ms)
+    interceptors.append(SideStreamLimit(side_streams, frozenset({f"/{SERVICE_NAME}/Query"})))
+    server = grpc.aio.server(options=server_options(settings), interceptors=interceptors)
+    health_servicer = health.aio.HealthServicer()
+    pb_grpc.add_RagServiceServicer_to_server(servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    return server, health_servicer
+
+
 class RagServer:
     """The running service. `run()` serves until SIGTERM/SIGINT or `stop()`."""
 
@@ -125,23 +190,14 @@ class RagServer:
         if settings.tracing_enabled:
             tracing.setup_tracing(settings.tracing_otlp_endpoint)
         self.settings = settings
-        interceptors: list[grpc.aio.ServerInterceptor] = []
-        if settings.auth_token:
-            interceptors.append(BearerTokenInterceptor(settings.auth_token))
-        allowed = frozenset(name.strip() for name in settings.tls_allowed_client_ids.split(",") if name.strip())
-        if allowed:
-            interceptors.append(ClientIdentityInterceptor(allowed))
-        self.server = grpc.aio.server(options=server_options(settings), interceptors=interceptors)
-        self.health = health.aio.HealthServicer()
         self.pipeline: RagPipeline | None = None
         self._stop = asyncio.Event()
         self._owns_socket = False  # a server refused at start-up must not remove another's socket
         self._background: list[asyncio.Task[None]] = []
+        self._metrics: MetricsServer | None = None
         limiter = InFlightLimiter(settings.max_in_flight, settings.overload_retry_after_ms)
         self._servicer = RagServicer(settings, limiter)
-        pb_grpc.add_RagServiceServicer_to_server(self._servicer, self.server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server)
+        self.server, self.health = build_grpc_server(settings, self._servicer)
 
     async def _set_health(self, status: int, names: tuple[str, ...] = ("", SERVICE_NAME, RETRIEVE_HEALTH_NAME)) -> None:
         for name in names:
@@ -153,8 +209,14 @@ class RagServer:
         address = await bind_and_start(self.server, self.settings)
         self._owns_socket = bool(self.settings.uds_path)
         if self.settings.metrics_port:
+            self._metrics = MetricsServer(
+                self.settings.metrics_host,
+                self.settings.metrics_port,
+                self.settings.metrics_max_connections,
+                self.settings.metrics_timeout_s,
+            )
             try:
-                prometheus_client.start_http_server(self.settings.metrics_port, addr=self.settings.metrics_host)
+                await self._metrics.start()
             except OSError as exc:
                 raise ConfigError(
                     f"cannot serve metrics on {self.settings.metrics_host}:{self.settings.metrics_port} "
@@ -234,6 +296,8 @@ class RagServer:
         for task in self._background:
             task.cancel()
         await self.server.stop(self.settings.shutdown_grace_s)
+        if self._metrics is not None:
+            await self._metrics.close()
         if self.pipeline is not None:
             for cache in (self.pipeline.cache, self.pipeline.answers):
                 if cache is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import ipaddress
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -11,6 +12,7 @@ import grpc
 
 from ragserve.config import Settings
 from ragserve.errors import ConfigError
+from ragserve.server.handlers import wrap_handler
 
 
 def is_loopback(host: str) -> bool:
@@ -65,44 +67,13 @@ def client_ids(context: grpc.aio.ServicerContext) -> set[str]:
 def _guarded(handler: grpc.RpcMethodHandler, allowed: frozenset[str]) -> grpc.RpcMethodHandler:
     """The same handler, refusing a caller whose certificate names none of `allowed`."""
 
-    async def check(context: grpc.aio.ServicerContext) -> None:
+    @contextlib.asynccontextmanager
+    async def check(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
         if not client_ids(context) & allowed:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "client certificate is not allowed")
+        yield
 
-    codec = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
-    if handler.unary_unary is not None:
-        inner_uu = handler.unary_unary
-
-        async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await check(context)
-            return await inner_uu(request, context)
-
-        return grpc.unary_unary_rpc_method_handler(unary_unary, **codec)
-    if handler.unary_stream is not None:
-        inner_us = handler.unary_stream
-
-        async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            await check(context)
-            async for response in inner_us(request, context):
-                yield response
-
-        return grpc.unary_stream_rpc_method_handler(unary_stream, **codec)
-    if handler.stream_unary is not None:
-        inner_su = handler.stream_unary
-
-        async def stream_unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            await check(context)
-            return await inner_su(requests, context)
-
-        return grpc.stream_unary_rpc_method_handler(stream_unary, **codec)
-    inner_ss = handler.stream_stream
-
-    async def stream_stream(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        await check(context)
-        async for response in inner_ss(requests, context):
-            yield response
-
-    return grpc.stream_stream_rpc_method_handler(stream_stream, **codec)
+    return wrap_handler(handler, check)
 
 
 class ClientIdentityInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import NoReturn
 
 import grpc
@@ -14,7 +15,7 @@ import grpc
 from ragserve import metrics, tracing
 from ragserve.budget import Deadline
 from ragserve.config import Settings
-from ragserve.errors import RagError, Unavailable
+from ragserve.errors import DeadlineExpired, RagError, Unavailable
 from ragserve.limiter import InFlightLimiter
 from ragserve.observability import observe_final, observe_request, observe_retrieval
 from ragserve.pipeline import RagPipeline
@@ -86,9 +87,13 @@ class _Call:
         observe_request(self.method, self.code, self.elapsed_ms())
 
     @contextlib.asynccontextmanager
-    async def admitted(self, limiter: InFlightLimiter) -> AsyncIterator[None]:
-        """The call's span, its slot under the in-flight bound, and one status for whatever it raises.
+    async def admitted(self, limiter: InFlightLimiter, max_s: float) -> AsyncIterator[None]:
+        """The call's span, its slot under the in-flight bound, its time cap, and one status for
+        whatever it raises.
 
+        The cap (RAGSERVE_MAX_CALL_S) holds whatever deadline the client set: past it the body is
+        cancelled, wherever it waits (the engine, or a write to a client that stopped reading), and
+        the slot is freed before the DEADLINE_EXCEEDED status is queued behind any unread messages.
         A cancelled call (client gone, deadline) ends in CancelledError, a BaseException: it passes
         through untouched and is counted as CANCELLED.
         """
@@ -99,8 +104,16 @@ class _Call:
                 limiter.admit(),
             ):
                 metrics.IN_FLIGHT.inc()
+                cap = asyncio.timeout(max_s)
                 try:
-                    yield
+                    async with cap:
+                        yield
+                except TimeoutError as exc:
+                    if not cap.expired():
+                        raise
+                    raise DeadlineExpired(
+                        f"the call ran longer than the server allows ({max_s:g} s, RAGSERVE_MAX_CALL_S)"
+                    ) from exc
                 finally:
                     metrics.IN_FLIGHT.dec()
             cancelled = False
@@ -165,7 +178,7 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
 
     async def Retrieve(self, request: pb.RetrieveRequest, context: grpc.aio.ServicerContext) -> pb.RetrieveResponse:
         call = _Call("Retrieve", context)
-        async with call.admitted(self._limiter):
+        async with call.admitted(self._limiter, self._settings.max_call_s):
             params = validate_retrieve(
                 self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents
             )
@@ -173,9 +186,11 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
             call.log_retrieval(result)
             return retrieve_response_pb(result)
 
-    async def Query(self, request: pb.QueryRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.QueryEvent]:
+    async def Query(self, request: pb.QueryRequest, context: grpc.aio.ServicerContext) -> None:
+        # Written with context.write, not yielded: a write stuck behind a client that stopped reading
+        # then runs inside the call's time cap (a yielded message is sent by grpc, outside it).
         call = _Call("Query", context)
-        async with call.admitted(self._limiter):
+        async with call.admitted(self._limiter, self._settings.max_call_s):
             params = validate_retrieve(
                 self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents
             )
@@ -186,12 +201,18 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
                 request.context_token_budget if request.HasField("context_token_budget") else None,
             )
             deadline = self._deadline(params.budget_ms, context)
-            async for event in self._ready().query(params, gen, deadline, call.request_id):
-                if isinstance(event, RetrievalResult):
-                    call.log_retrieval(event)
-                elif isinstance(event, FinalSummary):
-                    call.log_answer(event)
-                yield query_event_pb(event)
+            events = self._ready().query(params, gen, deadline, call.request_id)
+            try:
+                async for event in events:
+                    if isinstance(event, RetrievalResult):
+                        call.log_retrieval(event)
+                    elif isinstance(event, FinalSummary):
+                        call.log_answer(event)
+                    await context.write(query_event_pb(event))
+            finally:
+                # Now, not when garbage collected: closing the pipeline's stream aborts the engine request.
+                if isinstance(events, AsyncGenerator):
+                    await events.aclose()
 
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
         call = _Call("Info", context)
