@@ -8,8 +8,11 @@ result (seconds, against minutes of embedding).
 
 from __future__ import annotations
 
+import fcntl
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,7 +23,7 @@ import orjson
 from tqdm import tqdm
 
 from indexer.chunking import ChunkingConfig, chunk_document, embedding_text
-from indexer.loaders import Document, Skipped, SourceError, iter_source
+from indexer.loaders import Document, LoadLimits, Skipped, SourceError, iter_source
 from ragserve.errors import IndexLoadError
 from ragserve.index.bm25 import build_bm25
 from ragserve.index.format import (
@@ -38,6 +41,49 @@ from ragserve.index.format import (
 )
 from ragserve.index.hnsw import DEFAULT_EF_CONSTRUCTION, DEFAULT_M, HnswIndex, build_hnsw, read_chunks, write_chunks
 from ragserve.types import Chunk
+
+LOCK_FILE = ".indexer.lock"
+
+
+class IndexRootLocked(Exception):
+    """Another indexer is building into the same index root."""
+
+
+_held_roots: dict[Path, int] = {}
+
+
+@contextmanager
+def index_root_lock(root: Path) -> Iterator[None]:
+    """Hold the index root for one indexer at a time; a second one fails at once, not after embedding.
+
+    flock is released by the kernel when the holder exits, even by kill -9, so a crash leaves no
+    stale lock. Re-entrant within a process (the CLI holds it across build and Qdrant publish).
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    key = root.resolve()
+    if key in _held_roots:
+        _held_roots[key] += 1
+        try:
+            yield
+        finally:
+            _held_roots[key] -= 1
+        return
+    fd = os.open(key / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise IndexRootLocked(
+                f"another indexer is building into {root} (it holds {key / LOCK_FILE}); "
+                "wait for it to finish, then run again"
+            ) from None
+        _held_roots[key] = 1
+        try:
+            yield
+        finally:
+            del _held_roots[key]
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 class IndexingEmbedder(Protocol):
@@ -111,10 +157,15 @@ def _chunking_dict(chunking: ChunkingConfig) -> dict[str, Any]:
     return {"size_tokens": chunking.size_tokens, "overlap_tokens": chunking.overlap_tokens}
 
 
-def load_documents(source: Path, report: BuildReport, on_skip: Callable[[Skipped], None] | None) -> list[Document]:
+def load_documents(
+    source: Path,
+    report: BuildReport,
+    on_skip: Callable[[Skipped], None] | None,
+    limits: LoadLimits | None = None,
+) -> list[Document]:
     documents: list[Document] = []
     seen: set[str] = set()
-    for item in iter_source(source):
+    for item in iter_source(source, limits):
         if isinstance(item, Document) and item.doc_id in seen:
             item = Skipped(item.source, f"duplicate document id {item.doc_id!r}")
         if isinstance(item, Skipped):
@@ -141,11 +192,30 @@ def build_index(
     on_skip: Callable[[Skipped], None] | None = None,
     incremental: bool = True,
     embedder_backend: str = "torch",
+    limits: LoadLimits | None = None,
+) -> BuildReport:
+    with index_root_lock(out):
+        return _build_locked(
+            source, out, embedder, chunking, batch_size, progress, on_skip, incremental, embedder_backend, limits
+        )
+
+
+def _build_locked(
+    source: Path,
+    out: Path,
+    embedder: IndexingEmbedder,
+    chunking: ChunkingConfig | None,
+    batch_size: int,
+    progress: bool,
+    on_skip: Callable[[Skipped], None] | None,
+    incremental: bool,
+    embedder_backend: str,
+    limits: LoadLimits | None,
 ) -> BuildReport:
     started = time.perf_counter()
     chunking = chunking or ChunkingConfig()
     report = BuildReport()
-    documents = load_documents(source, report, on_skip)
+    documents = load_documents(source, report, on_skip, limits)
     previous = _load_previous(out, embedder.model_id, chunking) if incremental else None
 
     per_doc_chunks: dict[str, list[Chunk]] = {}

@@ -9,9 +9,16 @@ from typing import Annotated
 
 import typer
 
-from indexer.build import IndexingEmbedder, build_index
+from indexer.build import IndexingEmbedder, IndexRootLocked, build_index, index_root_lock
 from indexer.chunking import ChunkingConfig
-from indexer.loaders import Skipped, SourceError
+from indexer.loaders import (
+    DEFAULT_MAX_FILE_MB,
+    DEFAULT_MAX_TEXT_CHARS,
+    DEFAULT_PARSE_TIMEOUT_S,
+    LoadLimits,
+    Skipped,
+    SourceError,
+)
 from ragserve.config import DEFAULT_EMBEDDER, Settings
 from ragserve.errors import RagError
 
@@ -42,48 +49,65 @@ def build(
     # 16 measured faster than 64 for both backends on full SciFact (BENCHMARKS.md).
     batch_size: Annotated[int, typer.Option(min=1, help="Embedding batch size")] = 16,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+    max_file_mb: Annotated[
+        float,
+        typer.Option(min=0.0, envvar="RAGSERVE_INDEXER_MAX_FILE_MB", help="Skip files larger than this (raw MB)"),
+    ] = DEFAULT_MAX_FILE_MB,
+    max_text_chars: Annotated[
+        int,
+        typer.Option(min=1, envvar="RAGSERVE_INDEXER_MAX_TEXT_CHARS", help="Skip files whose extracted text is longer"),
+    ] = DEFAULT_MAX_TEXT_CHARS,
+    parse_timeout_s: Annotated[
+        float,
+        typer.Option(
+            min=0.001, envvar="RAGSERVE_INDEXER_PARSE_TIMEOUT_S", help="Skip HTML/PDF files that take longer to parse"
+        ),
+    ] = DEFAULT_PARSE_TIMEOUT_S,
 ) -> None:
     """Index SOURCE and publish a new version atomically (incremental over the published one)."""
     target = out or Settings().index_path
     if backend not in ("torch", "onnx"):
         typer.echo(f"error: --backend must be torch or onnx, got {backend!r}", err=True)
         raise typer.Exit(2)
+    limits = LoadLimits(int(max_file_mb * 1024 * 1024), max_text_chars, parse_timeout_s)
+    qdrant_line = ""
     try:
         chunking = ChunkingConfig(chunk_tokens, overlap_tokens)
         # Check the source before loading a model: a typo fails in milliseconds, not seconds.
         if not source.exists():
             raise SourceError(f"{source} does not exist")
-        if not progress:
-            from transformers.utils import logging as hf_logging
+        # Also before the model: a second indexer on the same root stops at once. Held through the
+        # Qdrant publish too, which reads the version this build published.
+        with index_root_lock(target):
+            if not progress:
+                from transformers.utils import logging as hf_logging
 
-            hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # --no-progress: quiet load too
-        model = load_embedder(embedder, backend, device, int8)
+                hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # --no-progress: quiet load too
+            model = load_embedder(embedder, backend, device, int8)
 
-        def warn(item: Skipped) -> None:
-            if not item.ignored:
-                typer.echo(f"skipped {item.source}: {item.reason}", err=True)
+            def warn(item: Skipped) -> None:
+                if not item.ignored:
+                    typer.echo(f"skipped {item.source}: {item.reason}", err=True)
 
-        report = build_index(
-            source,
-            target,
-            model,
-            chunking,
-            batch_size,
-            progress,
-            on_skip=warn,
-            incremental=not full,
-            embedder_backend="onnx-int8" if backend == "onnx" and int8 else backend,
-        )
-    except (SourceError, RagError, ValueError, OSError) as exc:
+            report = build_index(
+                source,
+                target,
+                model,
+                chunking,
+                batch_size,
+                progress,
+                on_skip=warn,
+                incremental=not full,
+                embedder_backend="onnx-int8" if backend == "onnx" and int8 else backend,
+                limits=limits,
+            )
+            if qdrant_url:
+                qdrant_line = _publish_to_qdrant(qdrant_url, qdrant_collection, qdrant_api_key, target)
+    except (SourceError, RagError, ValueError, OSError, IndexRootLocked) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    if qdrant_url:
-        try:
-            collection, qversion = _to_qdrant(qdrant_url, qdrant_collection, qdrant_api_key, target)
-        except Exception as exc:  # connection, auth and server errors come from several libraries
-            typer.echo(f"error: publishing to Qdrant at {qdrant_url} failed: {exc}", err=True)
-            raise typer.Exit(2) from None
-        typer.echo(f"published to Qdrant: alias {qdrant_collection!r} -> {collection} (version {qversion})")
+    if qdrant_line:
+        typer.echo(qdrant_line)
     what = f"published version {report.version}" if report.published else f"unchanged: version {report.version}"
     typer.echo(
         f"{what} at {report.folder}: {report.documents} documents ({report.embedded} embedded, "
@@ -92,6 +116,15 @@ def build(
         f"{sum(s.ignored for s in report.skipped)} ignored (unsupported type), "
         f"{report.seconds:.1f} s ({report.docs_per_second:.1f} documents/s)"
     )
+
+
+def _publish_to_qdrant(url: str, name: str, api_key: str, root: Path) -> str:
+    try:
+        collection, version = _to_qdrant(url, name, api_key, root)
+    except Exception as exc:  # connection, auth and server errors come from several libraries
+        typer.echo(f"error: publishing to Qdrant at {url} failed: {exc}", err=True)
+        raise typer.Exit(2) from None
+    return f"published to Qdrant: alias {name!r} -> {collection} (version {version})"
 
 
 def _to_qdrant(url: str, name: str, api_key: str, root: Path) -> tuple[str, int]:

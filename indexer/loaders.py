@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
+import multiprocessing
+import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import orjson
 
@@ -51,15 +56,41 @@ def _title_of(text: str, fallback: str) -> str:
     return fallback
 
 
-def _read_text(path: Path) -> tuple[str, str]:
-    text = path.read_text(encoding="utf-8")
-    return _title_of(text, path.stem), text
+DEFAULT_MAX_FILE_MB = 20.0
+DEFAULT_MAX_TEXT_CHARS = 5_000_000  # about 2,500 pages of prose
+DEFAULT_PARSE_TIMEOUT_S = 60.0
 
 
-def _read_html(path: Path) -> tuple[str, str]:
+@dataclass(frozen=True, slots=True)
+class LoadLimits:
+    """Per-file caps, so one hostile file (a PDF or HTML bomb, a huge dump) cannot stall a build."""
+
+    max_file_bytes: int = int(DEFAULT_MAX_FILE_MB * 1024 * 1024)
+    # Extracted text; checked page by page while a PDF is read.
+    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+    # HTML and PDF are parsed in a worker process that is killed when a file takes longer.
+    parse_timeout_s: float = DEFAULT_PARSE_TIMEOUT_S
+
+
+class FileRejected(Exception):
+    """A file over one of the LoadLimits; the message is the reason reported for it."""
+
+
+def _check_text_size(chars: int, limits: LoadLimits) -> None:
+    if chars > limits.max_text_chars:
+        raise FileRejected(f"extracted text is over the limit of {limits.max_text_chars:,} characters")
+
+
+def _read_text(data: bytes, limits: LoadLimits) -> tuple[str, str]:
+    text = data.decode("utf-8")
+    _check_text_size(len(text), limits)
+    return "", text
+
+
+def _read_html(data: bytes, limits: LoadLimits) -> tuple[str, str]:
     from bs4 import BeautifulSoup
 
-    soup = BeautifulSoup(path.read_bytes(), "html.parser")
+    soup = BeautifulSoup(data, "html.parser")
     for tag in soup(["script", "style", "noscript", "template"]):
         tag.decompose()
     title = soup.title.get_text(" ", strip=True) if soup.title else ""
@@ -67,59 +98,168 @@ def _read_html(path: Path) -> tuple[str, str]:
     # One block per line keeps paragraph boundaries visible to the chunker and BM25.
     lines = (line.strip() for line in body.get_text("\n").splitlines())
     text = "\n".join(line for line in lines if line)
-    return title or _title_of(text, path.stem), text
+    _check_text_size(len(text), limits)
+    return title, text
 
 
-def _read_pdf(path: Path) -> tuple[str, str]:
+def _read_pdf(data: bytes, limits: LoadLimits) -> tuple[str, str]:
     from pypdf import PdfReader
 
     # pypdf logs warnings for recoverable oddities; errors still raise.
     logging.getLogger("pypdf").setLevel(logging.ERROR)
-    reader = PdfReader(path)
-    pages = [page.extract_text() or "" for page in reader.pages]
-    text = "\n\n".join(p.strip() for p in pages if p.strip())
+    reader = PdfReader(io.BytesIO(data))
+    pages: list[str] = []
+    chars = 0
+    for page in reader.pages:
+        text = (page.extract_text() or "").strip()
+        chars += len(text)
+        _check_text_size(chars, limits)  # stop at the cap, not after extracting everything
+        if text:
+            pages.append(text)
     meta_title = ""
     if reader.metadata is not None and reader.metadata.title:
         meta_title = str(reader.metadata.title).strip()
-    return meta_title or _title_of(text, path.stem), text
+    return meta_title, "\n\n".join(pages)
 
 
-_READERS: dict[str, Callable[[Path], tuple[str, str]]] = {
+Reader = Callable[[bytes, LoadLimits], tuple[str, str]]
+
+_READERS: dict[str, Reader] = {
     **dict.fromkeys(TEXT_SUFFIXES, _read_text),
     **dict.fromkeys(HTML_SUFFIXES, _read_html),
     **dict.fromkeys(PDF_SUFFIXES, _read_pdf),
 }
 
 
-def iter_folder(root: Path) -> Iterator[Document | Skipped]:
-    """Every supported file under `root`; doc_id is the path relative to root (POSIX form)."""
-    return iter_folder_files(root, sorted(p for p in root.rglob("*") if p.is_file()))
+def display_name(name: str) -> str:
+    """A file name as valid UTF-8 text: unchanged when it already is, else each undecodable byte as
+    `\\xNN` (JSON writers and tokenizers reject the lone surrogates Python uses for such bytes).
+    A real file spelled with those escapes collides, and is then skipped as a duplicate id."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
-def iter_folder_files(root: Path, paths: list[Path]) -> Iterator[Document | Skipped]:
-    for path in paths:
-        relative = path.relative_to(root).as_posix()
-        if any(part.startswith(".") for part in path.relative_to(root).parts):
-            continue  # hidden files and folders (.git, .DS_Store) are not documents
-        reader = _READERS.get(path.suffix.lower())
-        if reader is None:
-            yield Skipped(relative, f"unsupported file type {path.suffix or '(none)'!r}", ignored=True)
-            continue
+def _read_capped(path: Path, limits: LoadLimits) -> bytes:
+    # O_NOFOLLOW: a file swapped for a symlink after the tree walk is refused, not followed.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise FileRejected("not a regular file")
+        if info.st_size > limits.max_file_bytes:
+            raise FileRejected(f"{info.st_size:,} bytes is over the limit of {limits.max_file_bytes:,} bytes")
+        data = handle.read(limits.max_file_bytes + 1)  # a file growing while read is still capped
+    if len(data) > limits.max_file_bytes:
+        raise FileRejected(f"over the limit of {limits.max_file_bytes:,} bytes")
+    return data
+
+
+_WORKER_START_TIMEOUT_S = 120.0
+
+
+def _import_parsers() -> None:
+    import bs4  # noqa: F401
+    import pypdf  # noqa: F401
+
+
+class _IsolatedParser:
+    """Runs HTML/PDF parsing in one worker process, killed and replaced when a file overruns its time.
+
+    A thread cannot be stopped mid-parse; a process can, so the time cap is a real bound. The worker
+    is started with "spawn" (not fork): the indexer may already hold a model's threads.
+    """
+
+    def __init__(self) -> None:
+        self._pool: Any = None
+
+    def parse(self, reader: Reader, data: bytes, limits: LoadLimits) -> tuple[str, str]:
+        if self._pool is None:
+            self._pool = multiprocessing.get_context("spawn").Pool(1)
+            # Start-up and library imports take seconds on a busy host: not part of any file's time.
+            self._pool.apply_async(_import_parsers).get(timeout=_WORKER_START_TIMEOUT_S)
+        pending = self._pool.apply_async(reader, (data, limits))
         try:
-            title, text = reader(path)
-        except UnicodeDecodeError as exc:
-            yield Skipped(relative, f"unreadable: not UTF-8 text ({exc.reason} at byte {exc.start})")
-            continue
-        except OSError as exc:
-            yield Skipped(relative, f"unreadable: {exc.strerror or exc}")
-            continue
-        except Exception as exc:  # a malformed PDF/HTML raises library-specific errors: skip the file
-            yield Skipped(relative, f"cannot extract text: {type(exc).__name__}: {exc}")
-            continue
-        if not text.strip():
-            yield Skipped(relative, "no text")
-            continue
-        yield Document(relative, title, text, relative)
+            return cast(tuple[str, str], pending.get(timeout=limits.parse_timeout_s))
+        except multiprocessing.TimeoutError:
+            self.close()
+            raise FileRejected(f"parsing took longer than the limit of {limits.parse_timeout_s:g} s") from None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+
+def _outside(path: Path, root: Path) -> bool:
+    return not path.resolve().is_relative_to(root)
+
+
+def iter_folder(root: Path, limits: LoadLimits | None = None) -> Iterator[Document | Skipped]:
+    """Every supported file under `root`; doc_id is the path relative to root (POSIX form).
+
+    Symbolic links are never followed: one leading out of the tree is reported (indexing it would
+    serve a file the operator did not put in the corpus); one inside the tree is only counted, as
+    its target is indexed under its own path. Linked folders are not descended into at all.
+    """
+    return iter_folder_files(root, sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink()), limits)
+
+
+def iter_folder_files(
+    root: Path,
+    paths: list[Path],
+    limits: LoadLimits | None = None,
+    readers: dict[str, Reader] | None = None,
+) -> Iterator[Document | Skipped]:
+    """`readers` overrides the reader for some suffixes (tests); the size, text and time caps still apply."""
+    limits = limits or LoadLimits()
+    readers = {**_READERS, **(readers or {})}
+    real_root = root.resolve()
+    parser = _IsolatedParser()
+    try:
+        for path in paths:
+            relative = display_name(path.relative_to(root).as_posix())
+            if any(part.startswith(".") for part in path.relative_to(root).parts):
+                continue  # hidden files and folders (.git, .DS_Store) are not documents
+            if path.is_symlink():
+                if _outside(path, real_root):
+                    yield Skipped(relative, "symbolic link leading outside the source folder: not followed")
+                else:
+                    yield Skipped(relative, "symbolic link: its target is indexed under its own path", ignored=True)
+                continue
+            reader = readers.get(path.suffix.lower())
+            if reader is None:
+                yield Skipped(
+                    relative, f"unsupported file type {display_name(path.suffix) or '(none)'!r}", ignored=True
+                )
+                continue
+            try:
+                data = _read_capped(path, limits)
+                if path.suffix.lower() in TEXT_SUFFIXES:
+                    title, text = reader(data, limits)
+                else:
+                    title, text = parser.parse(reader, data, limits)
+            except FileRejected as exc:
+                yield Skipped(relative, f"too large or slow: {exc}")
+                continue
+            except UnicodeDecodeError as exc:
+                yield Skipped(relative, f"unreadable: not UTF-8 text ({exc.reason} at byte {exc.start})")
+                continue
+            except OSError as exc:
+                yield Skipped(relative, f"unreadable: {exc.strerror or exc}")
+                continue
+            except Exception as exc:  # a malformed PDF/HTML raises library-specific errors: skip the file
+                yield Skipped(relative, f"cannot extract text: {type(exc).__name__}: {exc}")
+                continue
+            if not text.strip():
+                yield Skipped(relative, "no text")
+                continue
+            yield Document(relative, title or _title_of(text, display_name(path.stem)), text, relative)
+    finally:
+        parser.close()
 
 
 def iter_beir(corpus: Path) -> Iterator[Document | Skipped]:
@@ -143,15 +283,16 @@ def iter_beir(corpus: Path) -> Iterator[Document | Skipped]:
             yield Document(doc_id, title, text, where)
 
 
-def iter_source(source: Path) -> Iterator[Document | Skipped]:
+def iter_source(source: Path, limits: LoadLimits | None = None) -> Iterator[Document | Skipped]:
     if not source.exists():
         raise SourceError(f"{source} does not exist")
     if source.is_dir():
-        return iter_folder(source)
+        return iter_folder(source, limits)
     if source.name.endswith(".jsonl"):
         return iter_beir(source)
     if source.suffix.lower() in _READERS:
-        return iter_folder_files(source.parent, [source])
+        named = source.resolve()  # a file named on the command line is read even through a link
+        return iter_folder_files(named.parent, [named], limits)
     raise SourceError(
         f"{source}: unsupported source; give a folder (of {', '.join(sorted(SUPPORTED_SUFFIXES))} files) "
         "or a BEIR corpus .jsonl file"

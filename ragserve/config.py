@@ -182,6 +182,13 @@ class Settings(BaseSettings):
     qdrant_api_key: str = Field(default="", repr=False)
     # The collection alias the indexer flips to each new version.
     qdrant_collection: str = "ragserve"
+    # Qdrant searches run on their own threads, so a slow or black-holed Qdrant never holds the
+    # embedding threads; each search waits at most the request's budget (but at least
+    # qdrant_min_search_ms, so a nearly spent budget still gets one honest try) and then answers
+    # UNAVAILABLE. A thread stuck in a call is freed by the client's own timeout (qdrant_timeout_s).
+    qdrant_search_threads: int = Field(default=4, ge=1)
+    qdrant_min_search_ms: float = Field(default=25.0, ge=0.0)
+    qdrant_timeout_s: int = Field(default=5, ge=1)
     # dense (HNSW only), bm25 (lexical only) or hybrid (both, fused).
     retrieval_mode: Literal["dense", "bm25", "hybrid"] = "hybrid"
     # weighted (min-max normalized scores, dense weight below) or rrf (reciprocal rank fusion).

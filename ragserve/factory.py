@@ -42,7 +42,12 @@ def make_index(settings: Settings) -> SearchIndex:
     if settings.index_backend == "qdrant":
         from ragserve.index.qdrant_index import QdrantIndex
 
-        return QdrantIndex.connect(settings.qdrant_url, settings.qdrant_collection, settings.qdrant_api_key or None)
+        return QdrantIndex.connect(
+            settings.qdrant_url,
+            settings.qdrant_collection,
+            settings.qdrant_api_key or None,
+            timeout_s=settings.qdrant_timeout_s,
+        )
     return HnswIndex.load(settings.index_path)
 
 
@@ -255,6 +260,12 @@ def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipelin
         rerank_executor = ThreadPoolExecutor(
             max_workers=settings.rerank.concurrency, thread_name_prefix="ragserve-rerank"
         )
+    search_executor = None
+    if settings.index_backend == "qdrant":
+        # Network searches on their own threads: a slow Qdrant never queues the next embedding.
+        search_executor = ThreadPoolExecutor(
+            max_workers=settings.qdrant_search_threads, thread_name_prefix="ragserve-qdrant"
+        )
     return RagPipeline(
         embedder,
         index,
@@ -267,4 +278,6 @@ def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipelin
         prompt_layout=settings.prompt_layout,
         rerank_executor=rerank_executor,
         answers=make_answer_cache(settings) if generator is not None else None,
+        search_executor=search_executor,
+        search_min_ms=settings.qdrant_min_search_ms,
     )

@@ -22,7 +22,7 @@ from ragserve.cache.base import AnswerCache, CachedAnswer, CachedRetrieval, Cach
 from ragserve.cache.keys import AnswerKey, RetrievalKey, answer_key, prompt_template_id, retrieval_key
 from ragserve.context import fit_context
 from ragserve.embedding import Embedder
-from ragserve.errors import ConfigError, DeadlineExpired
+from ragserve.errors import ConfigError, DeadlineExpired, Unavailable
 from ragserve.generate.base import Generator
 from ragserve.index.base import SearchIndex
 from ragserve.index.fusion import RetrievalOptions, hybrid_search
@@ -74,6 +74,8 @@ class RagPipeline:
         prompt_layout: str = "stable",
         rerank_executor: ThreadPoolExecutor | None = None,
         answers: AnswerCache | None = None,
+        search_executor: ThreadPoolExecutor | None = None,
+        search_min_ms: float = 25.0,
     ) -> None:
         self.embedder = embedder
         self.index = index
@@ -82,6 +84,10 @@ class RagPipeline:
         # Reranking holds a thread for up to the whole budget; on its own pool, the next request's
         # few-millisecond embed and search never wait behind it.
         self._rerank_executor = rerank_executor or executor
+        # A remote index (Qdrant) searches on its own threads, bounded by the budget: a slow or
+        # silent server must neither hold the embedding threads nor outlive the request's budget.
+        self._search_executor = search_executor
+        self._search_min_ms = search_min_ms
         self._ef_search = ef_search
         self.retrieval = retrieval or RetrievalOptions()
         self.cache = cache
@@ -95,6 +101,8 @@ class RagPipeline:
         self._executor.shutdown(wait=False, cancel_futures=True)
         if self._rerank_executor is not self._executor:
             self._rerank_executor.shutdown(wait=False, cancel_futures=True)
+        if self._search_executor is not None:
+            self._search_executor.shutdown(wait=False, cancel_futures=True)
 
     async def _off_loop(self, fn: Callable[[], T], executor: ThreadPoolExecutor | None = None) -> T:
         # Model calls block for milliseconds: run them on a bounded executor, not the event loop.
@@ -237,10 +245,11 @@ class RagPipeline:
         fetch_k = params.top_k if self.reranker is None else max(params.top_k, self.reranker.candidates)
         ef = max(ef, fetch_k)
         with StageTimer("search") as t:
-            hits, _ = await self._off_loop(
+            hits, _ = await self._search(
                 lambda: hybrid_search(
                     index, params.query, query_vector, fetch_k, ef, self.retrieval, params.dedupe_documents
-                )
+                ),
+                deadline,
             )
         timings.search_ms = t.ms
 
@@ -259,6 +268,26 @@ class RagPipeline:
         if self.cache is not None and cache_key is not None:
             self._cache_store(cache_key, result, semantic_vector)
         return result
+
+    async def _search(self, fn: Callable[[], T], deadline: Deadline) -> T:
+        """A local index searches on the model threads; a remote one on its own, within the budget."""
+        if self._search_executor is None:
+            return await self._off_loop(fn)
+        # Without any results there is nothing to degrade to, so a nearly spent budget still gets a
+        # short try (search_min_ms) rather than none; the caller's own deadline is never exceeded.
+        wait_s = max(deadline.budget_left_ms(), self._search_min_ms) / 1000.0
+        client_left = deadline.client_left_s()
+        if client_left is not None:
+            wait_s = min(wait_s, client_left)
+        future = asyncio.get_running_loop().run_in_executor(self._search_executor, fn)
+        try:
+            return await asyncio.wait_for(future, wait_s)
+        except TimeoutError:
+            # The thread stays in the call until the client's timeout frees it; the request does not wait.
+            self._check_client(deadline, "the index answered")
+            raise Unavailable(
+                f"the index did not answer within the retrieval budget ({wait_s * 1000.0:.0f} ms)"
+            ) from None
 
     async def _rerank(
         self, query: str, passages: list[Passage], deadline: Deadline, timings: StageTimings, degraded: Degraded

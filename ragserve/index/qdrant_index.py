@@ -12,6 +12,7 @@ overwrites, never duplicates.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import uuid
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ragserve.errors import IndexLoadError
+from ragserve.errors import IndexLoadError, Unavailable
 from ragserve.index.base import ScoredChunk
 from ragserve.index.bm25 import bm25_terms
 from ragserve.index.reload import version_marker
@@ -33,6 +34,16 @@ SPARSE = "bm25"
 BM25_K1 = 1.5
 BM25_B = 0.75
 _POINT_NAMESPACE = uuid.UUID("6f1c9a52-3b7e-4f0a-9d4e-1a2b3c4d5e6f")
+
+
+@functools.cache
+def _unreachable_errors() -> tuple[type[BaseException], ...]:
+    # qdrant-client wraps transport failures in ResponseHandlingException and HTTP errors in
+    # UnexpectedResponse (both ApiException); httpx and socket errors can still surface raw.
+    import httpx
+    from qdrant_client.http.exceptions import ApiException
+
+    return (ApiException, httpx.HTTPError, OSError)
 
 
 def point_id(chunk_id: str) -> str:
@@ -49,8 +60,11 @@ def version_collection(name: str, version: int) -> str:
     return f"{name}_v{version:06d}"
 
 
-def make_client(url: str, api_key: str | None = None) -> Any:
-    """`http(s)://...` is a server or cluster; `:memory:` or a folder path is qdrant-client's local mode."""
+def make_client(url: str, api_key: str | None = None, timeout_s: int = 10) -> Any:
+    """`http(s)://...` is a server or cluster; `:memory:` or a folder path is qdrant-client's local mode.
+
+    `timeout_s` bounds each HTTP call (connect and read), so a thread stuck on a silent server is freed.
+    """
     from qdrant_client import QdrantClient
 
     if not url:
@@ -58,7 +72,7 @@ def make_client(url: str, api_key: str | None = None) -> Any:
     if url == ":memory:":
         return QdrantClient(":memory:")
     if url.startswith(("http://", "https://")):
-        return QdrantClient(url=url, api_key=api_key, prefer_grpc=False, timeout=10)
+        return QdrantClient(url=url, api_key=api_key, prefer_grpc=False, timeout=timeout_s)
     return QdrantClient(path=url)
 
 
@@ -229,8 +243,8 @@ class QdrantIndex(PublishedMeta):
         return self._client
 
     @classmethod
-    def connect(cls, url: str, name: str, api_key: str | None = None) -> QdrantIndex:
-        return cls.open(make_client(url, api_key), name)
+    def connect(cls, url: str, name: str, api_key: str | None = None, timeout_s: int = 10) -> QdrantIndex:
+        return cls.open(make_client(url, api_key, timeout_s), name)
 
     @classmethod
     def open(cls, client: Any, name: str) -> QdrantIndex:
@@ -246,14 +260,22 @@ class QdrantIndex(PublishedMeta):
             raise IndexLoadError(f"Qdrant collection {collection} holds {stored} points, metadata says {meta['count']}")
         return cls(client, collection, meta)
 
+    def _query(self, **query: Any) -> Any:
+        try:
+            return self._client.query_points(self.collection, **query)
+        except Exception as exc:
+            if not isinstance(exc, _unreachable_errors()):
+                raise
+            # A down, unreachable or failing Qdrant is an unavailable dependency, not a bug here.
+            raise Unavailable(f"the Qdrant index is unavailable: {type(exc).__name__}: {exc}") from exc
+
     def search(self, query_vector: np.ndarray, k: int, ef: int) -> list[ScoredChunk]:
         from qdrant_client import models
 
         k = min(k, self.count)
         if k <= 0:
             return []
-        result = self._client.query_points(
-            self.collection,
+        result = self._query(
             query=np.asarray(query_vector, dtype=np.float32).tolist(),
             using=DENSE,
             limit=k,
@@ -270,8 +292,7 @@ class QdrantIndex(PublishedMeta):
         if k <= 0 or not terms:
             return []
         indices = sorted({term_index(t) for t in terms})
-        result = self._client.query_points(
-            self.collection,
+        result = self._query(
             query=models.SparseVector(indices=indices, values=[1.0] * len(indices)),
             using=SPARSE,
             limit=k,
