@@ -77,6 +77,9 @@ def _neutralize(text: str) -> str:
 
 
 def _attr(text: str) -> str:
+    # A title comes from the document too: neutralized like its text, then escaped for the attribute
+    # (escaping alone would turn "< /passage" into "&lt; /passage", an entity spelling of the tag).
+    text = _neutralize(text)
     return text.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;").replace("\n", " ")
 
 
