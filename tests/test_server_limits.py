@@ -258,9 +258,7 @@ def _peak_rss_mib(pid: int) -> float:
 def test_a_gzip_bomb_is_refused_without_inflating(tmp_path: Path) -> None:
     """128 MiB of one letter gzips to ~130 KiB: refused on its decompressed size, in bounded memory."""
     inflated = 128 * 2**20
-    server = subprocess.Popen(
-        [sys.executable, "-c", _OPTIONS_ONLY_SERVER], stdout=subprocess.PIPE, text=True, cwd=REPO
-    )
+    server = subprocess.Popen([sys.executable, "-c", _OPTIONS_ONLY_SERVER], stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
         assert server.stdout is not None
         port = int(server.stdout.readline())
