@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from ragserve.client import RagClient
+from ragserve.embedding import QueryEmbedding
 from ragserve.errors import Unavailable
 from ragserve.index.qdrant_index import QdrantIndex
 from ragserve.pipeline import RagPipeline
@@ -41,6 +42,9 @@ class FakeEmbedder:
 
     def embed_documents(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         return self.embed_queries(texts)
+
+    def embed_query(self, text: str) -> QueryEmbedding:
+        return QueryEmbedding(self.embed_queries([text])[0], fits_window=True)
 
 
 @pytest.fixture
