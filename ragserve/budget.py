@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -13,7 +14,9 @@ from ragserve import tracing
 class Deadline:
     """Tracks the retrieval+rerank budget and the caller's overall deadline.
 
-    Every stage asks it how much time is left instead of keeping its own timeout.
+    Every stage asks it how much time is left instead of keeping its own timeout, and every
+    cumulative timing (retrieval total, TTFT, total) counts from its one start: the moment the call
+    arrived (`started`, a reading of `clock`), before validation and admission.
     `clock` returns seconds (monotonic); tests pass a fake clock.
     """
 
@@ -24,11 +27,14 @@ class Deadline:
         budget_ms: float,
         client_timeout_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        started: float | None = None,
     ) -> None:
         self._clock = clock
-        self._start = clock()
+        now = clock()
+        self._start = now if started is None else started
         self._budget_end = self._start + budget_ms / 1000.0
-        self._client_end = None if client_timeout_s is None else self._start + client_timeout_s
+        # `client_timeout_s` is what the caller has left now (not at `started`).
+        self._client_end = None if client_timeout_s is None else now + client_timeout_s
 
     def elapsed_ms(self) -> float:
         return (self._clock() - self._start) * 1000.0
@@ -45,6 +51,12 @@ class Deadline:
         if self._client_end is None:
             return None
         return max(0.0, self._client_end - self._clock())
+
+    def client_end(self, loop: asyncio.AbstractEventLoop) -> float | None:
+        """The caller's deadline as an absolute time on `loop`'s clock (for asyncio.timeout_at), or
+        None. Fixed once taken: time the request spends waiting on its consumer counts against it."""
+        left = self.client_left_s()
+        return None if left is None else loop.time() + left
 
     def client_expired(self) -> bool:
         return self._client_end is not None and self._clock() >= self._client_end

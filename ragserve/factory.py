@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
 
 from ragserve.cache.base import AnswerCache, CacheStore, RetrievalCache
 from ragserve.cache.integrity import MIN_KEY_BYTES, EntrySeal
@@ -16,7 +14,7 @@ from ragserve.generate.base import Generator
 from ragserve.index.base import SearchIndex
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
-from ragserve.index.reload import IndexWatch, published_marker, version_marker
+from ragserve.index.reload import FolderWatch, IndexWatch, ServedIndex
 from ragserve.pipeline import RagPipeline
 from ragserve.rerank.base import Reranker
 
@@ -51,30 +49,13 @@ def make_index(settings: Settings) -> SearchIndex:
     return HnswIndex.load(settings.index_path)
 
 
-def make_index_watch(settings: Settings, current: Callable[[], SearchIndex]) -> IndexWatch:
+def make_index_watch(settings: Settings, target: ServedIndex) -> IndexWatch:
     """For hot reload: a folder's CURRENT link, or a Qdrant alias."""
     if settings.index_backend == "qdrant":
-        from ragserve.index.qdrant_index import QdrantIndex
-        from ragserve.index.qdrant_index import published_marker as qdrant_marker
+        from ragserve.index.qdrant_index import QdrantWatch
 
-        name = settings.qdrant_collection
-
-        def client() -> Any:
-            # The serving version's own connection: local-mode Qdrant allows one client per folder.
-            return cast(QdrantIndex, current()).client
-
-        return IndexWatch(
-            published=lambda: qdrant_marker(client(), name),
-            load=lambda: QdrantIndex.open(client(), name),
-            served=lambda index: version_marker(cast(QdrantIndex, index).collection, index.identity),
-        )
-    root = settings.index_path
-    return IndexWatch(
-        published=lambda: published_marker(root),
-        load=lambda: HnswIndex.load(root),
-        # CURRENT links to the folder's name.
-        served=lambda index: version_marker(cast(HnswIndex, index).folder.name, index.identity),
-    )
+        return QdrantWatch(target, settings.qdrant_collection)
+    return FolderWatch(settings.index_path)
 
 
 def make_retrieval_options(settings: Settings) -> RetrievalOptions:

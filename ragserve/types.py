@@ -45,18 +45,47 @@ class StageTimings:
     context_ms: float = 0.0  # fitting the passages into the context token budget
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Degraded:
-    """What was cut short to hold the budget; a degraded request still succeeds."""
+    """What was cut short to hold the budget; a degraded request still succeeds.
+
+    Built only by the two constructors below, one per way a passage list comes about.
+    """
 
     budget_exhausted: bool = False
     search_truncated: bool = False
     rerank_skipped: bool = False
     rerank_truncated: bool = False
-    notes: list[str] = field(default_factory=list)
+    notes: tuple[str, ...] = ()
+    # What the caller should know that cut nothing short (reported with the notes; not degraded).
+    remarks: tuple[str, ...] = ()
 
-    def note(self, text: str) -> None:
-        self.notes.append(text)
+    @classmethod
+    def of_cache_hit(cls, semantic: bool, cut_short: bool) -> Degraded:
+        notes = []
+        if semantic:
+            # Never the other query's text: it is another caller's question.
+            notes.append("passages reused from a near-duplicate earlier query (semantic cache)")
+        if cut_short:
+            notes.append("cached passages come from a ranking that was cut short by the budget")
+        return cls(notes=tuple(notes))
+
+    @classmethod
+    def of_search(
+        cls,
+        *,
+        breadth_cut: bool,
+        lexical_missing: bool,
+        rerank_skipped: bool,
+        rerank_truncated: bool,
+        rerank_notes: tuple[str, ...],
+        budget_exhausted: bool,
+    ) -> Degraded:
+        notes = rerank_notes
+        if breadth_cut:
+            notes = ("search breadth cut to the results asked for: budget nearly spent after embedding", *notes)
+        remarks = ("the index has no lexical (BM25) part: retrieval ran dense-only",) if lexical_missing else ()
+        return cls(budget_exhausted, breadth_cut, rerank_skipped, rerank_truncated, notes, remarks)
 
     def is_degraded(self) -> bool:
         """True when anything was cut short (such a result is not cached)."""

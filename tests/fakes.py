@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from ragserve.index.base import SearchIndex
 from ragserve.prompt import Prompt
 from ragserve.types import EngineChoice, GenerateParams, GenerationChunk
 
@@ -56,3 +57,13 @@ class FakeEndlessGenerator(FakeGeneratorBase):
                 yield GenerationChunk(self.piece, False, "", None)
         finally:
             self.closed += 1
+
+
+class FakeServing:
+    """Serves one index and takes a new one, as the pipeline does for the hot reloader (ServedIndex)."""
+
+    def __init__(self, index: SearchIndex) -> None:
+        self.index = index
+
+    def swap_index(self, index: SearchIndex) -> None:
+        self.index = index

@@ -12,6 +12,7 @@ import pytest
 from ragserve.budget import Deadline
 from ragserve.embedding import SentenceTransformerEmbedder
 from ragserve.errors import DeadlineExpired
+from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
 from ragserve.pipeline import RagPipeline
 from ragserve.prompt import Prompt
@@ -47,8 +48,9 @@ class FakeGenerator(FakeGeneratorBase):
 def pipeline_factory(sample_index: Path, embedder: SentenceTransformerEmbedder):
     executor = ThreadPoolExecutor(2)
 
-    def make(generator: FakeGenerator | None = None) -> RagPipeline:
-        return RagPipeline(embedder, HnswIndex.load(sample_index), generator or FakeGenerator(), executor)
+    def make(generator: FakeGenerator | None = None, retrieval: RetrievalOptions | None = None) -> RagPipeline:
+        index = HnswIndex.load(sample_index)
+        return RagPipeline(embedder, index, generator or FakeGenerator(), executor, retrieval=retrieval)
 
     yield make
     executor.shutdown()
@@ -76,12 +78,15 @@ def test_query_yields_retrieval_then_tokens_then_final(pipeline_factory) -> None
 
 
 def test_tiny_budget_still_returns_results_flagged(pipeline_factory) -> None:
-    pipeline = pipeline_factory()
     params = RetrieveParams("Bloom filter false positives", top_k=4, budget_ms=1)
-    result = asyncio.run(pipeline.retrieve(params, Deadline(1)))
-    assert len(result.passages) == 4
-    assert result.degraded.budget_exhausted
-    assert result.degraded.search_truncated
+    dense = asyncio.run(pipeline_factory(retrieval=RetrievalOptions(mode="dense")).retrieve(params, Deadline(1)))
+    assert len(dense.passages) == 4
+    assert dense.degraded.budget_exhausted
+    assert dense.degraded.search_truncated  # HNSW looked only as wide as the 4 results
+    # Hybrid fusion asks each list for 100 candidates anyway: nothing was cut, and nothing is said.
+    hybrid = asyncio.run(pipeline_factory().retrieve(params, Deadline(1)))
+    assert len(hybrid.passages) == 4
+    assert hybrid.degraded.budget_exhausted and not hybrid.degraded.search_truncated
 
 
 def test_expired_client_deadline_stops_before_work(pipeline_factory) -> None:

@@ -7,8 +7,8 @@ keep entries in a `CacheStore`: the in-process LRU or Redis. Both stores pass on
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -72,6 +72,20 @@ class CacheHit:
     # "exact" or "semantic"
     kind: str
 
+    def result(self, identity: str, timings: StageTimings) -> RetrievalResult:
+        """The hit as this request's retrieval. It was found under a key of `identity` (it is in
+        the scope), so it is that index's."""
+        entry = self.entry
+        return RetrievalResult(
+            list(entry.passages),
+            timings,
+            Degraded.of_cache_hit(self.kind == "semantic", entry.degraded),
+            entry.index_version,
+            list(entry.rerank_tiers),
+            cache_hit=True,
+            index_identity=identity,
+        )
+
 
 @runtime_checkable
 class RetrievalCache(Protocol):
@@ -83,9 +97,13 @@ class RetrievalCache(Protocol):
     @property
     def semantic_enabled(self) -> bool: ...
 
-    async def get(self, key: RetrievalKey) -> CacheHit | None: ...
+    async def get(self, key: RetrievalKey, timeout_s: float | None = None) -> CacheHit | None:
+        """`timeout_s`: the most the caller will wait (what is left of its budget); then a miss."""
+        ...
 
-    async def get_similar(self, key: RetrievalKey, query_vector: np.ndarray) -> CacheHit | None:
+    async def get_similar(
+        self, key: RetrievalKey, query_vector: np.ndarray, timeout_s: float | None = None
+    ) -> CacheHit | None:
         """A near-duplicate query's entry that the meaning guard accepts, else None."""
         ...
 
@@ -114,11 +132,11 @@ class CachedAnswer:
     context_tokens: int = 0
     context_tokens_full: int = 0
 
-    def replay(self, timings: StageTimings, started: float) -> Iterator[QueryEvent]:
+    def replay(self, timings: StageTimings, elapsed_ms: Callable[[], float]) -> Iterator[QueryEvent]:
         """A hit's events, as a generated answer's: the stored passages, the text, a final summary.
 
-        `timings` are this request's (retrieval so far, answer cache lookup); TTFT counts from
-        `started` (perf_counter at the request start) to the first token event.
+        `timings` are this request's (retrieval so far, answer cache lookup), to be completed in a
+        copy; `elapsed_ms` counts from the request's start (TTFT is taken at the first token event).
         """
         # The stored passages replace this request's retrieval, so its degraded flags do not apply;
         # only answers from a retrieval that was not cut short are ever stored.
@@ -126,14 +144,13 @@ class CachedAnswer:
         yield RetrievalResult(
             list(self.passages), timings, degraded, self.index_version, list(self.rerank_tiers), cache_hit=True
         )
-        first_token_at = time.perf_counter()
+        ttft_ms = elapsed_ms()
         for start in range(0, len(self.text), _REPLAY_CHUNK_CHARS):
             yield TokenDelta(self.text[start : start + _REPLAY_CHUNK_CHARS])
-        timings.ttft_ms = (first_token_at - started) * 1000.0
-        timings.total_ms = (time.perf_counter() - started) * 1000.0
+        final = dataclasses.replace(timings, ttft_ms=ttft_ms, total_ms=elapsed_ms())
         yield FinalSummary(
             self.usage,
-            timings,
+            final,
             degraded,
             "stop",
             self.generator_model,
@@ -150,7 +167,7 @@ class AnswerCache(Protocol):
     @property
     def backend(self) -> str: ...
 
-    async def get(self, key: AnswerKey) -> CachedAnswer | None: ...
+    async def get(self, key: AnswerKey, timeout_s: float | None = None) -> CachedAnswer | None: ...
 
     def put(self, key: AnswerKey, entry: CachedAnswer) -> None:
         """Schedule a write of a clean answer (the caller decides what is clean); never waits."""

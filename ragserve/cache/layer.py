@@ -177,11 +177,18 @@ class GuardedStore:
         assert self._probe is not None
         await self._probe
 
-    async def _fetch(self, storage_key: str, decode: Callable[[bytes], E]) -> tuple[str, E | None]:
-        """("hit", entry), or ("miss" | "error" | "rejected", None): a store failure is counted and
-        fed to the breaker; a refused entry is counted by reason (it says nothing about the store)."""
+    async def _fetch(
+        self, storage_key: str, decode: Callable[[bytes], E], timeout_s: float | None = None
+    ) -> tuple[str, E | None]:
+        """("hit", entry), or ("miss" | "error" | "rejected" | "budget", None): a store failure is
+        counted and fed to the breaker; a refused entry is counted by reason (it says nothing about
+        the store); a lookup that outlived the caller's `timeout_s` (its budget, not the store's own
+        timeout) says nothing about the store either."""
         try:
-            raw = await self.store.get(storage_key)
+            async with asyncio.timeout(timeout_s):
+                raw = await self.store.get(storage_key)
+        except TimeoutError:
+            return "budget", None
         except CacheBackendError as exc:
             self._failed(exc, "get")
             return "error", None
@@ -195,12 +202,14 @@ class GuardedStore:
             log.debug("%s entry %s refused: %s", self.metrics.what, storage_key, exc)
             return "rejected", None
 
-    async def _get_current(self, storage_key: str, decode: Callable[[bytes], E]) -> E | None:
-        """An exact lookup, counted as skipped, error, miss or hit (a refused entry is a miss)."""
+    async def _get_current(
+        self, storage_key: str, decode: Callable[[bytes], E], timeout_s: float | None = None
+    ) -> E | None:
+        """An exact lookup, counted as skipped, error, budget, miss or hit (a refused entry is a miss)."""
         if not self._usable():
             self._count("skipped")
             return None
-        result, entry = await self._fetch(storage_key, decode)
+        result, entry = await self._fetch(storage_key, decode, timeout_s)
         self._count("miss" if result == "rejected" else result)
         return entry
 
@@ -298,8 +307,8 @@ class StoreBackedCache(GuardedStore):
 
     # --- the RetrievalCache contract --------------------------------------------------------
 
-    async def get(self, key: RetrievalKey) -> CacheHit | None:
-        entry = await self._get_current(key.storage_key, self._decoder(key))
+    async def get(self, key: RetrievalKey, timeout_s: float | None = None) -> CacheHit | None:
+        entry = await self._get_current(key.storage_key, self._decoder(key), timeout_s)
         return None if entry is None else CacheHit(entry, "exact")
 
     async def _semantic_lookup(self, semantic: SemanticIndex, key: RetrievalKey, vector: np.ndarray) -> SemanticMatch:
@@ -309,7 +318,9 @@ class StoreBackedCache(GuardedStore):
             self._semantic_executor = ThreadPoolExecutor(1, thread_name_prefix="ragserve-semantic")
         return await asyncio.get_running_loop().run_in_executor(self._semantic_executor, semantic.lookup, key, vector)
 
-    async def get_similar(self, key: RetrievalKey, query_vector: np.ndarray) -> CacheHit | None:
+    async def get_similar(
+        self, key: RetrievalKey, query_vector: np.ndarray, timeout_s: float | None = None
+    ) -> CacheHit | None:
         if self.semantic is None:
             return None
         match = await self._semantic_lookup(self.semantic, key, query_vector)
@@ -317,9 +328,9 @@ class StoreBackedCache(GuardedStore):
             self._count("semantic_rejected")
         if match.key is None or not self._usable():
             return None
-        result, entry = await self._fetch(match.key.storage_key, self._decoder(match.key))
-        if result == "error":
-            self._count("error")
+        result, entry = await self._fetch(match.key.storage_key, self._decoder(match.key), timeout_s)
+        if result in ("error", "budget"):
+            self._count(result)
         if entry is None or entry.index_version != key.index_version:
             return None
         self._count("semantic_hit")
@@ -369,14 +380,14 @@ class StoreBackedAnswerCache(GuardedStore):
         self.ttl_s = ttl_s
         self.max_text_bytes = max_text_bytes
 
-    async def get(self, key: AnswerKey) -> CachedAnswer | None:
+    async def get(self, key: AnswerKey, timeout_s: float | None = None) -> CachedAnswer | None:
         def decode(payload: bytes) -> CachedAnswer:
             entry = _expect(decode_answer(payload, key.top_k), key.index_version)
             if len(entry.text.encode()) > self.max_text_bytes:
                 raise RejectedEntry("out_of_bounds", "answer text over the size cap")
             return entry
 
-        return await self._get_current(key.storage_key, decode)
+        return await self._get_current(key.storage_key, decode, timeout_s)
 
     def put(self, key: AnswerKey, entry: CachedAnswer) -> None:
         if not entry.text:

@@ -82,34 +82,64 @@ def dedupe_documents(hits: Sequence[ScoredChunk]) -> list[ScoredChunk]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class SearchBreadth:
+    """How far one search looks, decided once per request by `plan_breadth` and used as is.
+
+    `depth` results are asked of each list (k, or more when deduplicating to documents); hybrid
+    fusion takes `candidates` from each list; `ef` is the HNSW breadth (never below what is asked).
+    `cut` says the budget made it narrower than the settings ask for.
+    """
+
+    k: int
+    depth: int
+    candidates: int
+    ef: int
+    cut: bool = False
+
+
+def effective_mode(index: SearchIndex, options: RetrievalOptions) -> Mode:
+    """The mode that can run: an index built before BM25 existed answers dense-only."""
+    lexical = isinstance(index, LexicalSearch) and index.lexical_available
+    return options.mode if lexical else "dense"
+
+
+def plan_breadth(
+    options: RetrievalOptions, mode: Mode, k: int, ef_search: int, dedupe: bool, narrow: bool = False
+) -> SearchBreadth:
+    """The one place search breadth is decided. `narrow` (budget nearly spent): HNSW looks no wider
+    than the candidates it must return (ef_search is dropped), flagged as cut only when that is
+    really less (a hybrid search's candidate lists already ask for more than ef_search)."""
+    depth = k * options.dedupe_depth_factor if dedupe else k
+    candidates = max(options.candidates, depth) if mode == "hybrid" else depth
+    ef = max(ef_search, candidates)
+    if narrow and candidates < ef:
+        return SearchBreadth(k, depth, candidates, candidates, cut=True)
+    return SearchBreadth(k, depth, candidates, ef)
+
+
 def hybrid_search(
     index: SearchIndex,
     query: str,
     query_vector: np.ndarray,
-    k: int,
-    ef: int,
+    breadth: SearchBreadth,
     options: RetrievalOptions,
+    mode: Mode,
     dedupe: bool = False,
-) -> tuple[list[ScoredChunk], str]:
-    """The top k chunks (or documents, if `dedupe`) for one query; also the mode that actually ran.
-
-    An index without a lexical part (built before BM25 existed) answers dense-only and says so.
-    """
-    depth = k * options.dedupe_depth_factor if dedupe else k
-    lexical = isinstance(index, LexicalSearch) and index.lexical_available
-    mode = options.mode if lexical else "dense"
+) -> list[ScoredChunk]:
+    """The top `breadth.k` chunks (or documents, if `dedupe`) for one query, in `mode`
+    (see `effective_mode`)."""
     if mode == "dense":
-        hits = index.search(query_vector, depth, max(ef, depth))
+        hits = index.search(query_vector, breadth.depth, breadth.ef)
     elif mode == "bm25":
-        hits = index.search_lexical(query, depth)  # type: ignore[attr-defined]
+        hits = index.search_lexical(query, breadth.depth)  # type: ignore[attr-defined]
     else:
-        n = max(options.candidates, depth)
-        dense = index.search(query_vector, n, max(ef, n))
-        bm25 = index.search_lexical(query, n)  # type: ignore[attr-defined]
+        dense = index.search(query_vector, breadth.candidates, breadth.ef)
+        bm25 = index.search_lexical(query, breadth.candidates)  # type: ignore[attr-defined]
         if options.fusion == "rrf":
             hits = rrf([dense, bm25], options.rrf_k)
         else:
             hits = weighted(dense, bm25, options.dense_weight)
     if dedupe:
         hits = dedupe_documents(hits)
-    return list(hits[:k]), mode
+    return list(hits[: breadth.k])

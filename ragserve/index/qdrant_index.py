@@ -19,14 +19,14 @@ import uuid
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from ragserve.errors import IndexLoadError, Unavailable
-from ragserve.index.base import ScoredChunk
+from ragserve.index.base import ScoredChunk, SearchIndex
 from ragserve.index.bm25 import bm25_terms
-from ragserve.index.reload import version_marker
+from ragserve.index.reload import ServedIndex, version_marker
 from ragserve.types import Chunk
 
 DENSE = "dense"
@@ -299,3 +299,24 @@ class QdrantIndex(PublishedMeta):
             with_payload=True,
         )
         return [ScoredChunk(_chunk_of(p.payload), float(p.score)) for p in result.points if p.score > 0]
+
+
+class QdrantWatch:
+    """A Qdrant alias: the collection it points to is the published version."""
+
+    def __init__(self, target: ServedIndex, name: str) -> None:
+        # The serving version's own connection: local-mode Qdrant allows one client per folder.
+        self._target = target
+        self.name = name
+
+    def _client(self) -> Any:
+        return cast(QdrantIndex, self._target.index).client
+
+    def published(self) -> str | None:
+        return published_marker(self._client(), self.name)
+
+    def load(self) -> QdrantIndex:
+        return QdrantIndex.open(self._client(), self.name)
+
+    def served(self, index: SearchIndex) -> str | None:
+        return version_marker(index.collection, index.identity) if isinstance(index, QdrantIndex) else None

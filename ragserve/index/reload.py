@@ -1,7 +1,7 @@
 """Hot reload: watch where versions are published (an index root's CURRENT link, or a Qdrant
 alias), verify a new version, swap it in.
 
-The swap is one reference assignment (`pipeline.index = new`), atomic under the GIL. A request
+The swap is one reference assignment (`pipeline.swap_index(new)`), atomic under the GIL. A request
 reads `pipeline.index` once and keeps that object for its whole life, so in-flight requests
 finish on the old version and the old version is freed when the last of them drops it. A version
 that fails verification (checksums, counts, embedder) is refused with one log line and the old
@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Protocol
 
 from ragserve.errors import IndexLoadError, RagError
 from ragserve.index.base import SearchIndex
@@ -50,35 +50,67 @@ def published_marker(root: Path) -> str | None:
 _MAX_RETRY_S = 60.0
 
 
-class IndexWatch(NamedTuple):
+class IndexWatch(Protocol):
     """How one backend publishes: what is published now, how to load it, what a loaded version was."""
 
-    published: Callable[[], str | None]
-    load: Callable[[], SearchIndex]
-    served: Callable[[SearchIndex], str | None]
+    def published(self) -> str | None:
+        """A marker of the version published now (None: nothing is); blocking."""
+        ...
+
+    def load(self) -> SearchIndex:
+        """The published version, verified (raises a RagError when it must be refused)."""
+        ...
+
+    def served(self, index: SearchIndex) -> str | None:
+        """The marker `index` was published under."""
+        ...
+
+
+class ServedIndex(Protocol):
+    """What serves an index and takes a new one (the pipeline)."""
+
+    @property
+    def index(self) -> SearchIndex: ...
+
+    def swap_index(self, index: SearchIndex) -> None: ...
+
+
+class FolderWatch:
+    """An index root: CURRENT links to the published version's folder."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def published(self) -> str | None:
+        return published_marker(self.root)
+
+    def load(self) -> SearchIndex:
+        from ragserve.index.hnsw import HnswIndex  # the folder format's only reader
+
+        return HnswIndex.load(self.root)
+
+    def served(self, index: SearchIndex) -> str | None:
+        folder = getattr(index, "folder", None)
+        return version_marker(folder.name, index.identity) if isinstance(folder, Path) else None
 
 
 class IndexReloader:
     def __init__(
         self,
-        marker: Callable[[], str | None],
-        load: Callable[[], SearchIndex],
-        swap: Callable[[SearchIndex], None],
-        current: Callable[[], SearchIndex],
+        watch: IndexWatch,
+        target: ServedIndex,
         accept: Callable[[SearchIndex], None] | None = None,
         interval_s: float = 2.0,
-        seen: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._marker = marker
-        self._load = load
-        self._swap = swap
-        self._current = current
+        self._watch = watch
+        self._target = target
         self._accept = accept
         self.interval_s = interval_s
         # What the serving version was published as. Asking the source instead would skip a
         # version published between the server's load and this moment.
-        self._seen = seen if seen is not None else marker()
+        seen = watch.served(target.index)
+        self._seen = seen if seen is not None else watch.published()
         self._clock = clock
         self._failures = 0
         self._retry_at = 0.0
@@ -89,16 +121,16 @@ class IndexReloader:
         """Load and swap if a new version was published; True if a swap happened. Blocking."""
         if self._clock() < self._retry_at:
             return False
-        old = self._current()
+        old = self._target.index
         try:
-            marker = self._marker()
+            marker = self._watch.published()
         except Exception as exc:
             return self._unreadable(exc, old)
         if marker is None or marker == self._seen:
             self._failures = 0
             return False
         try:
-            new = self._load()  # verifies every checksum before anything is swapped
+            new = self._watch.load()  # verifies every checksum before anything is swapped
             if self._accept is not None:
                 self._accept(new)
         except RagError as exc:
@@ -112,7 +144,7 @@ class IndexReloader:
         self._seen = marker
         if new.identity == old.identity:
             return False
-        self._swap(new)
+        self._target.swap_index(new)
         self.reloads += 1
         log.info(
             "index reloaded: version %s (%s) -> %s (%s), %d chunks",

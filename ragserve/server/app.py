@@ -227,17 +227,13 @@ class RagServer:
         pipeline = await loop.run_in_executor(
             None, lambda: make_pipeline(self.settings, with_generator=self.settings.generation_enabled)
         )
-        await loop.run_in_executor(None, pipeline.embedder.embed_queries, ["warm-up"])
+        try:
+            await pipeline.astart()
+        except BaseException:
+            await pipeline.aclose()  # a part that started (the engine, a cache pool) is stopped again
+            raise
         if pipeline.generator is not None:
-            await pipeline.generator.start()
             self._background.append(asyncio.create_task(self._watch_generator(pipeline.generator)))
-        if pipeline.reranker is not None:
-            # After the engine is up: each tier measures its cost at the load it will serve under.
-            await loop.run_in_executor(None, pipeline.reranker.warm_up)
-            log.info("rerank tiers: %s", "; ".join(pipeline.reranker.describe()))
-        for cache in (pipeline.cache, pipeline.answers):
-            if cache is not None:
-                await cache.start()  # pre-connect the Redis pool before traffic arrives
         self.pipeline = pipeline
         self._servicer.pipeline = pipeline
         if self.settings.index_reload_interval_s > 0:
@@ -248,15 +244,11 @@ class RagServer:
 
     def _index_reloader(self, pipeline: RagPipeline) -> IndexReloader:
         """Hot reload: a newly published version is verified, then swapped in (see index/reload.py)."""
-        watch = make_index_watch(self.settings, lambda: pipeline.index)
         return IndexReloader(
-            marker=watch.published,
-            load=watch.load,
-            swap=lambda index: setattr(pipeline, "index", index),
-            current=lambda: pipeline.index,
+            make_index_watch(self.settings, pipeline),
+            pipeline,
             accept=lambda index: check_compatible(pipeline.embedder, index),
             interval_s=self.settings.index_reload_interval_s,
-            seen=watch.served(pipeline.index),
         )
 
     async def _watch_generator(self, generator: Generator) -> None:
@@ -299,13 +291,7 @@ class RagServer:
         if self._metrics is not None:
             await self._metrics.close()
         if self.pipeline is not None:
-            for cache in (self.pipeline.cache, self.pipeline.answers):
-                if cache is not None:
-                    await cache.close()  # flushes pending background writes
-        if self.pipeline is not None and self.pipeline.generator is not None:
-            await self.pipeline.generator.close()
-        if self.pipeline is not None:
-            self.pipeline.close()
+            await self.pipeline.aclose()
         if self._owns_socket:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.settings.uds_path)

@@ -41,7 +41,7 @@ def degraded_pb(d: Degraded) -> pb.DegradedFlags:
         search_truncated=d.search_truncated,
         rerank_skipped=d.rerank_skipped,
         rerank_truncated=d.rerank_truncated,
-        notes=list(d.notes),
+        notes=[*d.notes, *d.remarks],
     )
 
 

@@ -175,7 +175,7 @@ def tune_weight(index_root: Path, queries: dict[str, str], qrels: dict[str, dict
     """Grid-search the dense weight in-process on the tuning half (same index and fusion code)."""
     from ragserve.config import Settings
     from ragserve.factory import make_embedder
-    from ragserve.index.fusion import RetrievalOptions, hybrid_search
+    from ragserve.index.fusion import RetrievalOptions, hybrid_search, plan_breadth
     from ragserve.index.hnsw import HnswIndex
 
     tune_ids, _ = tuning_split(list(qrels))
@@ -188,7 +188,8 @@ def tune_weight(index_root: Path, queries: dict[str, str], qrels: dict[str, dict
         opts = RetrievalOptions(mode="hybrid", fusion="weighted", dense_weight=w)
         runs = {}
         for q, vec in zip(ids, vectors, strict=True):
-            hits, _ = hybrid_search(index, queries[q], vec, 100, 100, opts, dedupe=True)
+            breadth = plan_breadth(opts, "hybrid", 100, 100, dedupe=True)
+            hits = hybrid_search(index, queries[q], vec, breadth, opts, "hybrid", dedupe=True)
             runs[q] = [h.chunk.doc_id for h in hits]
         score = evaluate(runs, qrels, ids)["ndcg@10"]
         print(f"  tune weighted w_dense={w:.1f}: nDCG@10 {score:.4f} on {len(ids)} tuning queries", flush=True)

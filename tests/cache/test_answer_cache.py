@@ -272,7 +272,7 @@ class FakeExplodingAnswerCache:
 
     backend = "fake"
 
-    async def get(self, key: AnswerKey) -> CachedAnswer | None:
+    async def get(self, key: AnswerKey, timeout_s: float | None = None) -> CachedAnswer | None:
         raise RuntimeError("boom")
 
     def put(self, key: AnswerKey, entry: CachedAnswer) -> None:
@@ -323,18 +323,27 @@ def test_a_paused_redis_costs_at_most_its_timeout(embedder, sample_index, execut
 
 
 def test_dedupe_and_generation_settings_are_in_the_pipeline_key(embedder, sample_index, executor) -> None:
-    pipeline = _pipeline(embedder, sample_index, executor, None)
+    answers = StoreBackedAnswerCache(MemoryStore())
+    pipeline = _pipeline(embedder, sample_index, executor, answers)
     result = RetrievalResult([], StageTimings(), Degraded(), "7")
 
-    def key(dedupe: bool = False, top_k: int = 3, max_tokens: int = 16, budget: int = 0) -> str:
+    def key(
+        dedupe: bool = False, top_k: int = 3, max_tokens: int = 16, budget: int = 0, on: RagPipeline = pipeline
+    ) -> str:
         params = RetrieveParams(Q, top_k, BUDGET_MS, dedupe)
-        return pipeline._answer_key(params, GenerateParams(max_tokens, 0.0, budget), result).storage_key
+        answer_key = on.caches.answer_key(params, GenerateParams(max_tokens, 0.0, budget), result)
+        assert answer_key is not None
+        return answer_key.storage_key
 
     base = key()
     assert base.startswith("a1:7:")
     assert len({base, key(dedupe=True), key(top_k=4), key(max_tokens=17), key(budget=160)}) == 5
-    pipeline.prompt_layout = "naive"
-    assert key() != base
+    naive = RagPipeline(
+        embedder, pipeline.index, FakeScriptedGenerator(), executor, answers=answers, prompt_layout="naive"
+    )
+    assert key(on=naive) != base
+    # Only greedy answers are reproducible: any other temperature has no key at all.
+    assert pipeline.caches.answer_key(RetrieveParams(Q, 3, BUDGET_MS), GenerateParams(16, 0.7), result) is None
 
 
 # --- keys and entries -----------------------------------------------------------------------------
@@ -467,7 +476,7 @@ def test_oversized_and_empty_answers_are_not_stored() -> None:
 
 def test_long_answers_replay_in_a_few_events() -> None:
     entry = _answer("y" * 10_000)
-    events = list(entry.replay(StageTimings(), started=0.0))
+    events = list(entry.replay(StageTimings(), lambda: 0.0))
     tokens = [e for e in events if isinstance(e, TokenDelta)]
     assert 1 < len(tokens) <= 4 and "".join(t.text for t in tokens) == entry.text
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ragserve.budget import Deadline
-from ragserve.cache.layer import StoreBackedCache
+from ragserve.cache.layer import StoreBackedAnswerCache, StoreBackedCache
 from ragserve.cache.memory import MemoryStore
 from ragserve.config import Settings
 from ragserve.factory import make_index_watch
@@ -20,7 +20,7 @@ from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import IndexReloader
 from ragserve.pipeline import RagPipeline
 from ragserve.types import GenerateParams, RetrievalResult, RetrieveParams
-from tests.fakes import FakeGeneratorBase
+from tests.fakes import FakeGeneratorBase, FakeServing
 from tests.index.tiny import FakeEmbedder, publish_tiny
 
 CORPUS_A = [f"alpha passage {i} on rivers" for i in range(40)]
@@ -36,7 +36,14 @@ def executor():
 
 
 def _pipeline(index: HnswIndex, executor: ThreadPoolExecutor) -> RagPipeline:
-    return RagPipeline(FakeEmbedder(), index, FakeGeneratorBase(), executor, cache=StoreBackedCache(MemoryStore()))
+    return RagPipeline(
+        FakeEmbedder(),
+        index,
+        FakeGeneratorBase(),
+        executor,
+        cache=StoreBackedCache(MemoryStore()),
+        answers=StoreBackedAnswerCache(MemoryStore()),
+    )
 
 
 async def _retrieve(pipeline: RagPipeline) -> RetrievalResult:
@@ -64,8 +71,9 @@ def test_two_corpora_published_as_v1_do_not_share_cache_entries(tmp_path: Path, 
     # Answers are keyed on the retrieval they came from: the two corpora's answers are apart too.
     gen = GenerateParams(max_tokens=16, temperature=0.0)
     params = RetrieveParams(Q, 3, 10_000)
-    answer_a, answer_b = (pipeline._answer_key(params, gen, r).storage_key for r in (first_a, first_b))
-    assert answer_a != answer_b
+    answer_a, answer_b = (pipeline.caches.answer_key(params, gen, r) for r in (first_a, first_b))
+    assert answer_a is not None and answer_b is not None
+    assert answer_a.storage_key != answer_b.storage_key
     assert index_a.identity != index_b.identity
 
 
@@ -73,14 +81,7 @@ def test_root_rebuilt_from_scratch_at_v1_is_reloaded_and_misses_the_old_cache(tm
     root = tmp_path / "idx"
     publish_tiny(root, CORPUS_A)
     pipeline = _pipeline(HnswIndex.load(root), executor)
-    watch = make_index_watch(Settings(index_path=root), lambda: pipeline.index)
-    reloader = IndexReloader(
-        marker=watch.published,
-        load=watch.load,
-        swap=lambda index: setattr(pipeline, "index", index),
-        current=lambda: pipeline.index,
-        seen=watch.served(pipeline.index),
-    )
+    reloader = IndexReloader(make_index_watch(Settings(index_path=root), pipeline), pipeline)
     assert reloader.check_once() is False  # nothing new yet
     asyncio.run(_retrieve(pipeline))
     assert asyncio.run(_retrieve(pipeline)).cache_hit
@@ -108,22 +109,14 @@ def test_qdrant_identity_names_the_content_not_the_number(tmp_path: Path) -> Non
     assert on_a.collection == on_b.collection and on_a.version == on_b.version == "1"
 
     # A Qdrant store wiped and published again from v1 with other content is a new version.
-    holder = {"index": on_a}
-    watch = make_index_watch(
-        Settings(index_backend="qdrant", qdrant_url=":memory:", qdrant_collection="docs"), lambda: holder["index"]
-    )
-    reloader = IndexReloader(
-        marker=watch.published,
-        load=watch.load,
-        swap=lambda index: holder.__setitem__("index", index),
-        current=lambda: holder["index"],
-        seen=watch.served(on_a),
-    )
+    holder = FakeServing(on_a)
+    watch = make_index_watch(Settings(index_backend="qdrant", qdrant_url=":memory:", qdrant_collection="docs"), holder)
+    reloader = IndexReloader(watch, holder)
     assert reloader.check_once() is False
     client_a.delete_collection(on_a.collection)  # the alias goes with it
     publish_folder_to_qdrant(client_a, "docs", root_b)
     assert reloader.check_once() is True
-    assert holder["index"].version == "1" and holder["index"].identity not in (on_a.identity, "")
+    assert holder.index.version == "1" and holder.index.identity not in (on_a.identity, "")
 
     assert on_a.identity != on_b.identity  # same name and number, other content
     # Qdrant and hnsw serving the same local version rank differently: never one cache entry.

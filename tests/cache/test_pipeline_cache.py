@@ -135,10 +135,12 @@ class FakeExplodingCache:
     backend = "fake"
     semantic_enabled = True
 
-    async def get(self, key: RetrievalKey) -> CacheHit | None:
+    async def get(self, key: RetrievalKey, timeout_s: float | None = None) -> CacheHit | None:
         raise RuntimeError("boom")
 
-    async def get_similar(self, key: RetrievalKey, query_vector: np.ndarray) -> CacheHit | None:
+    async def get_similar(
+        self, key: RetrievalKey, query_vector: np.ndarray, timeout_s: float | None = None
+    ) -> CacheHit | None:
         raise RuntimeError("boom")
 
     def put(self, key: RetrievalKey, entry: CachedRetrieval, query_vector: np.ndarray | None = None) -> None:

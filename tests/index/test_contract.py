@@ -17,7 +17,7 @@ from ragserve.embedding import SentenceTransformerEmbedder
 from ragserve.errors import IndexLoadError
 from ragserve.index.base import LexicalSearch, SearchIndex
 from ragserve.index.format import CHUNKS_FILE, VECTORS_FILE, read_verified_manifest, resolve_current
-from ragserve.index.fusion import RetrievalOptions, hybrid_search
+from ragserve.index.fusion import RetrievalOptions, effective_mode, hybrid_search, plan_breadth
 from ragserve.index.hnsw import HnswIndex, read_chunks
 from ragserve.index.qdrant_index import QdrantIndex, point_id
 
@@ -106,12 +106,13 @@ def test_hybrid_search_dedupes_to_documents(
     vector = embedder.embed_queries([query])[0]
     for fusion in ("rrf", "weighted"):
         opts = RetrievalOptions(mode=mode, fusion=fusion)  # type: ignore[arg-type]
-        hits, ran = hybrid_search(index, query, vector, 10, 64, opts, dedupe=True)
+        ran = effective_mode(index, opts)
         assert ran == mode
+        hits = hybrid_search(index, query, vector, plan_breadth(opts, ran, 10, 64, dedupe=True), opts, ran, dedupe=True)
         docs = [h.chunk.doc_id for h in hits]
         assert docs[0] == "bloom-filters.txt"
         assert len(docs) == len(set(docs))
-        chunk_hits, _ = hybrid_search(index, query, vector, 10, 64, opts, dedupe=False)
+        chunk_hits = hybrid_search(index, query, vector, plan_breadth(opts, ran, 10, 64, dedupe=False), opts, ran)
         assert len({h.chunk.doc_id for h in chunk_hits}) < len(chunk_hits)  # several chunks per document
 
 

@@ -83,7 +83,7 @@ def test_index_from_before_bm25_still_loads_dense_only(index_copy: Path, embedde
     """A version written by the first release (no bm25/, vectors or hashes) loads and serves dense-only."""
     import json
 
-    from ragserve.index.fusion import RetrievalOptions, hybrid_search
+    from ragserve.index.fusion import RetrievalOptions, effective_mode, hybrid_search, plan_breadth
 
     folder = resolve_current(index_copy)
     data = json.loads((folder / MANIFEST).read_text())
@@ -95,7 +95,11 @@ def test_index_from_before_bm25_still_loads_dense_only(index_copy: Path, embedde
     index = HnswIndex.load(index_copy)
     assert not index.lexical_available
     vector = embedder.embed_queries(["Bloom filter false positives"])[0]
-    hits, ran = hybrid_search(index, "Bloom filter false positives", vector, 3, 64, RetrievalOptions(mode="hybrid"))
+    opts = RetrievalOptions(mode="hybrid")
+    ran = effective_mode(index, opts)
+    hits = hybrid_search(
+        index, "Bloom filter false positives", vector, plan_breadth(opts, ran, 3, 64, False), opts, ran
+    )
     assert ran == "dense" and hits[0].chunk.doc_id == "bloom-filters.txt"
 
 
@@ -104,3 +108,19 @@ def test_bm25_file_is_checksummed(index_copy: Path) -> None:
     path.write_bytes(path.read_bytes()[:-8])
     with pytest.raises(IndexLoadError, match="checksum"):
         HnswIndex.load(index_copy)
+    # Through the pipeline the fallback is reported to the caller, and it cut nothing short.
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ragserve.budget import Deadline
+    from ragserve.pipeline import RagPipeline
+    from ragserve.types import RetrieveParams
+
+    with ThreadPoolExecutor(1) as executor:
+        pipeline = RagPipeline(embedder, index, None, executor, retrieval=opts)
+        result = asyncio.run(
+            pipeline.retrieve(RetrieveParams("Bloom filter false positives", 3, 10_000), Deadline(10_000))
+        )
+    assert result.passages[0].chunk.doc_id == "bloom-filters.txt"
+    assert any("dense-only" in remark for remark in result.degraded.remarks)
+    assert not result.degraded.is_degraded()

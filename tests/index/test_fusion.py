@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ragserve.index.base import ScoredChunk
-from ragserve.index.fusion import dedupe_documents, rrf, weighted
+from ragserve.index.fusion import RetrievalOptions, SearchBreadth, dedupe_documents, plan_breadth, rrf, weighted
 from ragserve.types import Chunk
 
 
@@ -28,3 +28,17 @@ def test_weighted_uses_the_weight() -> None:
 def test_dedupe_keeps_best_chunk_per_document() -> None:
     hits = [hit("a#1", 0.9), hit("a#0", 0.8), hit("b#0", 0.7), hit("a#2", 0.6)]
     assert [h.chunk.chunk_id for h in dedupe_documents(hits)] == ["a#1", "b#0"]
+
+
+def test_breadth_is_planned_once_and_a_cut_is_flagged_only_when_real() -> None:
+    hybrid = RetrievalOptions(mode="hybrid", candidates=100)
+    assert plan_breadth(hybrid, "hybrid", 3, 64, dedupe=False) == SearchBreadth(3, 3, 100, 100)
+    # Budget nearly spent: hybrid lists already ask for more than ef_search, so nothing is cut.
+    assert plan_breadth(hybrid, "hybrid", 3, 64, dedupe=False, narrow=True) == SearchBreadth(3, 3, 100, 100)
+    # Dense: HNSW looks only as wide as the results it returns, and says so.
+    assert plan_breadth(hybrid, "dense", 3, 64, dedupe=False) == SearchBreadth(3, 3, 3, 64)
+    assert plan_breadth(hybrid, "dense", 3, 64, dedupe=False, narrow=True) == SearchBreadth(3, 3, 3, 3, cut=True)
+    # Deduplicating to documents looks deeper; ef never drops below what is asked for.
+    assert plan_breadth(hybrid, "dense", 30, 64, dedupe=True) == SearchBreadth(30, 90, 90, 90)
+    assert plan_breadth(hybrid, "dense", 30, 64, dedupe=True, narrow=True).cut is False
+    assert plan_breadth(hybrid, "hybrid", 50, 64, dedupe=True) == SearchBreadth(50, 150, 150, 150)

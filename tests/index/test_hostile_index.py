@@ -17,7 +17,8 @@ import pytest
 from ragserve.errors import IndexLoadError
 from ragserve.index.format import CHUNKS_FILE, HNSW_FILE, MANIFEST, resolve_current, sha256_file
 from ragserve.index.hnsw import HnswIndex
-from ragserve.index.reload import IndexReloader, published_marker
+from ragserve.index.reload import FolderWatch, IndexReloader
+from tests.fakes import FakeServing
 from tests.index.tiny import publish_tiny, refresh_checksum, rewrite_manifest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -144,26 +145,20 @@ def test_untouched_tiny_graph_loads_and_searches(tmp_path: Path) -> None:
     assert _load_in_child(root).returncode == 3  # "served": the checks pass a real hnswlib file
 
 
-def _reloader(root: Path, holder: dict, clock: Callable[[], float] = lambda: 0.0) -> IndexReloader:
-    return IndexReloader(
-        marker=lambda: published_marker(root),
-        load=lambda: HnswIndex.load(root),
-        swap=lambda index: holder.__setitem__("index", index),
-        current=lambda: holder["index"],
-        clock=clock,
-    )
+def _reloader(root: Path, holder: FakeServing, clock: Callable[[], float] = lambda: 0.0) -> IndexReloader:
+    return IndexReloader(FolderWatch(root), holder, clock=clock)
 
 
 def test_hot_reload_refuses_a_crafted_graph_and_keeps_serving(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     root = tmp_path / "idx"
     publish_tiny(root, TEXTS)
-    holder = {"index": HnswIndex.load(root)}
+    holder = FakeServing(HnswIndex.load(root))
     reloader = _reloader(root, holder)
     publish_tiny(root, TEXTS, seed=1)
     craft(root, far_level0_neighbour)
     caplog.set_level(logging.INFO, logger="ragserve.index.reload")
     assert reloader.check_once() is False
-    assert reloader.refused == 1 and reloader.reloads == 0 and holder["index"].version == "1"
+    assert reloader.refused == 1 and reloader.reloads == 0 and holder.index.version == "1"
     errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(errors) == 1 and "not a valid HNSW graph" in errors[0].getMessage() and errors[0].exc_info is None
 
@@ -224,7 +219,7 @@ def test_malformed_manifest_is_refused_once_with_one_line(
 ) -> None:
     root = tmp_path / "idx"
     publish_tiny(root, TEXTS)
-    holder = {"index": HnswIndex.load(root)}
+    holder = FakeServing(HnswIndex.load(root))
     now = [0.0]
     reloader = _reloader(root, holder, clock=lambda: now[0])
     publish_tiny(root, TEXTS, seed=1)
@@ -235,7 +230,7 @@ def test_malformed_manifest_is_refused_once_with_one_line(
     for _ in range(5):  # never retried: the version's verdict stands until something else is published
         assert reloader.check_once() is False
         now[0] += 120.0
-    assert reloader.refused == 1 and holder["index"].version == "1"
+    assert reloader.refused == 1 and holder.index.version == "1"
     errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(errors) == 1 and errors[0].exc_info is None and "\n" not in errors[0].getMessage()
 

@@ -18,6 +18,7 @@ import pytest
 from indexer.build import build_index
 from ragserve.config import CacheSettings, Settings
 from ragserve.embedding import SentenceTransformerEmbedder
+from ragserve.index.base import SearchIndex
 from ragserve.index.format import (
     CHUNKS_FILE,
     MANIFEST,
@@ -27,10 +28,11 @@ from ragserve.index.format import (
     resolve_current,
 )
 from ragserve.index.hnsw import HnswIndex
-from ragserve.index.reload import IndexReloader, published_marker
+from ragserve.index.reload import FolderWatch, IndexReloader
 from ragserve.server.app import RagServer
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
+from tests.fakes import FakeServing
 from tests.index.conftest import write_docs
 
 
@@ -145,24 +147,19 @@ def test_reloader_refuses_corrupt_manifest(tmp_path: Path, embedder: SentenceTra
     docs = write_docs(tmp_path / "docs")
     root = tmp_path / "idx"
     build_index(docs, root, embedder, progress=False)
-    holder = {"index": HnswIndex.load(root)}
-    reloader = IndexReloader(
-        marker=lambda: published_marker(root),
-        load=lambda: HnswIndex.load(root),
-        swap=lambda index: holder.__setitem__("index", index),
-        current=lambda: holder["index"],
-    )
+    holder = FakeServing(HnswIndex.load(root))
+    reloader = IndexReloader(FolderWatch(root), holder)
     assert reloader.check_once() is False  # nothing new
     (docs / "new.txt").write_text("New\nA brand new document about volcanoes.")
     build_index(docs, root, embedder, progress=False)
     # Corrupt the freshly published manifest before the reloader looks.
     (resolve_current(root) / MANIFEST).write_text('{"version": 2, "truncated')
     assert reloader.check_once() is False
-    assert reloader.refused == 1 and holder["index"].version == "1"
+    assert reloader.refused == 1 and holder.index.version == "1"
     (docs / "newer.txt").write_text("Newer\nAnother document, about glaciers.")
     build_index(docs, root, embedder, progress=False)
     assert reloader.check_once() is True
-    assert holder["index"].version == "3" and reloader.reloads == 1
+    assert holder.index.version == "3" and reloader.reloads == 1
 
 
 def test_qdrant_alias_flip_is_picked_up(sample_index: Path) -> None:
@@ -174,27 +171,21 @@ def test_qdrant_alias_flip_is_picked_up(sample_index: Path) -> None:
 
     client = QdrantClient(":memory:")
     publish_folder_to_qdrant(client, "docs", sample_index)
-    holder = {"index": QdrantIndex.open(client, "docs")}
+    holder = FakeServing(QdrantIndex.open(client, "docs"))
     settings = Settings(index_backend="qdrant", qdrant_url=":memory:", qdrant_collection="docs")
-    watch = make_index_watch(settings, lambda: holder["index"])
+    watch = make_index_watch(settings, holder)
     # Version 2 lands while the server is still starting, after it loaded version 1: the reloader
     # starts from what is served, not from what is published by the time it exists.
     publish_folder_to_qdrant(client, "docs", sample_index)
-    reloader = IndexReloader(
-        marker=watch.published,
-        load=watch.load,
-        swap=lambda index: holder.__setitem__("index", index),
-        current=lambda: holder["index"],
-        seen=watch.served(holder["index"]),
-    )
-    old = holder["index"]
+    reloader = IndexReloader(watch, holder)
+    old = holder.index
     assert reloader.check_once() is True
-    new = holder["index"]
+    new = holder.index
     assert (old.version, new.version) == ("1", "2")
     assert new.collection != old.collection and reloader.reloads == 1
     assert reloader.check_once() is False  # nothing newer
     publish_folder_to_qdrant(client, "docs", sample_index)  # the indexer's next version flips the alias
-    assert reloader.check_once() is True and holder["index"].version == "3"
+    assert reloader.check_once() is True and holder.index.version == "3"
     client.close()
 
 
@@ -204,28 +195,27 @@ def test_unreadable_source_is_retried_with_back_off_not_refused(
     docs = write_docs(tmp_path / "docs")
     root = tmp_path / "idx"
     build_index(docs, root, embedder, progress=False)
-    holder = {"index": HnswIndex.load(root)}
+    holder = FakeServing(HnswIndex.load(root))
     outage = [True]
     now = [0.0]
 
-    def flaky_load() -> HnswIndex:
-        if outage[0]:
-            raise ConnectionError("index store briefly unreachable")
-        return HnswIndex.load(root)
+    class FlakyWatch(FolderWatch):
+        def load(self) -> SearchIndex:
+            if outage[0]:
+                raise ConnectionError("index store briefly unreachable")
+            return super().load()
 
     reloader = IndexReloader(
-        marker=lambda: published_marker(root),
-        load=flaky_load,
-        swap=lambda index: holder.__setitem__("index", index),
-        current=lambda: holder["index"],
+        FlakyWatch(root),
+        holder,
         interval_s=2.0,
         clock=lambda: now[0],
     )
     (docs / "new.txt").write_text("New\nA brand new document about volcanoes.")
     build_index(docs, root, embedder, progress=False)
     assert reloader.check_once() is False
-    assert reloader.refused == 0 and holder["index"].version == "1"
+    assert reloader.refused == 0 and holder.index.version == "1"
     outage[0] = False
     assert reloader.check_once() is False  # backing off: no new attempt yet
     now[0] += 5.0
-    assert reloader.check_once() is True and holder["index"].version == "2"
+    assert reloader.check_once() is True and holder.index.version == "2"

@@ -1,0 +1,170 @@
+"""The two caches as the request path sees them: keys from one scope, lookups bounded in time.
+
+The pipeline asks "is this passage list (or answer) known?" and "keep this one"; which parts of
+the server make up a key (models, ranking settings, template, engine choices) is decided here,
+once, at start-up. The caches promise never to raise; should an implementation break that promise,
+the request still does not fail: the call is logged and treated as a miss (or a dropped write).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
+
+from ragserve.cache.base import AnswerCache, CachedAnswer, CachedRetrieval, CacheHit, RetrievalCache
+from ragserve.cache.keys import AnswerKey, RetrievalKey, answer_key, prompt_template_id, retrieval_key
+from ragserve.context import FittedContext
+from ragserve.generate.answer import AnswerRun
+from ragserve.generate.base import Generator
+from ragserve.rerank.base import Reranker
+from ragserve.search_stage import SearchStage
+from ragserve.types import GenerateParams, RetrievalResult, RetrieveParams
+
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+
+async def _or_miss(lookup: Awaitable[T | None], what: str) -> T | None:
+    try:
+        return await lookup
+    except Exception:
+        log.exception("%s lookup failed; continuing without it", what)
+        return None
+
+
+def _or_drop(write: Callable[[], None], what: str) -> None:
+    try:
+        write()
+    except Exception:
+        log.exception("%s write failed; continuing without it", what)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheScope:
+    """Everything besides the request and the index that changes a passage list or an answer."""
+
+    embedder_id: str
+    # Ranking settings (search breadth, fusion, the reranker's models) as short tags.
+    ranking: tuple[str, ...]
+    # The retrieval options' own tag takes the request's dedupe flag: (dedupe) -> tag.
+    retrieval_tags: tuple[str, str]
+    # Generator model and the engine settings that can change a greedy answer (dtype, speculation).
+    generator: str
+    prompt_layout: str
+
+
+def cache_scope(
+    embedder_id: str, search: SearchStage, reranker: Reranker | None, generator: Generator | None, prompt_layout: str
+) -> CacheScope:
+    rerank = tuple(reranker.describe()) if reranker is not None else ()
+    generator_tag = ""
+    if generator is not None:
+        # Engine settings (dtype, speculation) can change a greedy answer: they are in the key.
+        engine = ",".join(f"{c.name}={c.value}" for c in generator.engine_choices)
+        generator_tag = f"{generator.model_id}|{engine}"
+    options = search.options
+    return CacheScope(
+        embedder_id,
+        (f"ef={search.ef_search}", *rerank),
+        (options.cache_tag(False), options.cache_tag(True)),
+        generator_tag,
+        prompt_layout,
+    )
+
+
+class PipelineCaches:
+    """The retrieval cache and the answer cache (either may be absent) behind one scope."""
+
+    def __init__(self, scope: CacheScope, passages: RetrievalCache | None, answers: AnswerCache | None) -> None:
+        self.scope = scope
+        self.passages = passages
+        self.answers = answers
+
+    def retrieval_key(self, params: RetrieveParams, index_version: str, index_identity: str) -> RetrievalKey:
+        tag = self.scope.retrieval_tags[int(params.dedupe_documents)]
+        return retrieval_key(
+            params.query,
+            params.top_k,
+            index_version,
+            (self.scope.embedder_id,),
+            (self.scope.ranking[0], tag, *self.scope.ranking[1:]),
+            index_identity,
+        )
+
+    async def lookup(self, key: RetrievalKey, timeout_s: float | None) -> CacheHit | None:
+        if self.passages is None:
+            return None
+        return await _or_miss(self.passages.get(key, timeout_s), "retrieval cache")
+
+    def semantic_enabled(self) -> bool:
+        return self.passages is not None and self.passages.semantic_enabled
+
+    async def lookup_similar(self, key: RetrievalKey, vector: np.ndarray, timeout_s: float | None) -> CacheHit | None:
+        if self.passages is None:
+            return None
+        return await _or_miss(self.passages.get_similar(key, vector, timeout_s), "retrieval cache")
+
+    def store(self, key: RetrievalKey, result: RetrievalResult, vector: np.ndarray | None) -> None:
+        """`vector`: None when the query must never be matched semantically."""
+        if self.passages is None:
+            return
+        entry = CachedRetrieval(
+            tuple(result.passages),
+            result.index_version,
+            tuple(result.rerank_tiers),
+            key.query,
+            result.degraded.is_degraded(),
+        )
+        passages = self.passages
+        _or_drop(lambda: passages.put(key, entry, vector), "retrieval cache")
+
+    def answer_key(self, params: RetrieveParams, gen: GenerateParams, retrieval: RetrievalResult) -> AnswerKey | None:
+        """None when the answer is not to be cached: no answer cache, or not a greedy request (only
+        temperature 0 is reproducible). The key is built on the version the retrieval used (maybe a
+        retrieval cache hit), not on the index served now."""
+        if self.answers is None or gen.temperature != 0.0:
+            return None
+        return answer_key(
+            self.retrieval_key(params, retrieval.index_version, retrieval.index_identity),
+            self.scope.generator,
+            prompt_template_id(self.scope.prompt_layout),
+            gen.context_token_budget,
+            gen.max_tokens,
+        )
+
+    async def lookup_answer(self, key: AnswerKey, timeout_s: float | None) -> CachedAnswer | None:
+        assert self.answers is not None  # a key exists only with an answer cache
+        return await _or_miss(self.answers.get(key, timeout_s), "answer cache")
+
+    def store_answer(
+        self, key: AnswerKey, run: AnswerRun, retrieval: RetrievalResult, model_id: str, context: FittedContext
+    ) -> None:
+        """A clean answer (the pipeline decides what is clean), with the passages it was made from."""
+        entry = CachedAnswer(
+            run.text,
+            tuple(retrieval.passages),
+            retrieval.index_version,
+            tuple(retrieval.rerank_tiers),
+            run.usage,
+            model_id,
+            context.tokens,
+            context.tokens_full,
+        )
+        answers = self.answers
+        assert answers is not None
+        _or_drop(lambda: answers.put(key, entry), "answer cache")  # in the background: nobody waits
+
+    async def start(self) -> None:
+        for cache in (self.passages, self.answers):
+            if cache is not None:
+                await cache.start()  # pre-connect the Redis pool before traffic arrives
+
+    async def close(self) -> None:
+        for cache in (self.passages, self.answers):
+            if cache is not None:
+                await cache.close()  # flushes pending background writes

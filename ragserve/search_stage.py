@@ -1,0 +1,125 @@
+"""Search and rerank, the budgeted middle of the request path (after embedding, before caching).
+
+Breadth is planned once (index/fusion.py `plan_breadth`); a local index searches on the model
+threads, a remote one (Qdrant) on its own threads within the budget; the reranker reorders on its
+own threads under the Deadline; the degraded flags say what was really cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import numpy as np
+
+from ragserve.budget import Deadline, StageTimer
+from ragserve.errors import DeadlineExpired, Unavailable
+from ragserve.index.base import ScoredChunk, SearchIndex
+from ragserve.index.fusion import RetrievalOptions, effective_mode, hybrid_search, plan_breadth
+from ragserve.prompt import stable_order
+from ragserve.rerank.base import Reranker, RerankOutcome
+from ragserve.types import Degraded, Passage, RetrievalResult, RetrieveParams, StageTimings
+
+T = TypeVar("T")
+
+# Below this much budget left after embedding, search looks no further than the results asked for.
+_MIN_BUDGET_FOR_FULL_SEARCH_MS = 5.0
+
+
+def check_client(deadline: Deadline, stage: str) -> None:
+    if deadline.client_expired():
+        raise DeadlineExpired(f"client deadline passed before {stage}")
+
+
+class SearchStage:
+    def __init__(
+        self,
+        options: RetrievalOptions,
+        ef_search: int,
+        reranker: Reranker | None,
+        executor: ThreadPoolExecutor,
+        rerank_executor: ThreadPoolExecutor | None = None,
+        search_executor: ThreadPoolExecutor | None = None,
+        search_min_ms: float = 25.0,
+    ) -> None:
+        self.options = options
+        self.ef_search = ef_search
+        self.reranker = reranker
+        self._executor = executor
+        # Reranking holds a thread for up to the whole budget; on its own pool, the next request's
+        # few-millisecond embed and search never wait behind it.
+        self._rerank_executor = rerank_executor or executor
+        # A remote index (Qdrant) searches on its own threads, bounded by the budget: a slow or
+        # silent server must neither hold the embedding threads nor outlive the request's budget.
+        self._search_executor = search_executor
+        self._search_min_ms = search_min_ms
+
+    def executors(self) -> set[ThreadPoolExecutor]:
+        return {e for e in (self._executor, self._rerank_executor, self._search_executor) if e is not None}
+
+    async def run(
+        self, params: RetrieveParams, index: SearchIndex, vector: np.ndarray, deadline: Deadline, timings: StageTimings
+    ) -> RetrievalResult:
+        check_client(deadline, "search")
+        mode = effective_mode(index, self.options)
+        # The reranker reorders a deeper candidate list than the caller asked for.
+        k = params.top_k if self.reranker is None else max(params.top_k, self.reranker.candidates)
+        narrow = deadline.budget_left_ms() < _MIN_BUDGET_FOR_FULL_SEARCH_MS
+        breadth = plan_breadth(self.options, mode, k, self.ef_search, params.dedupe_documents, narrow)
+        with StageTimer("search") as t:
+            hits = await self._search(
+                lambda: hybrid_search(
+                    index, params.query, vector, breadth, self.options, mode, params.dedupe_documents
+                ),
+                deadline,
+            )
+        timings.search_ms = t.ms
+        outcome = RerankOutcome(stable_order([Passage(hit.chunk, hit.score) for hit in hits]))
+        if self.reranker is not None:
+            with StageTimer("rerank") as t:
+                outcome = await self._rerank(self.reranker, params.query, outcome.passages, deadline)
+            timings.rerank_ms = t.ms
+        top = [Passage(p.chunk, p.score, rank) for rank, p in enumerate(outcome.passages[: params.top_k], start=1)]
+        timings.retrieval_total_ms = deadline.elapsed_ms()
+        degraded = Degraded.of_search(
+            breadth_cut=breadth.cut,
+            lexical_missing=mode != self.options.mode,
+            rerank_skipped=outcome.skipped,
+            rerank_truncated=outcome.truncated,
+            rerank_notes=tuple(outcome.notes),
+            budget_exhausted=deadline.budget_exhausted(),
+        )
+        return RetrievalResult(top, timings, degraded, index.version, outcome.tiers, index_identity=index.identity)
+
+    async def _search(self, fn: Callable[[], list[ScoredChunk]], deadline: Deadline) -> list[ScoredChunk]:
+        """A local index searches on the model threads; a remote one on its own, within the budget."""
+        loop = asyncio.get_running_loop()
+        if self._search_executor is None:
+            return await loop.run_in_executor(self._executor, fn)
+        # Without any results there is nothing to degrade to, so a nearly spent budget still gets a
+        # short try (search_min_ms) rather than none; the caller's own deadline is never exceeded.
+        wait_s = max(deadline.budget_left_ms(), self._search_min_ms) / 1000.0
+        client_left = deadline.client_left_s()
+        if client_left is not None:
+            wait_s = min(wait_s, client_left)
+        try:
+            return await asyncio.wait_for(loop.run_in_executor(self._search_executor, fn), wait_s)
+        except TimeoutError:
+            # The thread stays in the call until the client's timeout frees it; the request does not wait.
+            check_client(deadline, "the index answered")
+            raise Unavailable(
+                f"the index did not answer within the retrieval budget ({wait_s * 1000.0:.0f} ms)"
+            ) from None
+
+    async def _rerank(
+        self, reranker: Reranker, query: str, passages: list[Passage], deadline: Deadline
+    ) -> RerankOutcome:
+        """Reorder under the Deadline; it decides depth before each batch. Never fails the request."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._rerank_executor, lambda: reranker.rerank(query, passages, deadline))
+
+    async def warm_up(self) -> None:
+        if self.reranker is not None:
+            await asyncio.get_running_loop().run_in_executor(self._rerank_executor, self.reranker.warm_up)
