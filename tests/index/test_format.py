@@ -101,13 +101,6 @@ def test_index_from_before_bm25_still_loads_dense_only(index_copy: Path, embedde
         index, "Bloom filter false positives", vector, plan_breadth(opts, ran, 3, 64, False), opts, ran
     )
     assert ran == "dense" and hits[0].chunk.doc_id == "bloom-filters.txt"
-
-
-def test_bm25_file_is_checksummed(index_copy: Path) -> None:
-    path = resolve_current(index_copy) / "bm25" / "data.csc.index.npy"
-    path.write_bytes(path.read_bytes()[:-8])
-    with pytest.raises(IndexLoadError, match="checksum"):
-        HnswIndex.load(index_copy)
     # Through the pipeline the fallback is reported to the caller, and it cut nothing short.
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
@@ -124,3 +117,10 @@ def test_bm25_file_is_checksummed(index_copy: Path) -> None:
     assert result.passages[0].chunk.doc_id == "bloom-filters.txt"
     assert any("dense-only" in remark for remark in result.degraded.remarks)
     assert not result.degraded.is_degraded()
+
+
+def test_bm25_file_is_checksummed(index_copy: Path) -> None:
+    path = resolve_current(index_copy) / "bm25" / "data.csc.index.npy"
+    path.write_bytes(path.read_bytes()[:-8])
+    with pytest.raises(IndexLoadError, match="checksum"):
+        HnswIndex.load(index_copy)
