@@ -53,11 +53,13 @@ class _Call:
         self.method = method
         self.context = context
         self.request_id = request_id_of(context)
-        self.started = time.perf_counter()
+        # The request's one start, on the Deadline's clock: the call's duration, TTFT and the stage
+        # totals all count from here (validation and admission included).
+        self.arrived = time.monotonic()
         self.code = "OK"
 
     def elapsed_ms(self) -> float:
-        return (time.perf_counter() - self.started) * 1000.0
+        return (time.monotonic() - self.arrived) * 1000.0
 
     async def fail(self, error: RagError) -> NoReturn:
         status = to_status(error)
@@ -173,8 +175,9 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
             raise Unavailable("server is still loading the index and models")
         return self.pipeline
 
-    def _deadline(self, budget_ms: int, context: grpc.aio.ServicerContext) -> Deadline:
-        return Deadline(budget_ms, client_timeout_s=context.time_remaining())
+    @staticmethod
+    def _deadline(budget_ms: int, call: _Call) -> Deadline:
+        return Deadline(budget_ms, client_timeout_s=call.context.time_remaining(), started=call.arrived)
 
     async def Retrieve(self, request: pb.RetrieveRequest, context: grpc.aio.ServicerContext) -> pb.RetrieveResponse:
         call = _Call("Retrieve", context)
@@ -182,7 +185,7 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
             params = validate_retrieve(
                 self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents
             )
-            result = await self._ready().retrieve(params, self._deadline(params.budget_ms, context))
+            result = await self._ready().retrieve(params, self._deadline(params.budget_ms, call))
             call.log_retrieval(result)
             return retrieve_response_pb(result)
 
@@ -200,7 +203,7 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
                 request.temperature,
                 request.context_token_budget if request.HasField("context_token_budget") else None,
             )
-            deadline = self._deadline(params.budget_ms, context)
+            deadline = self._deadline(params.budget_ms, call)
             events = self._ready().query(params, gen, deadline, call.request_id)
             try:
                 async for event in events:
