@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -21,6 +19,7 @@ from indexer.loaders import (
 )
 from ragserve.config import DEFAULT_EMBEDDER, Settings
 from ragserve.errors import RagError
+from ragserve.logs import setup_cli_logging
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Build ragserve indexes.")
 
@@ -63,8 +62,16 @@ def build(
             min=0.001, envvar="RAGSERVE_INDEXER_PARSE_TIMEOUT_S", help="Skip HTML/PDF files that take longer to parse"
         ),
     ] = DEFAULT_PARSE_TIMEOUT_S,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Also show third-party libraries' INFO lines on the console")
+    ] = False,
+    log_file: Annotated[
+        Path | None,
+        typer.Option(envvar="RAGSERVE_INDEXER_LOG_FILE", help="Also write every log line (third-party INFO too) here"),
+    ] = None,
 ) -> None:
     """Index SOURCE and publish a new version atomically (incremental over the published one)."""
+    setup_cli_logging(verbose, log_file, own_default="WARNING")
     target = out or Settings().index_path
     if backend not in ("torch", "onnx"):
         typer.echo(f"error: --backend must be torch or onnx, got {backend!r}", err=True)
@@ -149,5 +156,6 @@ def load_embedder(model: str, backend: str, device: str, int8: bool) -> Indexing
 
 
 def main() -> None:
-    logging.basicConfig(level=os.environ.get("RAGSERVE_LOG_LEVEL", "WARNING"))
+    # Quiet from the start; a command sets its own flags (--verbose, --log-file) before it loads models.
+    setup_cli_logging(own_default="WARNING")
     app()

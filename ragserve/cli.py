@@ -48,10 +48,16 @@ def serve(
 def prepare_models(
     target: Annotated[Path | None, typer.Option(help="Where to write the generator folder")] = None,
     force: Annotated[bool, typer.Option(help="Convert again even if already prepared")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Also show third-party libraries' INFO lines on the console")
+    ] = False,
+    log_file: Annotated[Path | None, typer.Option(help="Also write every log line (third-party INFO too) here")] = None,
 ) -> None:
     """Convert the bundled SmolLM2-135M-Instruct GGUF into an HF folder vLLM loads, and export the
     query embedder to ONNX when that backend is configured (both once)."""
-    _setup_logging("text")
+    from ragserve.logs import setup_cli_logging
+
+    setup_cli_logging(verbose, log_file)
     from pydantic import ValidationError
 
     from ragserve.factory import make_embedder

@@ -1,27 +1,109 @@
-"""Logging set-up for entry points: JSON lines by default, with request ids and no document text."""
+"""Logging set-up for entry points.
+
+The server: JSON lines by default, with request ids and no document text. The command-line tools
+(the indexer, prepare-models): a person's console shows our own lines, progress bars and results,
+and third-party libraries only at WARNING or above; their INFO chatter (the ONNX quantizer alone logs
+a line per tensor) goes to the log file when one is given, or to the console with --verbose.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+from pathlib import Path
 
 from pythonjsonlogger.json import JsonFormatter
+
+# Loggers under these names are ours; every other logger (and the root logger, which some libraries
+# call directly) is third-party.
+OWN_LOGGERS = ("ragserve", "indexer", "__main__")
+# Python warnings (deprecations, tracer notes) once routed through logging by captureWarnings.
+WARNINGS_LOGGER = "py.warnings"
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _formatter(fmt: str) -> logging.Formatter:
+    if fmt == "json":
+        return JsonFormatter(
+            "%(asctime)s %(levelname)s %(name)s %(message)s",
+            rename_fields={"asctime": "ts", "levelname": "level", "name": "logger"},
+        )
+    return logging.Formatter(TEXT_FORMAT)
+
+
+def _replace_root_handlers(handlers: list[logging.Handler], level: int) -> None:
+    root = logging.getLogger()
+    for old in root.handlers:
+        if old not in handlers:
+            old.close()
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def setup_logging(default_format: str = "json") -> None:
     level = os.environ.get("RAGSERVE_LOG_LEVEL", "INFO").upper()
     fmt = os.environ.get("RAGSERVE_LOG_FORMAT", default_format)
     handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(
-            JsonFormatter(
-                "%(asctime)s %(levelname)s %(name)s %(message)s",
-                rename_fields={"asctime": "ts", "levelname": "level", "name": "logger"},
-            )
-        )
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(_formatter(fmt))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+
+
+def is_own(logger_name: str) -> bool:
+    return any(logger_name == own or logger_name.startswith(own + ".") for own in OWN_LOGGERS)
+
+
+class ConsoleFilter(logging.Filter):
+    """Our records from `own_level`, third-party records from `third_party_level`.
+
+    Python warnings count as third-party INFO: they are notes for developers (a deprecated
+    argument, a tracer remark), not something a person running a command can act on.
+    """
+
+    def __init__(self, own_level: int, third_party_level: int) -> None:
+        super().__init__()
+        self.own_level = own_level
+        self.third_party_level = third_party_level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if is_own(record.name):
+            return record.levelno >= self.own_level
+        level = logging.INFO if record.name == WARNINGS_LOGGER else record.levelno
+        return level >= self.third_party_level
+
+
+def _level(name: str) -> int:
+    level = logging.getLevelName(name.upper())
+    if not isinstance(level, int):
+        raise ValueError(f"unknown log level {name!r}")
+    return level
+
+
+def setup_cli_logging(verbose: bool = False, log_file: Path | None = None, own_default: str = "INFO") -> None:
+    """Console and optional log file for a command-line tool.
+
+    Our own loggers log at RAGSERVE_LOG_LEVEL (else `own_default`) to the console; third-party
+    loggers at WARNING, or at INFO with `verbose`. `log_file`, when given, gets every record at INFO
+    or above (DEBUG if asked for), ours and third-party, Python warnings included.
+    """
+    own_level = _level(os.environ.get("RAGSERVE_LOG_LEVEL", own_default))
+    if verbose:
+        own_level = min(own_level, logging.INFO)
+    third_party_level = min(own_level, logging.INFO) if verbose else logging.WARNING
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(_formatter(os.environ.get("RAGSERVE_LOG_FORMAT", "text")))
+    console.addFilter(ConsoleFilter(own_level, third_party_level))
+    handlers: list[logging.Handler] = [console]
+    root_level = min(own_level, third_party_level)
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        file_level = min(own_level, logging.INFO)
+        to_file = logging.FileHandler(log_file, encoding="utf-8")
+        to_file.setFormatter(logging.Formatter(TEXT_FORMAT))
+        to_file.setLevel(file_level)
+        handlers.append(to_file)
+        root_level = min(root_level, file_level)
+    _replace_root_handlers(handlers, root_level)
+    logging.captureWarnings(True)

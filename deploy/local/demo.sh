@@ -12,7 +12,7 @@ export RAGSERVE_INDEX_PATH=${RAGSERVE_INDEX_PATH:-$PWD/var/index/sample}
 export RAGSERVE_UDS_PATH=${RAGSERVE_UDS_PATH:-$PWD/var/ragserve.sock}
 QUESTION=${1:-"What does the TCP three-way handshake exchange between client and server?"}
 
-ragserve-index build indexer/sample_docs --out "$RAGSERVE_INDEX_PATH"
+ragserve-index build indexer/sample_docs --out "$RAGSERVE_INDEX_PATH" --log-file var/index.log
 
 ragserve serve > var/server.log 2>&1 &
 server=$!

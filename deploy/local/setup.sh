@@ -49,4 +49,5 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
-ragserve prepare-models
+# Third-party chatter (the ONNX quantizer logs a line per tensor) goes to the log file, not the console.
+ragserve prepare-models --log-file var/prepare-models.log

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-from ragserve.types import Degraded, FinalSummary, Passage, RetrievalResult, StageTimings, TokenDelta
+from typing import TYPE_CHECKING, TypeVar
+
+from ragserve.types import Degraded, EngineChoice, FinalSummary, Passage, RetrievalResult, StageTimings, TokenDelta
 from ragserve.v1 import rag_pb2 as pb
+
+if TYPE_CHECKING:
+    from ragserve.pipeline import RagPipeline
+
+# The two messages that carry a retrieval result: the Retrieve reply and the Query stream's first event.
+RetrievalMessage = TypeVar("RetrievalMessage", pb.RetrieveResponse, pb.RetrievalEvent)
 
 
 def passage_pb(passage: Passage) -> pb.Passage:
@@ -45,8 +53,9 @@ def degraded_pb(d: Degraded) -> pb.DegradedFlags:
     )
 
 
-def retrieve_response_pb(result: RetrievalResult) -> pb.RetrieveResponse:
-    return pb.RetrieveResponse(
+def retrieval_pb(result: RetrievalResult, message: type[RetrievalMessage]) -> RetrievalMessage:
+    """`message` (RetrieveResponse or RetrievalEvent) filled from `result`: both carry the same fields."""
+    return message(
         passages=[passage_pb(p) for p in result.passages],
         timings=timings_pb(result.timings),
         degraded=degraded_pb(result.degraded),
@@ -56,20 +65,15 @@ def retrieve_response_pb(result: RetrievalResult) -> pb.RetrieveResponse:
     )
 
 
+def retrieve_response_pb(result: RetrievalResult) -> pb.RetrieveResponse:
+    return retrieval_pb(result, pb.RetrieveResponse)
+
+
 def query_event_pb(event: RetrievalResult | TokenDelta | FinalSummary) -> pb.QueryEvent:
     if isinstance(event, TokenDelta):
         return pb.QueryEvent(token=pb.TokenEvent(text=event.text))
     if isinstance(event, RetrievalResult):
-        return pb.QueryEvent(
-            retrieval=pb.RetrievalEvent(
-                passages=[passage_pb(p) for p in event.passages],
-                timings=timings_pb(event.timings),
-                degraded=degraded_pb(event.degraded),
-                index_version=event.index_version,
-                rerank_tiers=list(event.rerank_tiers),
-                cache_hit=event.cache_hit,
-            )
-        )
+        return pb.QueryEvent(retrieval=retrieval_pb(event, pb.RetrievalEvent))
     return pb.QueryEvent(
         final=pb.FinalEvent(
             usage=pb.Usage(
@@ -87,4 +91,25 @@ def query_event_pb(event: RetrievalResult | TokenDelta | FinalSummary) -> pb.Que
             generator_model=event.generator_model,
             answer_cache_hit=event.answer_cache_hit,
         )
+    )
+
+
+def engine_setting_pb(choice: EngineChoice) -> pb.EngineSetting:
+    return pb.EngineSetting(name=choice.name, value=choice.value, reason=choice.reason)
+
+
+def info_response_pb(pipeline: RagPipeline, retrieval_budget_ms: int, requests_in_flight: int) -> pb.InfoResponse:
+    """What a loaded server runs; the budget and the in-flight count are the server's, not the pipeline's."""
+    generator = pipeline.generator
+    return pb.InfoResponse(
+        index_version=pipeline.index.version,
+        index_chunks=pipeline.index.count,
+        embedder_model=pipeline.embedder.model_id,
+        generator_model=generator.model_id if generator else "",
+        rerank_tiers=pipeline.reranker.describe() if pipeline.reranker is not None else [],
+        retrieval_budget_ms=retrieval_budget_ms,
+        generator_unfinished_requests=generator.unfinished_requests() if generator else 0,
+        requests_in_flight=requests_in_flight,
+        generator_settings=[engine_setting_pb(c) for c in (generator.engine_choices if generator else ())],
+        host_cpu=generator.host_cpu if generator else "",
     )

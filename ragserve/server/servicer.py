@@ -19,7 +19,7 @@ from ragserve.errors import DeadlineExpired, RagError, Unavailable
 from ragserve.limiter import InFlightLimiter
 from ragserve.observability import observe_final, observe_request, observe_retrieval
 from ragserve.pipeline import RagPipeline
-from ragserve.server.convert import query_event_pb, retrieve_response_pb
+from ragserve.server.convert import info_response_pb, query_event_pb, retrieve_response_pb
 from ragserve.server.status import to_status
 from ragserve.types import FinalSummary, RetrievalResult
 from ragserve.v1 import rag_pb2 as pb
@@ -223,19 +223,4 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
             pipeline = self._ready()
         except RagError as error:
             await call.fail(error)
-        generator = pipeline.generator
-        return pb.InfoResponse(
-            index_version=pipeline.index.version,
-            index_chunks=pipeline.index.count,
-            embedder_model=pipeline.embedder.model_id,
-            generator_model=generator.model_id if generator else "",
-            rerank_tiers=pipeline.reranker.describe() if pipeline.reranker is not None else [],
-            retrieval_budget_ms=self._settings.retrieval_budget_ms,
-            generator_unfinished_requests=generator.unfinished_requests() if generator else 0,
-            requests_in_flight=self._limiter.in_flight,
-            generator_settings=[
-                pb.EngineSetting(name=c.name, value=c.value, reason=c.reason)
-                for c in (generator.engine_choices if generator else ())
-            ],
-            host_cpu=generator.host_cpu if generator else "",
-        )
+        return info_response_pb(pipeline, self._settings.retrieval_budget_ms, self._limiter.in_flight)

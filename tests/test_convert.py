@@ -1,0 +1,141 @@
+"""Domain values -> protobuf messages: what the servicer sends is exactly what the pipeline produced."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+
+from ragserve.server.convert import (
+    info_response_pb,
+    query_event_pb,
+    retrieval_pb,
+    retrieve_response_pb,
+)
+from ragserve.types import (
+    Chunk,
+    Degraded,
+    EngineChoice,
+    FinalSummary,
+    Passage,
+    RetrievalResult,
+    StageTimings,
+    TokenDelta,
+    Usage,
+)
+from ragserve.v1 import rag_pb2 as pb
+
+
+def _result() -> RetrievalResult:
+    return RetrievalResult(
+        passages=[
+            Passage(Chunk("d1#0", "d1", "first text", title="One"), score=0.91, rank=1),
+            Passage(Chunk("d2#3", "d2", "second text", title="Two"), score=0.5, rank=2),
+        ],
+        timings=StageTimings(embed_ms=1.5, search_ms=2.25, rerank_ms=3.0, retrieval_total_ms=7.0, cache_ms=0.25),
+        degraded=Degraded(rerank_truncated=True, notes=["rerank cut to 10"]),
+        index_version="7",
+        rerank_tiers=["tier1:20"],
+        cache_hit=True,
+    )
+
+
+def _fields(message: Any) -> list[tuple[int, str, int, str]]:
+    return [
+        (f.number, f.name, f.type, f.message_type.full_name if f.message_type else "")
+        for f in message.DESCRIPTOR.fields
+    ]
+
+
+def test_retrieve_response_carries_the_result() -> None:
+    response = retrieve_response_pb(_result())
+    assert [(p.doc_id, p.chunk_id, p.text, p.title, p.rank) for p in response.passages] == [
+        ("d1", "d1#0", "first text", "One", 1),
+        ("d2", "d2#3", "second text", "Two", 2),
+    ]
+    assert response.passages[0].score == pb.Passage(score=0.91).score
+    assert response.timings.embed_ms == 1.5
+    assert response.timings.search_ms == 2.25
+    assert response.timings.cache_ms == 0.25
+    assert response.timings.retrieval_total_ms == 7.0
+    assert response.degraded.rerank_truncated and not response.degraded.rerank_skipped
+    assert list(response.degraded.notes) == ["rerank cut to 10"]
+    assert response.index_version == "7"
+    assert list(response.rerank_tiers) == ["tier1:20"]
+    assert response.cache_hit
+
+
+def test_retrieve_response_and_retrieval_event_carry_the_same_fields_from_the_same_result() -> None:
+    # The two messages are one shape under two names: same field numbers, names and types...
+    assert _fields(pb.RetrieveResponse) == _fields(pb.RetrievalEvent)
+    result = _result()
+    response = retrieve_response_pb(result)
+    event = query_event_pb(result)
+    assert event.WhichOneof("event") == "retrieval"
+    # ...and the same result fills both alike: every field set, same values, same wire bytes.
+    assert MessageToDict(response) == MessageToDict(event.retrieval)
+    assert response.SerializeToString(deterministic=True) == event.retrieval.SerializeToString(deterministic=True)
+    assert {f.name for f, _ in response.ListFields()} == {f.name for f in pb.RetrieveResponse.DESCRIPTOR.fields}
+    assert retrieval_pb(result, pb.RetrievalEvent) == event.retrieval
+
+
+def test_token_and_final_events() -> None:
+    assert query_event_pb(TokenDelta("hel")).token.text == "hel"
+    final = query_event_pb(
+        FinalSummary(
+            usage=Usage(prompt_tokens=120, completion_tokens=8, prefix_cache_hit_tokens=64, draft_tokens=4),
+            timings=StageTimings(ttft_ms=40.0, total_ms=90.0),
+            degraded=Degraded(),
+            finish_reason="stop",
+            generator_model="gen",
+            context_tokens=50,
+            context_tokens_full=80,
+            answer_cache_hit=True,
+        )
+    ).final
+    assert (final.usage.prompt_tokens, final.usage.completion_tokens, final.usage.prefix_cache_hit_tokens) == (
+        120,
+        8,
+        64,
+    )
+    assert (final.usage.context_tokens, final.usage.context_tokens_full, final.usage.draft_tokens) == (50, 80, 4)
+    assert final.timings.ttft_ms == 40.0
+    assert (final.finish_reason, final.generator_model, final.answer_cache_hit) == ("stop", "gen", True)
+
+
+def _pipeline(generator: Any, reranker: Any) -> Any:
+    return SimpleNamespace(
+        index=SimpleNamespace(version="3", count=111),
+        embedder=SimpleNamespace(model_id="emb"),
+        generator=generator,
+        reranker=reranker,
+    )
+
+
+def test_info_response_of_a_full_pipeline() -> None:
+    generator = SimpleNamespace(
+        model_id="gen",
+        unfinished_requests=lambda: 2,
+        engine_choices=(EngineChoice("threads", "2", "host has 2 cores"),),
+        host_cpu="x86_64 avx2",
+    )
+    reranker = SimpleNamespace(describe=lambda: ["tier1:20"])
+    info = info_response_pb(_pipeline(generator, reranker), retrieval_budget_ms=150, requests_in_flight=5)
+    assert (info.index_version, info.index_chunks, info.embedder_model, info.generator_model) == (
+        "3",
+        111,
+        "emb",
+        "gen",
+    )
+    assert list(info.rerank_tiers) == ["tier1:20"]
+    assert (info.retrieval_budget_ms, info.requests_in_flight, info.generator_unfinished_requests) == (150, 5, 2)
+    assert [(s.name, s.value, s.reason) for s in info.generator_settings] == [("threads", "2", "host has 2 cores")]
+    assert info.host_cpu == "x86_64 avx2"
+
+
+def test_info_response_without_generator_or_reranker() -> None:
+    info = info_response_pb(_pipeline(None, None), retrieval_budget_ms=150, requests_in_flight=0)
+    assert (info.generator_model, info.generator_unfinished_requests, info.host_cpu) == ("", 0, "")
+    assert not info.rerank_tiers and not info.generator_settings
+    assert info.index_chunks == 111
