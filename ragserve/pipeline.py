@@ -17,11 +17,8 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-import numpy as np
-
 from ragserve.budget import Deadline, StageTimer
-from ragserve.cache.base import AnswerCache, CacheHit, RetrievalCache
-from ragserve.cache.keys import RetrievalKey
+from ragserve.cache.base import AnswerCache, RetrievalCache
 from ragserve.cache.pipeline_caches import PipelineCaches, cache_scope
 from ragserve.context import fit_context
 from ragserve.embedding import Embedder
@@ -71,14 +68,9 @@ class RagPipeline:
         self.reranker = reranker
         self.prompt_layout = prompt_layout  # "stable" keeps the template prefix first (prefix cache)
         self._executor = executor
+        options = retrieval or RetrievalOptions()
         self.search = SearchStage(
-            retrieval or RetrievalOptions(),
-            ef_search,
-            reranker,
-            executor,
-            rerank_executor,
-            search_executor,
-            search_min_ms,
+            options, ef_search, reranker, executor, rerank_executor, search_executor, search_min_ms
         )
         scope = cache_scope(embedder.model_id, self.search, reranker, generator, prompt_layout)
         self.caches = PipelineCaches(scope, cache, answers)
@@ -92,8 +84,7 @@ class RagPipeline:
         return self.caches.answers
 
     def swap_index(self, index: SearchIndex) -> None:
-        """Serve `index` from the next request on (one reference assignment, atomic under the GIL);
-        requests in flight finish on the version they started with."""
+        """From the next request on (atomic under the GIL); calls in flight keep the one they read."""
         self.index = index
 
     async def astart(self) -> None:
@@ -143,7 +134,10 @@ class RagPipeline:
         # A query longer than the embedder's window is embedded by its prefix alone: any two sharing
         # that prefix score a cosine near 1, so such a query is never matched or offered semantically.
         semantic_vector = embedded.vector if embedded.fits_window else None
-        hit = await self._similar(key, semantic_vector, deadline, timings)
+        if semantic_vector is not None and self.caches.semantic_enabled():
+            with StageTimer("semantic_cache") as t:
+                hit = await self.caches.lookup_similar(key, semantic_vector, deadline.budget_left_ms() / 1000.0)
+            timings.cache_ms += t.ms
         if hit is not None:
             timings.retrieval_total_ms = deadline.elapsed_ms()
             return hit.result(index.identity, timings)
@@ -151,16 +145,6 @@ class RagPipeline:
         # The cache decides what a result cut short by the budget is worth (by default: not stored).
         self.caches.store(key, result, semantic_vector)
         return result
-
-    async def _similar(
-        self, key: RetrievalKey, vector: np.ndarray | None, deadline: Deadline, timings: StageTimings
-    ) -> CacheHit | None:
-        if vector is None or not self.caches.semantic_enabled():
-            return None
-        with StageTimer("semantic_cache") as t:
-            hit = await self.caches.lookup_similar(key, vector, deadline.budget_left_ms() / 1000.0)
-        timings.cache_ms += t.ms
-        return hit
 
     async def query(
         self, params: RetrieveParams, gen: GenerateParams, deadline: Deadline, request_id: str
