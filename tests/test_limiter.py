@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from ragserve.errors import Overloaded
-from ragserve.limiter import InFlightLimiter
+from ragserve.server.limiter import InFlightLimiter
 
 
 def test_a_burst_admits_exactly_the_bound_and_rejects_the_rest() -> None:

@@ -229,7 +229,7 @@ _OPTIONS_ONLY_SERVER = textwrap.dedent(
     """
     import asyncio, grpc
     from ragserve.config import Settings
-    from ragserve.limiter import InFlightLimiter
+    from ragserve.server.limiter import InFlightLimiter
     from ragserve.server.app import server_options
     from ragserve.server.servicer import RagServicer
     from ragserve.v1 import rag_pb2_grpc as pb_grpc

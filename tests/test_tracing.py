@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from ragserve import tracing
 from ragserve.config import Settings
 from ragserve.factory import make_pipeline
-from ragserve.limiter import InFlightLimiter
+from ragserve.server.limiter import InFlightLimiter
 from ragserve.server.servicer import RagServicer
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc

@@ -6,7 +6,7 @@ import pytest
 
 from ragserve.config import Settings
 from ragserve.errors import InvalidArgument
-from ragserve.validation import validate_generate, validate_retrieve
+from ragserve.server.validation import validate_generate, validate_retrieve
 
 SETTINGS = Settings()
 

@@ -22,10 +22,10 @@ from ragserve.errors import ConfigError, Overloaded, RagError
 from ragserve.factory import check_compatible, make_index_watch, make_pipeline
 from ragserve.generate.base import Generator
 from ragserve.index.reload import IndexReloader
-from ragserve.limiter import InFlightLimiter
 from ragserve.pipeline import RagPipeline
 from ragserve.server.auth import BearerTokenInterceptor, ClientIdentityInterceptor, check_exposure
 from ragserve.server.handlers import wrap_handler
+from ragserve.server.limiter import InFlightLimiter
 from ragserve.server.metrics_http import MetricsServer
 from ragserve.server.servicer import RagServicer
 from ragserve.server.status import to_status

@@ -16,15 +16,15 @@ from ragserve import metrics, tracing
 from ragserve.budget import Deadline
 from ragserve.config import Settings
 from ragserve.errors import DeadlineExpired, RagError, Unavailable
-from ragserve.limiter import InFlightLimiter
-from ragserve.observability import observe_final, observe_request, observe_retrieval
 from ragserve.pipeline import RagPipeline
 from ragserve.server.convert import info_response_pb, query_event_pb, retrieve_response_pb
+from ragserve.server.limiter import InFlightLimiter
+from ragserve.server.observability import observe_final, observe_request, observe_retrieval
 from ragserve.server.status import to_status
+from ragserve.server.validation import validate_generate, validate_retrieve
 from ragserve.types import FinalSummary, RetrievalResult
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
-from ragserve.validation import validate_generate, validate_retrieve
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from ragserve.config import Settings
-from ragserve.limiter import InFlightLimiter
 from ragserve.pipeline import RagPipeline
 from ragserve.server.app import build_grpc_server
+from ragserve.server.limiter import InFlightLimiter
 from ragserve.server.servicer import RagServicer
 
 

@@ -47,7 +47,7 @@ def index(request, sample_index: Path, tmp_path: Path) -> Iterator[SearchIndex]:
         return
     if request.param == "qdrant-edge":
         from indexer.chunking import embedding_text
-        from ragserve.index.qdrant_edge_index import EdgeIndex, build_edge_shard
+        from tests.index.qdrant_edge_index import EdgeIndex, build_edge_shard
 
         folder = resolve_current(sample_index)
         manifest = read_verified_manifest(folder)

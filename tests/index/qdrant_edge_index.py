@@ -1,5 +1,8 @@
 """The same retrieval contract on qdrant-edge (Qdrant's engine in-process, one shard on local disk).
 
+Kept with the tests, not in the product: the factory does not offer it as a backend. The contract
+tests run on it to show the SearchIndex Protocol holds on Qdrant's own engine, not only over HTTP.
+
 Same data model as the Qdrant backend (named dense vector + BM25 sparse vector with the IDF
 modifier, uuid5 point ids, chunk payloads), without a server: for a single host that wants
 Qdrant's engine. The shard folder holds `ragserve_meta.json` (version, embedder, counts) beside
