@@ -102,6 +102,8 @@ def test_server_refuses_to_start_with_a_missing_model(sample_index: Path, tmp_pa
         "RAGSERVE_RERANK_MODE": "two-tier",
         "RAGSERVE_RERANK_TIER1_MODEL": missing,
         "RAGSERVE_GENERATION_ENABLED": "false",
+        # No metrics listener: the default port may be taken by another server on the machine.
+        "RAGSERVE_METRICS_PORT": "0",
     }
     proc = subprocess.run(
         [sys.executable, "-m", "ragserve.cli", "serve", "--port", "0", "--index", str(sample_index)],
