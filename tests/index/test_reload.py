@@ -31,6 +31,7 @@ from ragserve.index.reload import IndexReloader, published_marker
 from ragserve.server.app import RagServer
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
+from tests.fakes import FakeClock
 from tests.index.conftest import write_docs
 
 
@@ -206,7 +207,7 @@ def test_unreadable_source_is_retried_with_back_off_not_refused(
     build_index(docs, root, embedder, progress=False)
     holder = {"index": HnswIndex.load(root)}
     outage = [True]
-    now = [0.0]
+    clock = FakeClock(0.0)
 
     def flaky_load() -> HnswIndex:
         if outage[0]:
@@ -219,7 +220,7 @@ def test_unreadable_source_is_retried_with_back_off_not_refused(
         swap=lambda index: holder.__setitem__("index", index),
         current=lambda: holder["index"],
         interval_s=2.0,
-        clock=lambda: now[0],
+        clock=clock,
     )
     (docs / "new.txt").write_text("New\nA brand new document about volcanoes.")
     build_index(docs, root, embedder, progress=False)
@@ -227,5 +228,5 @@ def test_unreadable_source_is_retried_with_back_off_not_refused(
     assert reloader.refused == 0 and holder["index"].version == "1"
     outage[0] = False
     assert reloader.check_once() is False  # backing off: no new attempt yet
-    now[0] += 5.0
+    clock.advance(5.0)
     assert reloader.check_once() is True and holder["index"].version == "2"
