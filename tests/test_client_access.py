@@ -23,7 +23,7 @@ from ragserve.config import ClientSettings
 from ragserve.errors import ConfigError
 from ragserve.server.auth import BearerTokenInterceptor
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
-from tests.e2e.certs import Pki, make_pki
+from tests.certs import Pki, make_pki
 from tests.fakes import FakeRagService
 
 REPO = Path(__file__).resolve().parent.parent
