@@ -9,6 +9,16 @@ from ragserve.embedding import SentenceTransformerEmbedder
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_DOCS = REPO / "indexer" / "sample_docs"
+E2E_TESTS = Path(__file__).resolve().parent / "e2e"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything under tests/e2e starts a real server process: marked `e2e`, so the default
+    `pytest` run (see addopts in pyproject.toml) leaves it to `deploy/local/test.sh`."""
+    for item in items:
+        if E2E_TESTS in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(scope="session")
