@@ -23,6 +23,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def embedder() -> SentenceTransformerEmbedder:
+    import torch
+
+    # One intra-op thread for the test process: on a busy 2-core machine torch's spinning worker
+    # threads make each small embedding call some 50x slower. The tests check behaviour, not speed.
+    torch.set_num_threads(1)
     return SentenceTransformerEmbedder()
 
 
