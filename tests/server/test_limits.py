@@ -255,6 +255,7 @@ def _peak_rss_mib(pid: int) -> float:
     return int(match.group(1)) / 1024
 
 
+@pytest.mark.slow  # a server child process, and a 128 MiB request compressed on the client
 def test_a_gzip_bomb_is_refused_without_inflating(tmp_path: Path) -> None:
     """128 MiB of one letter gzips to ~130 KiB: refused on its decompressed size, in bounded memory."""
     inflated = 128 * 2**20
