@@ -73,9 +73,9 @@ def test_flags_and_reordering() -> None:
 
 def test_tiny_budget_returns_fused_order_flagged() -> None:
     # 10 ms budget, most of it already spent by embedding and search (simulated by the clock).
-    now = [0.0]
-    deadline = Deadline(10, clock=lambda: now[0])
-    now[0] = 0.009
+    clock = FakeClock(0.0)
+    deadline = Deadline(10, clock=clock)
+    clock.advance(0.009)
     fused = candidates()
     outcome = make().rerank("q", fused, deadline)
     assert outcome.skipped and outcome.tiers == []
