@@ -32,9 +32,9 @@ from ragserve.server.app import server_options
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 from tests.cache.inproc_server import serve_pipeline
+from tests.conftest import REPO
 from tests.fakes import FakeEndlessGenerator
 
-REPO = Path(__file__).resolve().parent.parent
 Q = "Explain how a Bloom filter answers membership queries."
 # Generous bounds: they only have to separate "ended by the cap" from "never ends".
 CAP_S = 2.0
