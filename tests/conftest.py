@@ -9,10 +9,25 @@ from ragserve.embedding import SentenceTransformerEmbedder
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_DOCS = REPO / "indexer" / "sample_docs"
+E2E_TESTS = Path(__file__).resolve().parent / "e2e"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything under tests/e2e starts a real server process: marked `e2e`, so the default
+    `pytest` run (see addopts in pyproject.toml) leaves it to `deploy/local/test.sh`."""
+    for item in items:
+        if E2E_TESTS in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(scope="session")
 def embedder() -> SentenceTransformerEmbedder:
+    import torch
+
+    # One intra-op thread for the test process: on a busy 2-core machine torch's spinning worker
+    # threads make each small embedding call some 50x slower. The tests check behaviour, not speed.
+    torch.set_num_threads(1)
     return SentenceTransformerEmbedder()
 
 

@@ -1,14 +1,7 @@
 from __future__ import annotations
 
 from ragserve.budget import Deadline, StageTimer
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes import FakeClock
 
 
 def test_budget_counts_down_and_exhausts() -> None:

@@ -1,7 +1,7 @@
 """Clients with auth on: RagClient and `ragserve health` send the bearer token and speak TLS/mTLS.
 
 In-process grpc.aio servers with the server's own BearerTokenInterceptor and a fake servicer
-(FakeRetrieveService); certificates from a throwaway CA.
+(FakeRagService); certificates from a throwaway CA.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from ragserve.client import RagClient, is_local_target
 from ragserve.config import ClientSettings
 from ragserve.errors import ConfigError
 from ragserve.server.auth import BearerTokenInterceptor
-from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
-from tests.e2e.certs import Pki, make_pki
+from tests.certs import Pki, make_pki
+from tests.fakes import FakeRagService
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "s3cret-token"
@@ -43,16 +43,11 @@ def no_client_env(monkeypatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-class FakeRetrieveService(pb_grpc.RagServiceServicer):  # type: ignore[misc]
-    async def Retrieve(self, request: pb.RetrieveRequest, context: grpc.aio.ServicerContext) -> pb.RetrieveResponse:
-        return pb.RetrieveResponse(passages=[pb.Passage(doc_id="d", chunk_id="d#0", text=request.query)])
-
-
 @asynccontextmanager
 async def protected_server(address: str, pki: Pki | None) -> AsyncIterator[str]:
     """Token always; with `pki`, TLS that requires a client certificate (mTLS). Yields the target."""
     server = grpc.aio.server(interceptors=[BearerTokenInterceptor(TOKEN)])
-    pb_grpc.add_RagServiceServicer_to_server(FakeRetrieveService(), server)
+    pb_grpc.add_RagServiceServicer_to_server(FakeRagService(), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)

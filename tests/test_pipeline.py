@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,33 +14,15 @@ from ragserve.errors import DeadlineExpired
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
 from ragserve.pipeline import RagPipeline
-from ragserve.prompt import Prompt
 from ragserve.types import (
     FinalSummary,
     GenerateParams,
-    GenerationChunk,
     RetrievalResult,
     RetrieveParams,
     TokenDelta,
     Usage,
 )
-from tests.fakes import FakeGeneratorBase
-
-
-class FakeGenerator(FakeGeneratorBase):
-    """Streams fixed words with a delay; records the prompt it was given."""
-
-    def __init__(self, delay_s: float = 0.0) -> None:
-        self.delay_s = delay_s
-        self.prompts: list[Prompt] = []
-
-    async def stream(self, prompt: Prompt, params: GenerateParams, request_id: str) -> AsyncIterator[GenerationChunk]:
-        self.prompts.append(prompt)
-        words = ["The ", "answer ", "is ", "[1]."]
-        for i, word in enumerate(words):
-            await asyncio.sleep(self.delay_s)
-            last = i == len(words) - 1
-            yield GenerationChunk(word, last, "stop" if last else "", Usage(100, len(words), 64) if last else None)
+from tests.fakes import FakeGenerator
 
 
 @pytest.fixture
@@ -108,23 +89,10 @@ def test_client_deadline_bounds_generation(pipeline_factory) -> None:
         asyncio.run(run())
 
 
-class FakeCountingGenerator(FakeGenerator):
-    """Produces many chunks as fast as it is asked, counting how many it handed out."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.produced = 0
-
-    async def stream(self, prompt: Prompt, params: GenerateParams, request_id: str) -> AsyncIterator[GenerationChunk]:
-        for _ in range(1000):
-            self.produced += 1
-            yield GenerationChunk("x")
-        yield GenerationChunk("", True, "length", Usage(10, 1000, 0))
-
-
 def test_stream_pulls_only_as_fast_as_the_reader(pipeline_factory) -> None:
     """A slow reader leaves the engine's output unpulled: nothing piles up between them."""
-    fake = FakeCountingGenerator()
+    # Many chunks, produced as fast as they are asked for.
+    fake = FakeGenerator(words=["x"] * 1000 + [""], finish_reason="length", usage=Usage(10, 1000, 0))
     pipeline = pipeline_factory(fake)
     params = RetrieveParams("anything", top_k=2, budget_ms=1000)
 

@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 # What the ONNX quantizer logs per tensor, through the root logger.
@@ -72,6 +74,7 @@ def test_own_level_follows_the_environment(tmp_path: Path) -> None:
     assert "Quantization parameters" not in console
 
 
+@pytest.mark.slow  # the real indexer CLI, with a fresh ONNX export of MiniLM
 def test_indexer_console_carries_no_quantizer_info_lines(tmp_path: Path) -> None:
     """The real CLI on a tiny corpus, exporting and int8-quantizing the embedder afresh, with our
     own INFO lines asked for: the quantizer's per-tensor INFO lines reach the log file only."""

@@ -7,4 +7,5 @@ bash deploy/local/setup.sh
 . .venv/bin/activate
 ruff check .
 mypy ragserve indexer
-pytest -v -ra "$@"
+# -m "": every test, e2e and slow included (a plain `pytest` deselects them; see pyproject.toml).
+pytest -v -ra -m "" "$@"

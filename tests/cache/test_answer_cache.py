@@ -54,40 +54,25 @@ from ragserve.types import (
     Usage,
 )
 from tests.cache.redis_proc import RedisProcess
-from tests.cache.test_breaker_and_layer import FakeFlakyStore
 from tests.conftest import SAMPLE_DOCS
-from tests.fakes import FakeGeneratorBase
+from tests.fakes import FakeFlakyStore, FakeGenerator, FakeGeneratorBase
 
 Q = "What does the TCP three-way handshake exchange between client and server?"
 BUDGET_MS = 10_000  # generous: a retrieval cut short by the budget is (rightly) never stored
 
 
-class FakeScriptedGenerator(FakeGeneratorBase):
-    """A generator fake: streams fixed words and finishes with `finish_reason`; counts its streams.
-
-    `fail_after` raises after that many words (an engine failure); `delay_s` sleeps before each word.
-    """
-
-    def __init__(self, finish_reason: str = "stop", fail_after: int | None = None, delay_s: float = 0.0) -> None:
-        self.words = ["The handshake ", "exchanges ", "SYN, SYN-ACK ", "and ACK [1]. ✓"]
-        self.finish_reason = finish_reason
-        self.fail_after = fail_after
-        self.delay_s = delay_s
-        self.calls = 0
-
-    async def stream(self, prompt: Prompt, params: GenerateParams, request_id: str) -> AsyncIterator[GenerationChunk]:
-        self.calls += 1
-        for i, word in enumerate(self.words):
-            if self.fail_after is not None and i == self.fail_after:
-                raise RuntimeError("fake engine failure")
-            await asyncio.sleep(self.delay_s)
-            last = i == len(self.words) - 1
-            usage = Usage(321, len(self.words), 256) if last else None
-            yield GenerationChunk(word, last, self.finish_reason if last else "", usage)
+# The fake engine's fixed answer, with usage numbers of its own so a replay is recognizable.
+ANSWER_WORDS = ("The handshake ", "exchanges ", "SYN, SYN-ACK ", "and ACK [1]. ✓")
+ANSWER_USAGE = Usage(321, len(ANSWER_WORDS), 256)
 
 
-class FakeRefusingGenerator(FakeScriptedGenerator):
-    """Same model id as the scripted fake, but fails the test if the engine is asked at all."""
+def scripted_generator(**settings: Any) -> FakeGenerator:
+    """The generator fake streaming ANSWER_WORDS; `settings` as FakeGenerator takes them."""
+    return FakeGenerator(ANSWER_WORDS, usage=ANSWER_USAGE, **settings)
+
+
+class FakeRefusingGenerator(FakeGeneratorBase):
+    """Same model id as the generator fake, but fails the test if the engine is asked at all."""
 
     def stream(self, prompt: Prompt, params: GenerateParams, request_id: str) -> AsyncIterator[GenerationChunk]:
         raise AssertionError("the engine was asked for an answer the cache holds")
@@ -101,7 +86,7 @@ def executor():
 
 
 def _pipeline(embedder, index_root: Path, executor, answers, generator=None) -> RagPipeline:
-    generator = generator or FakeScriptedGenerator()
+    generator = generator or scripted_generator()
     return RagPipeline(embedder, HnswIndex.load(index_root), generator, executor, answers=answers)
 
 
@@ -203,7 +188,7 @@ NOT_STORED: dict[str, tuple[dict[str, Any], Callable[[RagPipeline], Awaitable[ob
 @pytest.mark.parametrize("case", list(NOT_STORED))
 def test_only_clean_temperature_0_answers_are_stored(case: str, embedder, sample_index, executor) -> None:
     settings, run = NOT_STORED[case]
-    generator = FakeScriptedGenerator(**settings)
+    generator = scripted_generator(**settings)
     store = MemoryStore()
     answers = StoreBackedAnswerCache(store)
     pipeline = _pipeline(embedder, sample_index, executor, answers, generator)
@@ -220,7 +205,7 @@ def test_only_clean_temperature_0_answers_are_stored(case: str, embedder, sample
 def test_a_new_index_version_misses(embedder, sample_index, executor, tmp_path) -> None:
     root = tmp_path / "index"
     shutil.copytree(sample_index, root, symlinks=True)
-    generator = FakeScriptedGenerator()
+    generator = scripted_generator()
     pipeline = _pipeline(embedder, root, executor, StoreBackedAnswerCache(MemoryStore()), generator)
 
     async def asked_twice() -> tuple[list[QueryEvent], list[QueryEvent]]:
@@ -245,7 +230,7 @@ def test_a_new_index_version_misses(embedder, sample_index, executor, tmp_path) 
 def test_a_failing_store_is_a_miss_and_the_engine_answers(embedder, sample_index, executor) -> None:
     store = FakeFlakyStore()
     answers = StoreBackedAnswerCache(store, breaker=CircuitBreaker(3, cooldown_s=60.0))
-    generator = FakeScriptedGenerator()
+    generator = scripted_generator()
     pipeline = _pipeline(embedder, sample_index, executor, answers, generator)
     errors = ANSWER_CACHE_ERRORS.labels("fake", "connection")
     skipped = ANSWER_CACHE_REQUESTS.labels("fake", "skipped")
@@ -300,7 +285,7 @@ def test_a_paused_redis_costs_at_most_its_timeout(embedder, sample_index, execut
         RedisStore(redis_server.url, namespace="paused", timeout_s=timeout_ms / 1000),
         breaker=CircuitBreaker(3, cooldown_s=60.0),
     )
-    generator = FakeScriptedGenerator()
+    generator = scripted_generator()
     pipeline = _pipeline(embedder, sample_index, executor, answers, generator)
 
     async def body() -> list[list[QueryEvent]]:
@@ -339,7 +324,7 @@ def test_dedupe_and_generation_settings_are_in_the_pipeline_key(embedder, sample
     assert base.startswith("a1:7:")
     assert len({base, key(dedupe=True), key(top_k=4), key(max_tokens=17), key(budget=160)}) == 5
     naive = RagPipeline(
-        embedder, pipeline.index, FakeScriptedGenerator(), executor, answers=answers, prompt_layout="naive"
+        embedder, pipeline.index, scripted_generator(), executor, answers=answers, prompt_layout="naive"
     )
     assert key(on=naive) != base
     # Only greedy answers are reproducible: any other temperature has no key at all.

@@ -4,58 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from ragserve.cache.base import CacheBackendError, CachedRetrieval
+from ragserve.cache.base import CachedRetrieval
 from ragserve.cache.circuit import BreakerState, CircuitBreaker
 from ragserve.cache.keys import retrieval_key
 from ragserve.cache.layer import StoreBackedCache
 from ragserve.metrics import CACHE_CIRCUIT_OPEN, CACHE_ERRORS, CACHE_REQUESTS
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class FakeFlakyStore:
-    """A store that fails every call while `down` is set, like a Redis that is gone."""
-
-    name = "fake"
-
-    def __init__(self) -> None:
-        self.down = False
-        self.data: dict[str, bytes] = {}
-        self.calls = 0
-
-    def _check(self) -> None:
-        self.calls += 1
-        if self.down:
-            raise CacheBackendError("connection", "refused")
-
-    async def get(self, key: str) -> bytes | None:
-        self._check()
-        return self.data.get(key)
-
-    async def set(self, key: str, value: bytes, ttl_s: float) -> None:
-        self._check()
-        self.data[key] = value
-
-    async def ping(self) -> None:
-        self._check()
-
-    async def connect(self) -> None:
-        self._check()
-
-    async def flush(self) -> int:
-        self._check()
-        n = len(self.data)
-        self.data.clear()
-        return n
-
-    async def close(self) -> None:
-        return None
+from tests.fakes import FakeClock, FakeFlakyStore
 
 
 def test_breaker_opens_after_consecutive_failures_and_probes_after_cooldown() -> None:

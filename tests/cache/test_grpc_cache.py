@@ -14,7 +14,7 @@ from ragserve.index.hnsw import HnswIndex
 from ragserve.pipeline import RagPipeline
 from tests.cache.inproc_server import serve_pipeline
 from tests.cache.redis_proc import RedisProcess
-from tests.cache.test_answer_cache import FakeScriptedGenerator
+from tests.fakes import FakeGenerator
 
 Q = "Explain how a Bloom filter answers membership queries."
 # Generous: a miss cut short by the budget is not cached, and misses are slow on a loaded host.
@@ -76,7 +76,7 @@ def test_redis_dies_and_returns_under_grpc_load(embedder, sample_index, redis_se
 def test_query_replays_a_cached_answer_over_grpc(embedder, sample_index) -> None:
     async def body() -> None:
         executor = ThreadPoolExecutor(2)
-        generator = FakeScriptedGenerator()
+        generator = FakeGenerator()
         answers = StoreBackedAnswerCache(MemoryStore())
         index = HnswIndex.load(sample_index)
         pipeline = RagPipeline(
@@ -93,7 +93,7 @@ def test_query_replays_a_cached_answer_over_grpc(embedder, sample_index) -> None
         assert text[0] == text[1] and text[0]
         miss, hit = first[-1].final, again[-1].final
         assert not miss.answer_cache_hit and hit.answer_cache_hit and hit.finish_reason == "stop"
-        assert hit.usage == miss.usage and hit.usage.prompt_tokens == 321
+        assert hit.usage == miss.usage and hit.usage.prompt_tokens == 100
         assert hit.timings.answer_cache_ms > 0 and 0 < hit.timings.ttft_ms <= hit.timings.total_ms
         assert again[0].retrieval.cache_hit
         assert [p.chunk_id for p in again[0].retrieval.passages] == [p.chunk_id for p in first[0].retrieval.passages]

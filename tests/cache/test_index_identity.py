@@ -20,8 +20,8 @@ from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import IndexReloader
 from ragserve.pipeline import RagPipeline
 from ragserve.types import GenerateParams, RetrievalResult, RetrieveParams
-from tests.fakes import FakeGeneratorBase, FakeServing
-from tests.index.tiny import FakeEmbedder, publish_tiny
+from tests.fakes import FakeEmbedder, FakeGeneratorBase, FakeServing
+from tests.index.tiny import DIM, publish_tiny
 
 CORPUS_A = [f"alpha passage {i} on rivers" for i in range(40)]
 CORPUS_B = [f"bravo passage {i} on mountains" for i in range(40)]
@@ -37,7 +37,7 @@ def executor():
 
 def _pipeline(index: HnswIndex, executor: ThreadPoolExecutor) -> RagPipeline:
     return RagPipeline(
-        FakeEmbedder(),
+        FakeEmbedder(DIM),
         index,
         FakeGeneratorBase(),
         executor,

@@ -151,6 +151,7 @@ def _counts() -> tuple[float, float]:
     return errors, CACHE_REQUESTS.labels("redis", "skipped")._value.get()
 
 
+@pytest.mark.slow  # load through a Redis outage of seconds
 def test_redis_killed_and_restarted(embedder, sample_index, redis_server: RedisProcess) -> None:
     errors0, skipped0 = _counts()
 
@@ -166,6 +167,7 @@ def test_redis_killed_and_restarted(embedder, sample_index, redis_server: RedisP
     assert errors1 > errors0 and skipped1 > skipped0
 
 
+@pytest.mark.slow  # load through a Redis outage of seconds
 def test_redis_sigstop_then_sigcont(embedder, sample_index, redis_server: RedisProcess) -> None:
     errors0, _ = _counts()
 
@@ -182,6 +184,7 @@ def test_redis_sigstop_then_sigcont(embedder, sample_index, redis_server: RedisP
     assert _counts()[0] > errors0
 
 
+@pytest.mark.slow  # load through a Redis outage of seconds
 def test_redis_client_pause(embedder, sample_index, redis_server: RedisProcess) -> None:
     admin = redis.Redis(port=redis_server.port)
 

@@ -35,7 +35,8 @@ def _edge_available() -> bool:
     return True
 
 
-BACKENDS = ["hnsw", "qdrant-memory", "qdrant-path"]
+# qdrant-path publishes the corpus to disk for every test (seconds each): left to the full run.
+BACKENDS = ["hnsw", "qdrant-memory", pytest.param("qdrant-path", marks=pytest.mark.slow)]
 # qdrant-edge-py is optional: the same contract runs on it wherever it installs.
 BACKENDS += ["qdrant-edge"] if _edge_available() else []
 
@@ -165,6 +166,7 @@ def test_qdrant_missing_or_bad_collection_is_refused() -> None:
         QdrantIndex.open(client, "docs")
 
 
+@pytest.mark.slow  # runs the indexer CLI in a child process (loads MiniLM)
 def test_indexer_cli_publishes_to_qdrant_and_server_factory_loads_it(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -18,7 +18,7 @@ from ragserve.errors import IndexLoadError
 from ragserve.index.format import CHUNKS_FILE, HNSW_FILE, MANIFEST, resolve_current, sha256_file
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch, IndexReloader
-from tests.fakes import FakeServing
+from tests.fakes import FakeClock, FakeServing
 from tests.index.tiny import publish_tiny, refresh_checksum, rewrite_manifest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -220,8 +220,8 @@ def test_malformed_manifest_is_refused_once_with_one_line(
     root = tmp_path / "idx"
     publish_tiny(root, TEXTS)
     holder = FakeServing(HnswIndex.load(root))
-    now = [0.0]
-    reloader = _reloader(root, holder, clock=lambda: now[0])
+    clock = FakeClock(0.0)
+    reloader = _reloader(root, holder, clock=clock)
     publish_tiny(root, TEXTS, seed=1)
     rewrite_manifest(root, change)
     with pytest.raises(IndexLoadError, match="corrupt"):
@@ -229,7 +229,7 @@ def test_malformed_manifest_is_refused_once_with_one_line(
     caplog.set_level(logging.INFO, logger="ragserve.index.reload")
     for _ in range(5):  # never retried: the version's verdict stands until something else is published
         assert reloader.check_once() is False
-        now[0] += 120.0
+        clock.advance(120.0)
     assert reloader.refused == 1 and holder.index.version == "1"
     errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(errors) == 1 and errors[0].exc_info is None and "\n" not in errors[0].getMessage()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import orjson
+import pytest
 
 from indexer.loaders import Document, Skipped, iter_source
 
@@ -105,6 +106,7 @@ def test_a_file_over_the_size_cap_is_skipped_unread(tmp_path: Path) -> None:
     assert isinstance(items["ok.txt"], Document)
 
 
+@pytest.mark.slow  # parses a PDF bomb up to the text cap
 def test_a_pdf_bomb_is_cut_at_the_text_cap(tmp_path: Path) -> None:
     data = bomb_pdf(pages=6, chars_per_page=1_000_000)  # 6 M characters from a few KB
     assert len(data) < 20_000
@@ -130,6 +132,7 @@ def test_a_parse_that_overruns_is_killed_and_the_next_file_still_parses(tmp_path
     assert elapsed < SLOW_READER_SLEEP_S / 3  # the worker was killed, not waited for
 
 
+@pytest.mark.slow  # runs the indexer CLI in a child process (loads MiniLM)
 def test_non_utf8_file_name_is_indexed_and_served(tmp_path: Path) -> None:
     docs = tmp_path / "docs"
     docs.mkdir()

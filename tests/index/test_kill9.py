@@ -32,6 +32,7 @@ def _kill_when_writing(proc: subprocess.Popen[bytes], root: Path, delay_s: float
     proc.wait(timeout=60)
 
 
+@pytest.mark.slow  # about a minute: SIGKILLs the indexer at many points
 @pytest.mark.timeout(1800)
 def test_kill9_never_leaves_a_half_published_index(tmp_path: Path) -> None:
     docs = write_docs(tmp_path / "docs")

@@ -18,33 +18,17 @@ import numpy as np
 import pytest
 
 from ragserve.client import RagClient
-from ragserve.embedding import QueryEmbedding
 from ragserve.errors import Unavailable
 from ragserve.index.qdrant_index import QdrantIndex
 from ragserve.pipeline import RagPipeline
 from tests.cache.inproc_server import serve_pipeline
+from tests.fakes import FakeEmbedder
 
 DIM = 4
 BUDGET_MS = 300
 CLIENT_HTTP_TIMEOUT_S = 60  # far beyond the budget: only the pipeline's bound can end the wait
 # Generous slack for a loaded 2-core host; still a small fraction of the HTTP timeout above.
 SLACK_S = 5.0
-
-
-class FakeEmbedder:
-    """A constant query vector: the embedder is not what this test is about."""
-
-    model_id = "fake-embedder"
-    dim = DIM
-
-    def embed_queries(self, texts: list[str]) -> np.ndarray:
-        return np.ones((len(texts), DIM), dtype=np.float32) / 2.0
-
-    def embed_documents(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
-        return self.embed_queries(texts)
-
-    def embed_query(self, text: str) -> QueryEmbedding:
-        return QueryEmbedding(self.embed_queries([text])[0], fits_window=True)
 
 
 @pytest.fixture
@@ -89,7 +73,10 @@ def test_retrieve_answers_unavailable_within_the_budget(endpoint: str, request: 
     async def body() -> None:
         model_threads = ThreadPoolExecutor(1, thread_name_prefix="test-model")
         search_threads = ThreadPoolExecutor(2, thread_name_prefix="test-qdrant")
-        pipeline = RagPipeline(FakeEmbedder(), _index_at(port), None, model_threads, search_executor=search_threads)
+        # A constant query vector: the embedder is not what this test is about.
+        pipeline = RagPipeline(
+            FakeEmbedder(DIM, constant=True), _index_at(port), None, model_threads, search_executor=search_threads
+        )
         async with serve_pipeline(pipeline) as target, RagClient(target, default_timeout_s=120) as client:
             started = time.monotonic()
             # Two at once on one model thread: a stuck search must not hold the embedding thread.

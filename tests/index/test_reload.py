@@ -32,7 +32,7 @@ from ragserve.index.reload import FolderWatch, IndexReloader
 from ragserve.server.app import RagServer
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
-from tests.fakes import FakeServing
+from tests.fakes import FakeClock, FakeServing
 from tests.index.conftest import write_docs
 
 
@@ -197,7 +197,7 @@ def test_unreadable_source_is_retried_with_back_off_not_refused(
     build_index(docs, root, embedder, progress=False)
     holder = FakeServing(HnswIndex.load(root))
     outage = [True]
-    now = [0.0]
+    clock = FakeClock(0.0)
 
     class FlakyWatch(FolderWatch):
         def load(self) -> SearchIndex:
@@ -209,7 +209,7 @@ def test_unreadable_source_is_retried_with_back_off_not_refused(
         FlakyWatch(root),
         holder,
         interval_s=2.0,
-        clock=lambda: now[0],
+        clock=clock,
     )
     (docs / "new.txt").write_text("New\nA brand new document about volcanoes.")
     build_index(docs, root, embedder, progress=False)
@@ -217,5 +217,5 @@ def test_unreadable_source_is_retried_with_back_off_not_refused(
     assert reloader.refused == 0 and holder.index.version == "1"
     outage[0] = False
     assert reloader.check_once() is False  # backing off: no new attempt yet
-    now[0] += 5.0
+    clock.advance(5.0)
     assert reloader.check_once() is True and holder.index.version == "2"

@@ -1,16 +1,14 @@
-"""Tiny index versions published without a model (random unit vectors), and a fake embedder to
-query them: enough for format, reload and cache-identity tests that need no MiniLM."""
+"""Tiny index versions published without a model (random unit vectors), to query with the fake
+embedder (`FakeEmbedder(dim=DIM)`): enough for format, reload and cache-identity tests that need no MiniLM."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from ragserve.embedding import QueryEmbedding
 from ragserve.index.bm25 import build_bm25
 from ragserve.index.format import (
     CHUNKS_FILE,
@@ -26,6 +24,7 @@ from ragserve.index.format import (
 )
 from ragserve.index.hnsw import build_hnsw, write_chunks
 from ragserve.types import Chunk
+from tests import fakes
 
 DIM = 8
 # A small M gives many elements upper levels, so the upper link lists get exercised too.
@@ -33,8 +32,7 @@ TINY_M = 4
 
 
 def unit_vectors(count: int, seed: int) -> np.ndarray:
-    vectors = np.random.default_rng(seed).standard_normal((count, DIM)).astype(np.float32)
-    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    return fakes.unit_vectors(count, seed, DIM)
 
 
 def publish_tiny(root: Path, texts: list[str], seed: int = 0, version: int | None = None, bm25: bool = False) -> Path:
@@ -46,7 +44,7 @@ def publish_tiny(root: Path, texts: list[str], seed: int = 0, version: int | Non
     names = [HNSW_FILE, CHUNKS_FILE, VECTORS_FILE, *(build_bm25(texts, build) if bm25 else [])]
     manifest = Manifest(
         version=version if version is not None else latest_version(root) + 1,
-        embedder_id=FakeEmbedder.model_id,
+        embedder_id=fakes.FakeEmbedder.model_id,
         dim=DIM,
         count=len(texts),
         files={name: sha256_file(build / name) for name in names},
@@ -68,20 +66,3 @@ def refresh_checksum(root: Path, name: str) -> None:
     """What a hostile publisher does after editing a file: make the manifest vouch for it."""
     folder = resolve_current(root)
     rewrite_manifest(root, lambda data: data["files"].__setitem__(name, sha256_file(folder / name)))
-
-
-class FakeEmbedder:
-    """Deterministic unit vectors from a hash of the text (no model)."""
-
-    model_id = "fake-embedder"
-    dim = DIM
-
-    def embed_queries(self, texts: list[str]) -> np.ndarray:
-        seeds = [int.from_bytes(hashlib.sha256(t.encode()).digest()[:4], "little") for t in texts]
-        return np.stack([unit_vectors(1, seed)[0] for seed in seeds])
-
-    def embed_documents(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
-        return self.embed_queries(texts)
-
-    def embed_query(self, text: str) -> QueryEmbedding:
-        return QueryEmbedding(self.embed_queries([text])[0], fits_window=True)

@@ -16,6 +16,9 @@ from ragserve.rerank.cross_encoder import OnnxCrossEncoder
 from ragserve.rerank.tiered import Tier, TieredReranker
 from ragserve.types import RetrieveParams
 
+# Every test here builds the MiniLM-shaped test models and exports them to ONNX.
+pytestmark = pytest.mark.slow
+
 QUESTION = "Who discovered penicillin?"
 
 

@@ -4,64 +4,12 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
-
-import numpy as np
 
 from ragserve.budget import Deadline
-from ragserve.rerank.base import EncodedPair
 from ragserve.rerank.cost import CostModel, plan_batches
 from ragserve.rerank.tiered import Tier, TieredReranker
 from ragserve.types import Chunk, Passage
-
-
-class FakeCrossEncoder:
-    """Scores a pair by how often the passage says "relevant"; optionally sleeps per batch."""
-
-    backend = "fake"
-    random_head = False
-
-    def __init__(self, name: str = "fake", sleep_ms: float = 0.0) -> None:
-        self.model_id = name
-        self.sleep_ms = sleep_ms
-        self.batches: list[list[int]] = []  # pair lengths seen per batch
-
-    def encode(self, query: str, texts: Sequence[str]) -> list[EncodedPair]:
-        out = []
-        for text in texts:
-            ids = tuple(1 if w == "relevant" else 2 for w in text.split())
-            out.append(EncodedPair(ids, (0,) * len(ids)))
-        return out
-
-    def score(self, pairs: Sequence[EncodedPair]) -> np.ndarray:
-        self.batches.append([len(p) for p in pairs])
-        if self.sleep_ms:
-            time.sleep(self.sleep_ms / 1000.0)
-        return np.array([p.input_ids.count(1) for p in pairs], dtype=np.float32)
-
-
-class SimClock:
-    """Simulated seconds: a FakeCostlyEncoder advances it by exactly what the cost model predicts."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class FakeCostlyEncoder(FakeCrossEncoder):
-    def __init__(self, name: str, clock: SimClock, cost: CostModel) -> None:
-        super().__init__(name)
-        self.clock = clock
-        self.cost = cost
-
-    def score(self, pairs: Sequence[EncodedPair]) -> np.ndarray:
-        self.clock.now += (
-            CostModel(self.cost.ms_per_token, self.cost.overhead_ms).predict(len(pairs) * max(len(p) for p in pairs))
-            / 1000.0
-        )
-        return super().score(pairs)
+from tests.fakes import FakeClock, FakeCrossEncoder
 
 
 def candidates(n: int = 20, words: int = 100) -> list[Passage]:
@@ -84,17 +32,17 @@ def depths(tiers: list[str]) -> tuple[int, int]:
     return int(found.get("tier1", 0)), int(found.get("tier2", 0))
 
 
-def simulated(clock: SimClock) -> TieredReranker:
+def simulated(clock: FakeClock) -> TieredReranker:
     c1, c2 = CostModel(0.01, 1.0), CostModel(0.03, 1.0)
-    t1 = Tier("tier1", FakeCostlyEncoder("fake-l2", clock, c1), 20, 4, c1)
-    t2 = Tier("tier2", FakeCostlyEncoder("fake-l6", clock, c2), 5, 4, c2)
+    t1 = Tier("tier1", FakeCrossEncoder("fake-l2", clock=clock, cost=c1), 20, 4, c1)
+    t2 = Tier("tier2", FakeCrossEncoder("fake-l6", clock=clock, cost=c2), 5, 4, c2)
     return TieredReranker([t1, t2], candidates=20, reserve_ms=0.0, timer=clock)
 
 
 def test_tier_choice_shrinks_as_budget_shrinks() -> None:
     seen = []
     for budget in (1000, 60, 45, 40, 35, 30, 25, 20, 12, 8, 4, 1):
-        clock = SimClock()
+        clock = FakeClock()
         outcome = simulated(clock).rerank("q", candidates(), Deadline(budget, clock=clock))
         # The simulated work never exceeds the budget: the plan matches the cost it was given.
         assert (clock.now - 100.0) * 1000.0 <= budget + 1e-6
@@ -118,16 +66,16 @@ def test_flags_and_reordering() -> None:
     # The fake rewards "relevant": the last fused candidate becomes first.
     assert [p.chunk.chunk_id for p in full.passages[:3]] == ["c19", "c18", "c17"]
 
-    clock = SimClock()
+    clock = FakeClock()
     partial = simulated(clock).rerank("q", candidates(), Deadline(20, clock=clock))
     assert partial.truncated and not partial.skipped and partial.notes
 
 
 def test_tiny_budget_returns_fused_order_flagged() -> None:
     # 10 ms budget, most of it already spent by embedding and search (simulated by the clock).
-    now = [0.0]
-    deadline = Deadline(10, clock=lambda: now[0])
-    now[0] = 0.009
+    clock = FakeClock(0.0)
+    deadline = Deadline(10, clock=clock)
+    clock.advance(0.009)
     fused = candidates()
     outcome = make().rerank("q", fused, deadline)
     assert outcome.skipped and outcome.tiers == []
@@ -188,7 +136,7 @@ def test_scattered_batch_times_make_the_plan_leave_room() -> None:
 
     def depth(cost: CostModel) -> int:
         # A frozen clock: the plan sees exactly 30 ms left, whatever this host's speed.
-        frozen = SimClock()
+        frozen = FakeClock()
         tier = Tier("tier1", FakeCrossEncoder(), 20, 4, cost)
         reranker = TieredReranker([tier], candidates=20, reserve_ms=0.0, timer=frozen)
         return depths(reranker.rerank("q", candidates(), Deadline(30, clock=frozen)).tiers)[0]
@@ -197,14 +145,14 @@ def test_scattered_batch_times_make_the_plan_leave_room() -> None:
 
 
 def test_a_burst_of_load_does_not_switch_reranking_off_for_good() -> None:
-    clock = SimClock()
+    clock = FakeClock()
     cost = CostModel(0.01, 1.0, clock=clock)
     # A burst: batches ran 10x slower than at warm-up; the estimate and the safety factor both rose.
     slow_ms = cost.predict(1000) * 10
     for _ in range(20):
         cost.observe(1000, slow_ms)
     assert cost.ms_per_token > 0.09 and cost.safety() > 1.5
-    frozen = SimClock()
+    frozen = FakeClock()
     tier = Tier("tier1", FakeCrossEncoder(), 20, 4, cost)
     reranker = TieredReranker([tier], candidates=20, reserve_ms=0.0, timer=frozen)
 

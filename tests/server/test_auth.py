@@ -1,4 +1,4 @@
-"""Who may listen where: the exposure rules checked before the server binds (no sockets needed)."""
+"""The exposure rules of ragserve.server.auth: who may listen where, checked before the server binds (no sockets)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from ragserve.errors import ConfigError
 from ragserve.server import tls
 from ragserve.server.app import bind
 from ragserve.server.tls import CertificateReloader, TlsFiles
-from tests.e2e.certs import Pki, make_pki
+from tests.certs import Pki, make_pki
 
 
 @pytest.fixture(scope="module")

@@ -32,9 +32,9 @@ from ragserve.server.app import server_options
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 from tests.cache.inproc_server import serve_pipeline
+from tests.conftest import REPO
 from tests.fakes import FakeEndlessGenerator
 
-REPO = Path(__file__).resolve().parent.parent
 Q = "Explain how a Bloom filter answers membership queries."
 # Generous bounds: they only have to separate "ended by the cap" from "never ends".
 CAP_S = 2.0
@@ -255,6 +255,7 @@ def _peak_rss_mib(pid: int) -> float:
     return int(match.group(1)) / 1024
 
 
+@pytest.mark.slow  # a server child process, and a 128 MiB request compressed on the client
 def test_a_gzip_bomb_is_refused_without_inflating(tmp_path: Path) -> None:
     """128 MiB of one letter gzips to ~130 KiB: refused on its decompressed size, in bounded memory."""
     inflated = 128 * 2**20

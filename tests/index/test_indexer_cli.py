@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "indexer", *args], capture_output=True, text=True, timeout=300)
@@ -18,6 +20,7 @@ def test_missing_folder(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # runs the indexer CLI in a child process (loads MiniLM)
 def test_empty_corpus(tmp_path: Path) -> None:
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "image.png").write_bytes(b"\x89PNG")
@@ -28,6 +31,7 @@ def test_empty_corpus(tmp_path: Path) -> None:
     assert not (tmp_path / "idx" / "CURRENT").exists()
 
 
+@pytest.mark.slow  # runs the indexer CLI in a child process (loads MiniLM)
 def test_bad_file_is_skipped_and_reported(tmp_path: Path) -> None:
     docs = tmp_path / "docs"
     docs.mkdir()
@@ -40,6 +44,7 @@ def test_bad_file_is_skipped_and_reported(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # runs the indexer CLI in a child process (loads MiniLM)
 def test_mixed_tree_with_bad_pdf_html_and_unsupported_files(tmp_path: Path) -> None:
     from tests.index.test_loaders import tiny_pdf
 
@@ -60,6 +65,7 @@ def test_mixed_tree_with_bad_pdf_html_and_unsupported_files(tmp_path: Path) -> N
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # runs the indexer CLI in a child process (loads MiniLM)
 def test_unsupported_source_type(tmp_path: Path) -> None:
     (tmp_path / "report.docx").write_bytes(b"PK\x03\x04")
     result = _run("build", str(tmp_path / "report.docx"), "--out", str(tmp_path / "idx"), "--no-progress")
@@ -68,6 +74,7 @@ def test_unsupported_source_type(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # runs the indexer CLI in a child process (loads MiniLM)
 def test_empty_corpus_jsonl(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('\n{"_id": "1", "title": "", "text": "  "}\n')

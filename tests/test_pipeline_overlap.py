@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -11,33 +10,15 @@ from ragserve.budget import Deadline
 from ragserve.embedding import SentenceTransformerEmbedder
 from ragserve.index.hnsw import HnswIndex
 from ragserve.pipeline import RagPipeline
-from ragserve.prompt import Prompt
-from ragserve.types import GenerateParams, GenerationChunk, RetrievalResult, RetrieveParams, TokenDelta, Usage
-from tests.fakes import FakeGeneratorBase
-
-
-class FakeSlowGenerator(FakeGeneratorBase):
-    """Records when a stream starts and whether it was cancelled; one token after `delay_s`."""
-
-    def __init__(self, delay_s: float) -> None:
-        self.delay_s = delay_s
-        self.started = 0
-        self.cancelled = 0
-
-    async def stream(self, prompt: Prompt, params: GenerateParams, request_id: str) -> AsyncIterator[GenerationChunk]:
-        self.started += 1
-        try:
-            await asyncio.sleep(self.delay_s)
-        except asyncio.CancelledError:
-            self.cancelled += 1
-            raise
-        yield GenerationChunk("ok", True, "stop", Usage(10, 1, 0))
+from ragserve.types import GenerateParams, RetrievalResult, RetrieveParams, TokenDelta, Usage
+from tests.fakes import FakeGenerator
 
 
 def test_generation_starts_before_the_retrieval_event_is_sent(
     sample_index: Path, embedder: SentenceTransformerEmbedder
 ) -> None:
-    fake = FakeSlowGenerator(delay_s=0.2)
+    # One token after a pause; counts the streams started and those cancelled while pausing.
+    fake = FakeGenerator(["ok"], delay_s=0.2, usage=Usage(10, 1, 0))
     params = RetrieveParams("Who discovered penicillin?", top_k=2, budget_ms=10_000)
 
     async def scenario() -> None:
@@ -47,7 +28,7 @@ def test_generation_starts_before_the_retrieval_event_is_sent(
             first = await anext(events)
             assert isinstance(first, RetrievalResult)
             await asyncio.sleep(0.01)  # the consumer is still "sending" the retrieval event
-            assert fake.started == 1
+            assert fake.calls == 1
             rest = [e async for e in events]
             assert isinstance(rest[0], TokenDelta) and rest[0].text == "ok"
 
@@ -56,6 +37,6 @@ def test_generation_starts_before_the_retrieval_event_is_sent(
             await anext(events)
             await asyncio.sleep(0.01)
             await events.aclose()
-            assert fake.started == 2 and fake.cancelled == 1
+            assert fake.calls == 2 and fake.cancelled == 1
 
     asyncio.run(scenario())

@@ -24,6 +24,7 @@ TEXTS = [
 ]
 
 
+@pytest.mark.slow  # builds the MiniLM-shaped test models
 def test_onnx_int8_tracks_torch_and_exports_once(test_models: dict[str, Path], tmp_path: Path) -> None:
     model = str(test_models["l2"])
     torch_tier = TorchCrossEncoder(model, "RAGSERVE_RERANK_TIER1_MODEL", max_seq_len=64)
@@ -50,6 +51,7 @@ def _settings(tmp_path: Path, **rerank: object) -> Settings:
     return Settings(rerank=RerankSettings(onnx_cache_dir=tmp_path, **rerank))  # type: ignore[arg-type]
 
 
+@pytest.mark.slow  # builds the MiniLM-shaped test models
 def test_missing_model_names_model_and_setting(test_models: dict[str, Path], tmp_path: Path) -> None:
     missing = str(tmp_path / "no-such-ms-marco-MiniLM-L-6-v2")
     with pytest.raises(ConfigError) as err:
@@ -69,6 +71,7 @@ def test_missing_model_names_model_and_setting(test_models: dict[str, Path], tmp
     assert missing in str(err.value) and "RAGSERVE_RERANK_TIER2_MODEL" in str(err.value)
 
 
+@pytest.mark.slow  # builds the MiniLM-shaped test models
 def test_random_head_models_are_refused_unless_allowed(test_models: dict[str, Path], tmp_path: Path) -> None:
     settings = _settings(tmp_path, mode="one-tier", backend="torch", tier1_model=str(test_models["l2"]))
     with pytest.raises(ConfigError, match="random head"):
@@ -94,6 +97,7 @@ def test_cpu_pinning_is_scoped_to_the_call() -> None:
     assert os.sched_getaffinity(0) == before
 
 
+@pytest.mark.slow  # starts a real server process (loads MiniLM)
 def test_server_refuses_to_start_with_a_missing_model(sample_index: Path, tmp_path: Path) -> None:
     """The real `ragserve serve` process: it must exit with a message, not serve a fused order."""
     missing = str(tmp_path / "ms-marco-MiniLM-L-2-v2-not-here")
@@ -102,6 +106,8 @@ def test_server_refuses_to_start_with_a_missing_model(sample_index: Path, tmp_pa
         "RAGSERVE_RERANK_MODE": "two-tier",
         "RAGSERVE_RERANK_TIER1_MODEL": missing,
         "RAGSERVE_GENERATION_ENABLED": "false",
+        # No metrics listener: the default port may be taken by another server on the machine.
+        "RAGSERVE_METRICS_PORT": "0",
     }
     proc = subprocess.run(
         [sys.executable, "-m", "ragserve.cli", "serve", "--port", "0", "--index", str(sample_index)],
