@@ -94,14 +94,13 @@ class FakeStartupPipeline:
     """Just what RagServer.start touches, so no model or index is loaded."""
 
     def __init__(self) -> None:
-        self.embedder = SimpleNamespace(embed_queries=lambda texts: None)
         self.generator = None
-        self.reranker = None
-        self.cache = None
-        self.answers = None
         self.index = SimpleNamespace(version="fake")
 
-    def close(self) -> None:
+    async def astart(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
         return None
 
 
