@@ -19,7 +19,7 @@ from indexer.loaders import (
     Skipped,
     SourceError,
 )
-from ragserve.config import DEFAULT_EMBEDDER, Settings
+from ragserve.config import DEFAULT_EMBEDDER, EmbedderSettings, IndexSettings
 from ragserve.errors import RagError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Build ragserve indexes.")
@@ -65,7 +65,7 @@ def build(
     ] = DEFAULT_PARSE_TIMEOUT_S,
 ) -> None:
     """Index SOURCE and publish a new version atomically (incremental over the published one)."""
-    target = out or Settings().index_path
+    target = out or IndexSettings().path
     if backend not in ("torch", "onnx"):
         typer.echo(f"error: --backend must be torch or onnx, got {backend!r}", err=True)
         raise typer.Exit(2)
@@ -139,13 +139,18 @@ def _to_qdrant(url: str, name: str, api_key: str, root: Path) -> tuple[str, int]
 
 
 def load_embedder(model: str, backend: str, device: str, int8: bool) -> IndexingEmbedder:
-    if backend == "onnx":
-        from ragserve.embedding_onnx import OnnxEmbedder
+    """Through the server's factory. ONNX always runs on the CPU here, with ONNX Runtime's own
+    thread count (every core): a batch job, not one query at a time."""
+    from ragserve.factory import make_embedder
 
-        return OnnxEmbedder(model, quantize=int8)
-    from ragserve.embedding import SentenceTransformerEmbedder
-
-    return SentenceTransformerEmbedder(model, device=device)
+    cfg = EmbedderSettings(
+        model=model,
+        backend=backend,  # type: ignore[arg-type]  # checked by the caller and by the settings
+        device="cpu" if backend == "onnx" else device,  # type: ignore[arg-type]
+        onnx_int8=int8,
+        threads=0,
+    )
+    return make_embedder(cfg, indexing=True)
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ragserve.config import ClientSettings, Settings, default_generator_path
+from ragserve.config import ClientSettings, EmbedderSettings, Settings, default_generator_path
 from ragserve.errors import ConfigError, RagError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="ragserve: a low-latency RAG sidecar.")
@@ -30,18 +30,22 @@ def serve(
 ) -> None:
     """Run the gRPC service until SIGTERM or SIGINT."""
     _setup_logging()
-    overrides: dict[str, object] = {}
-    for key, value in (("host", host), ("port", port), ("uds_path", uds), ("index_path", index)):
-        if value is not None:
-            overrides[key] = value
+    from pydantic import ValidationError
+
     from ragserve.server.app import serve as serve_async
 
     try:
-        settings = Settings(**overrides)  # type: ignore[arg-type]
+        settings = settings_from_flags(host, port, uds, index)
         asyncio.run(serve_async(settings))
-    except RagError as exc:
+    except (RagError, ValidationError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+
+
+def settings_from_flags(host: str | None, port: int | None, uds: str | None, index: Path | None) -> Settings:
+    """`serve`'s flags over the environment: a flag left out keeps its variable (or default)."""
+    transport = {key: value for key, value in (("host", host), ("port", port), ("uds_path", uds)) if value is not None}
+    return Settings(transport=transport, index={} if index is None else {"path": index})  # type: ignore[arg-type]
 
 
 @app.command("prepare-models")
@@ -58,12 +62,12 @@ def prepare_models(
     from ragserve.model_prep import prepare_generator
 
     try:
-        settings = Settings()
+        embedder_settings = EmbedderSettings()
         path = prepare_generator(target or default_generator_path(), force=force)
         typer.echo(f"generator ready at {path}")
-        if settings.embedder_backend == "onnx" and settings.embedder_device == "cpu":
+        if embedder_settings.backend == "onnx" and embedder_settings.device == "cpu":
             # The server would otherwise pay for the ONNX export on its first start.
-            embedder = make_embedder(settings)
+            embedder = make_embedder(embedder_settings)
             typer.echo(f"ONNX query embedder ready: {embedder.model_id}")
     except (RagError, ValidationError) as exc:
         typer.echo(f"error: {exc}", err=True)

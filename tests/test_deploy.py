@@ -92,7 +92,7 @@ def test_sidecar_keeps_metrics_inside_the_pod() -> None:
     deployment = yaml.safe_load((DEPLOY / "k8s" / "ragserve-sidecar.yaml").read_text())
     sidecar = deployment["spec"]["template"]["spec"]["initContainers"][0]
     env = {e["name"]: e for e in sidecar["env"]}
-    host = Settings().metrics_host
+    host = Settings().observability.metrics_host
     if "RAGSERVE_METRICS_HOST" in env:
         host = env["RAGSERVE_METRICS_HOST"].get("value", "a valueFrom address")
     assert is_loopback(host), f"the sidecar serves metrics on {host}"

@@ -178,7 +178,7 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
 
     async def Retrieve(self, request: pb.RetrieveRequest, context: grpc.aio.ServicerContext) -> pb.RetrieveResponse:
         call = _Call("Retrieve", context)
-        async with call.admitted(self._limiter, self._settings.max_call_s):
+        async with call.admitted(self._limiter, self._settings.limits.max_call_s):
             params = validate_retrieve(
                 self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents
             )
@@ -190,7 +190,7 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
         # Written with context.write, not yielded: a write stuck behind a client that stopped reading
         # then runs inside the call's time cap (a yielded message is sent by grpc, outside it).
         call = _Call("Query", context)
-        async with call.admitted(self._limiter, self._settings.max_call_s):
+        async with call.admitted(self._limiter, self._settings.limits.max_call_s):
             params = validate_retrieve(
                 self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents
             )
@@ -227,7 +227,7 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
             embedder_model=pipeline.embedder.model_id,
             generator_model=generator.model_id if generator else "",
             rerank_tiers=pipeline.reranker.describe() if pipeline.reranker is not None else [],
-            retrieval_budget_ms=self._settings.retrieval_budget_ms,
+            retrieval_budget_ms=self._settings.requests.retrieval_budget_ms,
             generator_unfinished_requests=generator.unfinished_requests() if generator else 0,
             requests_in_flight=self._limiter.in_flight,
             generator_settings=[

@@ -94,7 +94,7 @@ async def _hot_reload_under_load(
     stop = asyncio.Event()
 
     async def client(query: str) -> None:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{settings.port}") as channel:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{settings.transport.port}") as channel:
             stub = pb_grpc.RagServiceStub(channel)
             while not stop.is_set():
                 try:
@@ -115,7 +115,7 @@ async def _hot_reload_under_load(
         seen_v2 = len(versions)
         await _wait_for(lambda: len(versions) >= seen_v2 + 10)
 
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{settings.port}") as channel:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{settings.transport.port}") as channel:
             reply = await pb_grpc.RagServiceStub(channel).Retrieve(
                 pb.RetrieveRequest(query="solar eclipse", top_k=1), timeout=30
             )
