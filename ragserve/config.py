@@ -374,12 +374,12 @@ def _env_name(section: type[BaseSettings], field: str) -> str:
     return f"{section.model_config.get('env_prefix', '')}{field}".upper()
 
 
-# A flat keyword of the old Settings (its variable without the prefix) -> where the field lives now.
-_MOVED = {
-    _env_name(cls, field).removeprefix("RAGSERVE_").lower(): f"{name}.{field}"
-    for name, cls in _SECTIONS.items()
-    for field in cls.model_fields
+# Each section's variables -> the field they set ("RAGSERVE_HOST" -> "transport.host").
+_SECTION_ENV = {
+    _env_name(cls, field): f"{name}.{field}" for name, cls in _SECTIONS.items() for field in cls.model_fields
 }
+# A flat keyword of the old Settings (its variable without the prefix) -> where the field lives now.
+_MOVED = {env.removeprefix("RAGSERVE_").lower(): path for env, path in _SECTION_ENV.items()}
 
 
 class _OwnFieldsEnv(EnvSettingsSource):
@@ -446,6 +446,12 @@ class Settings(BaseSettings):
             key: _SECTIONS[key](**value) if key in _SECTIONS and isinstance(value, dict) else value
             for key, value in data.items()
         }
+
+    @classmethod
+    def env_names(cls) -> dict[str, str]:
+        """Every environment variable Settings reads -> the field it sets ("RAGSERVE_HOST" -> "transport.host")."""
+        own = {_env_name(cls, field): field for field in cls.model_fields if field not in _SECTIONS}
+        return {**_SECTION_ENV, **own}
 
     @model_validator(mode="after")
     def _streams_cover_calls(self) -> Self:

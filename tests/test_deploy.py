@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ragserve.config import CacheSettings, ClientSettings, GeneratorSettings, RerankSettings, Settings
+from ragserve.config import ClientSettings, Settings
 from ragserve.server.auth import is_loopback
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,15 +28,8 @@ def _tool(name: str) -> str:
 
 
 def _known_env_names() -> set[str]:
-    names = set()
-    for prefix, model in (
-        ("RAGSERVE_", Settings),
-        ("RAGSERVE_GENERATOR_", GeneratorSettings),
-        ("RAGSERVE_CACHE_", CacheSettings),
-        ("RAGSERVE_RERANK_", RerankSettings),
-        ("RAGSERVE_CLIENT_", ClientSettings),
-    ):
-        names |= {f"{prefix}{field.upper()}" for field in model.model_fields}
+    names = set(Settings.env_names())
+    names |= {f"RAGSERVE_CLIENT_{field.upper()}" for field in ClientSettings.model_fields}
     return names
 
 

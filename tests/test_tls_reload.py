@@ -96,7 +96,7 @@ def test_new_connections_get_the_rotated_certificate_and_broken_files_keep_it(
 ) -> None:
     cert, key = _serving_files(tmp_path, pki_a)
     uds_path = str(tmp_path / "s.sock")
-    settings = Settings(uds_path=uds_path, tls_cert_file=str(cert), tls_key_file=str(key))
+    settings = Settings(transport={"uds_path": uds_path}, access={"tls_cert_file": str(cert), "tls_key_file": str(key)})
     ca_a, ca_b = pki_a.ca_cert.read_bytes(), pki_b.ca_cert.read_bytes()
 
     async def run() -> None:

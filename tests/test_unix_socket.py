@@ -128,7 +128,12 @@ class SocketModeSpyServer:
 
 
 def _uds_settings(path: Path) -> Settings:
-    return Settings(uds_path=str(path), generation_enabled=False, metrics_port=0, index_reload_interval_s=0)
+    return Settings(
+        transport={"uds_path": str(path)},
+        generation_enabled=False,
+        observability={"metrics_port": 0},
+        index={"reload_interval_s": 0},
+    )
 
 
 def _health(path: Path) -> int:

@@ -73,7 +73,7 @@ def test_root_rebuilt_from_scratch_at_v1_is_reloaded_and_misses_the_old_cache(tm
     root = tmp_path / "idx"
     publish_tiny(root, CORPUS_A)
     pipeline = _pipeline(HnswIndex.load(root), executor)
-    watch = make_index_watch(Settings(index_path=root), lambda: pipeline.index)
+    watch = make_index_watch(Settings(index={"path": root}), lambda: pipeline.index)
     reloader = IndexReloader(
         marker=watch.published,
         load=watch.load,
@@ -109,9 +109,8 @@ def test_qdrant_identity_names_the_content_not_the_number(tmp_path: Path) -> Non
 
     # A Qdrant store wiped and published again from v1 with other content is a new version.
     holder = {"index": on_a}
-    watch = make_index_watch(
-        Settings(index_backend="qdrant", qdrant_url=":memory:", qdrant_collection="docs"), lambda: holder["index"]
-    )
+    settings = Settings(index={"backend": "qdrant"}, qdrant={"url": ":memory:", "collection": "docs"})
+    watch = make_index_watch(settings, lambda: holder["index"])
     reloader = IndexReloader(
         marker=watch.published,
         load=watch.load,

@@ -77,13 +77,12 @@ async def _hot_reload_under_load(
     root = tmp_path / "idx"
     build_index(docs, root, embedder, progress=False)
     settings = Settings(
-        index_path=root,
-        port=_free_port(),
+        index={"path": root, "reload_interval_s": 0.1},
+        transport={"port": _free_port()},
         generation_enabled=False,
-        index_reload_interval_s=0.1,
-        metrics_port=0,
+        observability={"metrics_port": 0},
         cache=CacheSettings(backend="off"),
-        retrieval_budget_ms=10_000,
+        requests={"retrieval_budget_ms": 10_000},
     )
     server = RagServer(settings)
     await server.start()
@@ -175,7 +174,7 @@ def test_qdrant_alias_flip_is_picked_up(sample_index: Path) -> None:
     client = QdrantClient(":memory:")
     publish_folder_to_qdrant(client, "docs", sample_index)
     holder = {"index": QdrantIndex.open(client, "docs")}
-    settings = Settings(index_backend="qdrant", qdrant_url=":memory:", qdrant_collection="docs")
+    settings = Settings(index={"backend": "qdrant"}, qdrant={"url": ":memory:", "collection": "docs"})
     watch = make_index_watch(settings, lambda: holder["index"])
     # Version 2 lands while the server is still starting, after it loaded version 1: the reloader
     # starts from what is served, not from what is published by the time it exists.
