@@ -22,6 +22,10 @@ from indexer.loaders import (
 from ragserve.config import DEFAULT_EMBEDDER, EmbedderSettings, IndexSettings
 from ragserve.errors import RagError
 
+# Each Qdrant call while publishing (uploads are larger than the server's searches, which use
+# RAGSERVE_QDRANT_TIMEOUT_S).
+PUBLISH_TIMEOUT_S = 10
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Build ragserve indexes.")
 
 
@@ -131,7 +135,7 @@ def _to_qdrant(url: str, name: str, api_key: str, root: Path) -> tuple[str, int]
     from indexer.qdrant_publish import publish_folder_to_qdrant
     from ragserve.index.qdrant_index import make_client
 
-    client = make_client(url, api_key or None)
+    client = make_client(url, api_key or None, PUBLISH_TIMEOUT_S)
     try:
         return publish_folder_to_qdrant(client, name, root)
     finally:

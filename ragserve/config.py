@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -23,6 +23,12 @@ def default_home() -> Path:
 
 def default_generator_path() -> Path:
     return default_home() / "models" / DEFAULT_GENERATOR_NAME
+
+
+def default_of(section: type[BaseModel], name: str) -> Any:
+    """The default this module gives `section.name`. A constructor taking a value that a setting owns
+    uses it as its own default, so the two cannot disagree."""
+    return section.model_fields[name].get_default(call_default_factory=True)
 
 
 class GeneratorSettings(BaseSettings):
@@ -108,6 +114,7 @@ class CacheSettings(BaseSettings):
     # however many crafted variants of one question were stored.
     semantic_max_candidates: int = Field(default=8, ge=1)
     # Largest entry written or read (bytes); a larger one in the store is refused unparsed (a miss).
+    # 1 MiB: room for top_k=50 long passages, or an answer at the 64 KiB text cap with its passages.
     max_entry_bytes: int = Field(default=1024 * 1024, ge=1024)
     # Authenticate entries (HMAC-SHA256, >= 16 bytes): an entry without a valid MAC is a miss, so
     # whoever can write to Redis cannot plant passages or answers. The same key on every sidecar

@@ -242,7 +242,9 @@ def make_reranker(settings: Settings) -> Reranker | None:
             log.warning("%s %s has a RANDOM HEAD (test model): its order is not relevance", name, model)
         tiers.append(Tier(name, encoder, depth, cfg.batch_size))
     log.info("reranker: %s, %s backend, depth policy %s", cfg.mode, cfg.backend, cfg.depth_policy)
-    return TieredReranker(tiers, cfg.candidates, cfg.depth_policy, cfg.reserve_ms, cfg.max_seq_len)
+    return TieredReranker(
+        tiers, cfg.candidates, cfg.depth_policy, reserve_ms=cfg.reserve_ms, max_seq_len=cfg.max_seq_len
+    )
 
 
 def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipeline:

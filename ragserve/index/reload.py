@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from ragserve.config import IndexSettings, default_of
 from ragserve.errors import IndexLoadError, RagError
 from ragserve.index.base import SearchIndex
 from ragserve.index.format import CURRENT, manifest_identity, read_manifest_bytes
@@ -66,7 +67,7 @@ class IndexReloader:
         swap: Callable[[SearchIndex], None],
         current: Callable[[], SearchIndex],
         accept: Callable[[SearchIndex], None] | None = None,
-        interval_s: float = 2.0,
+        interval_s: float = default_of(IndexSettings, "reload_interval_s"),
         seen: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
