@@ -19,7 +19,7 @@ from indexer.loaders import (
     Skipped,
     SourceError,
 )
-from ragserve.config import DEFAULT_EMBEDDER, EmbedderSettings, IndexSettings
+from ragserve.config import EmbedderSettings, IndexSettings, QdrantSettings, default_of
 from ragserve.errors import RagError
 
 # Each Qdrant call while publishing (uploads are larger than the server's searches, which use
@@ -38,15 +38,20 @@ def _root() -> None:
 def build(
     source: Annotated[Path, typer.Argument(help="A folder of .txt/.md/.html/.pdf files, or a BEIR corpus.jsonl")],
     out: Annotated[Path | None, typer.Option(help="Index root (default: RAGSERVE_INDEX_PATH)")] = None,
-    embedder: Annotated[str, typer.Option(help="Embedder HF id or local path")] = DEFAULT_EMBEDDER,
-    device: Annotated[str, typer.Option(help="cpu or cuda (torch backend)")] = "cpu",
+    # The server's defaults (EmbedderSettings), but torch: the indexer's documented backend.
+    embedder: Annotated[str, typer.Option(help="Embedder HF id or local path")] = default_of(EmbedderSettings, "model"),
+    device: Annotated[str, typer.Option(help="cpu or cuda (torch backend)")] = default_of(EmbedderSettings, "device"),
     backend: Annotated[str, typer.Option(help="Embedding backend: torch or onnx")] = "torch",
-    int8: Annotated[bool, typer.Option(help="ONNX backend: int8 dynamic quantization")] = True,
+    int8: Annotated[bool, typer.Option(help="ONNX backend: int8 dynamic quantization")] = default_of(
+        EmbedderSettings, "onnx_int8"
+    ),
     full: Annotated[bool, typer.Option(help="Re-embed every document (ignore the published version)")] = False,
     qdrant_url: Annotated[
         str, typer.Option(help="Also publish to Qdrant: http(s)://host:6333, or a local folder (local mode)")
     ] = "",
-    qdrant_collection: Annotated[str, typer.Option(help="Qdrant alias to publish under")] = "ragserve",
+    qdrant_collection: Annotated[str, typer.Option(help="Qdrant alias to publish under")] = default_of(
+        QdrantSettings, "collection"
+    ),
     qdrant_api_key: Annotated[str, typer.Option(envvar="RAGSERVE_QDRANT_API_KEY", help="Qdrant API key")] = "",
     chunk_tokens: Annotated[int, typer.Option(help="Chunk size in tokenizer tokens")] = 200,
     overlap_tokens: Annotated[int, typer.Option(help="Overlap between chunks in tokens")] = 40,

@@ -9,8 +9,19 @@ from typing import Annotated
 
 import typer
 
-from ragserve.config import ClientSettings, EmbedderSettings, Settings, default_generator_path
+from ragserve.config import (
+    ClientSettings,
+    EmbedderSettings,
+    Settings,
+    TransportSettings,
+    default_generator_path,
+    default_of,
+)
 from ragserve.errors import ConfigError, RagError
+
+# Where the clients below look for the server unless told otherwise: its own default address.
+DEFAULT_HOST: str = default_of(TransportSettings, "host")
+DEFAULT_PORT: int = default_of(TransportSettings, "port")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="ragserve: a low-latency RAG sidecar.")
 
@@ -23,8 +34,8 @@ def _setup_logging(default_format: str = "json") -> None:
 
 @app.command()
 def serve(
-    host: Annotated[str | None, typer.Option(help="Listen host (default 127.0.0.1)")] = None,
-    port: Annotated[int | None, typer.Option(help="Listen port (default 50051)")] = None,
+    host: Annotated[str | None, typer.Option(help=f"Listen host (default {DEFAULT_HOST})")] = None,
+    port: Annotated[int | None, typer.Option(help=f"Listen port (default {DEFAULT_PORT})")] = None,
     uds: Annotated[str | None, typer.Option(help="Listen on this Unix socket path instead")] = None,
     index: Annotated[Path | None, typer.Option(help="Index root (RAGSERVE_INDEX_PATH)")] = None,
 ) -> None:
@@ -130,8 +141,8 @@ def _access(
 @app.command()
 def ask(
     question: Annotated[str, typer.Argument(help="The question")],
-    host: str = "127.0.0.1",
-    port: int = 50051,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
     uds: str = "",
     top_k: int = 0,
     max_tokens: int = 0,
@@ -197,8 +208,8 @@ def ask(
 @app.command()
 def retrieve(
     question: Annotated[str, typer.Argument(help="The query")],
-    host: str = "127.0.0.1",
-    port: int = 50051,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
     uds: str = "",
     top_k: int = 0,
     dedupe: Annotated[bool, typer.Option(help="At most one passage (its best chunk) per document")] = False,
@@ -241,8 +252,8 @@ def retrieve(
 
 @app.command()
 def health(
-    host: str = "127.0.0.1",
-    port: int = 50051,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
     uds: str = "",
     wait: Annotated[float, typer.Option(help="Keep probing up to this many seconds")] = 0.0,
     token_file: TokenFileOption = None,
