@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from ragserve.config import Settings
+from ragserve.config import RequestSettings, Settings
 from ragserve.errors import InvalidArgument
 from ragserve.validation import validate_generate, validate_retrieve
 
@@ -31,7 +31,7 @@ def test_bad_retrieve_fields_name_the_field(query: str, top_k: int, budget_ms: i
 
 
 def test_budget_above_the_server_cap_is_refused_not_clamped() -> None:
-    capped = Settings(requests={"max_budget_ms": 500})
+    capped = Settings(requests=RequestSettings(max_budget_ms=500))
     assert validate_retrieve(capped, "ok", 5, 500).budget_ms == 500
     with pytest.raises(InvalidArgument) as info:
         validate_retrieve(capped, "ok", 5, 501)

@@ -14,7 +14,7 @@ import pytest
 from ragserve.budget import Deadline
 from ragserve.cache.layer import StoreBackedCache
 from ragserve.cache.memory import MemoryStore
-from ragserve.config import Settings
+from ragserve.config import IndexSettings, QdrantSettings, Settings
 from ragserve.factory import make_index_watch
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import IndexReloader
@@ -73,7 +73,7 @@ def test_root_rebuilt_from_scratch_at_v1_is_reloaded_and_misses_the_old_cache(tm
     root = tmp_path / "idx"
     publish_tiny(root, CORPUS_A)
     pipeline = _pipeline(HnswIndex.load(root), executor)
-    watch = make_index_watch(Settings(index={"path": root}), lambda: pipeline.index)
+    watch = make_index_watch(Settings(index=IndexSettings(path=root)), lambda: pipeline.index)
     reloader = IndexReloader(
         marker=watch.published,
         load=watch.load,
@@ -109,7 +109,7 @@ def test_qdrant_identity_names_the_content_not_the_number(tmp_path: Path) -> Non
 
     # A Qdrant store wiped and published again from v1 with other content is a new version.
     holder = {"index": on_a}
-    settings = Settings(index={"backend": "qdrant"}, qdrant={"url": ":memory:", "collection": "docs"})
+    settings = Settings(index=IndexSettings(backend="qdrant"), qdrant=QdrantSettings(url=":memory:", collection="docs"))
     watch = make_index_watch(settings, lambda: holder["index"])
     reloader = IndexReloader(
         marker=watch.published,

@@ -16,7 +16,15 @@ import grpc
 import pytest
 
 from indexer.build import build_index
-from ragserve.config import CacheSettings, Settings
+from ragserve.config import (
+    CacheSettings,
+    IndexSettings,
+    ObservabilitySettings,
+    QdrantSettings,
+    RequestSettings,
+    Settings,
+    TransportSettings,
+)
 from ragserve.embedding import SentenceTransformerEmbedder
 from ragserve.index.format import (
     CHUNKS_FILE,
@@ -77,12 +85,12 @@ async def _hot_reload_under_load(
     root = tmp_path / "idx"
     build_index(docs, root, embedder, progress=False)
     settings = Settings(
-        index={"path": root, "reload_interval_s": 0.1},
-        transport={"port": _free_port()},
+        index=IndexSettings(path=root, reload_interval_s=0.1),
+        transport=TransportSettings(port=_free_port()),
         generation_enabled=False,
-        observability={"metrics_port": 0},
+        observability=ObservabilitySettings(metrics_port=0),
         cache=CacheSettings(backend="off"),
-        requests={"retrieval_budget_ms": 10_000},
+        requests=RequestSettings(retrieval_budget_ms=10_000),
     )
     server = RagServer(settings)
     await server.start()
@@ -174,7 +182,7 @@ def test_qdrant_alias_flip_is_picked_up(sample_index: Path) -> None:
     client = QdrantClient(":memory:")
     publish_folder_to_qdrant(client, "docs", sample_index)
     holder = {"index": QdrantIndex.open(client, "docs")}
-    settings = Settings(index={"backend": "qdrant"}, qdrant={"url": ":memory:", "collection": "docs"})
+    settings = Settings(index=IndexSettings(backend="qdrant"), qdrant=QdrantSettings(url=":memory:", collection="docs"))
     watch = make_index_watch(settings, lambda: holder["index"])
     # Version 2 lands while the server is still starting, after it loaded version 1: the reloader
     # starts from what is served, not from what is published by the time it exists.
