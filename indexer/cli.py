@@ -17,9 +17,13 @@ from indexer.loaders import (
     Skipped,
     SourceError,
 )
-from ragserve.config import DEFAULT_EMBEDDER, Settings
+from ragserve.config import EmbedderSettings, IndexSettings, QdrantSettings, default_of
 from ragserve.errors import RagError
 from ragserve.logs import setup_cli_logging
+
+# Each Qdrant call while publishing (uploads are larger than the server's searches, which use
+# RAGSERVE_QDRANT_TIMEOUT_S).
+PUBLISH_TIMEOUT_S = 10
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Build ragserve indexes.")
 
@@ -33,15 +37,20 @@ def _root() -> None:
 def build(
     source: Annotated[Path, typer.Argument(help="A folder of .txt/.md/.html/.pdf files, or a BEIR corpus.jsonl")],
     out: Annotated[Path | None, typer.Option(help="Index root (default: RAGSERVE_INDEX_PATH)")] = None,
-    embedder: Annotated[str, typer.Option(help="Embedder HF id or local path")] = DEFAULT_EMBEDDER,
-    device: Annotated[str, typer.Option(help="cpu or cuda (torch backend)")] = "cpu",
+    # The server's defaults (EmbedderSettings), but torch: the indexer's documented backend.
+    embedder: Annotated[str, typer.Option(help="Embedder HF id or local path")] = default_of(EmbedderSettings, "model"),
+    device: Annotated[str, typer.Option(help="cpu or cuda (torch backend)")] = default_of(EmbedderSettings, "device"),
     backend: Annotated[str, typer.Option(help="Embedding backend: torch or onnx")] = "torch",
-    int8: Annotated[bool, typer.Option(help="ONNX backend: int8 dynamic quantization")] = True,
+    int8: Annotated[bool, typer.Option(help="ONNX backend: int8 dynamic quantization")] = default_of(
+        EmbedderSettings, "onnx_int8"
+    ),
     full: Annotated[bool, typer.Option(help="Re-embed every document (ignore the published version)")] = False,
     qdrant_url: Annotated[
         str, typer.Option(help="Also publish to Qdrant: http(s)://host:6333, or a local folder (local mode)")
     ] = "",
-    qdrant_collection: Annotated[str, typer.Option(help="Qdrant alias to publish under")] = "ragserve",
+    qdrant_collection: Annotated[str, typer.Option(help="Qdrant alias to publish under")] = default_of(
+        QdrantSettings, "collection"
+    ),
     qdrant_api_key: Annotated[str, typer.Option(envvar="RAGSERVE_QDRANT_API_KEY", help="Qdrant API key")] = "",
     chunk_tokens: Annotated[int, typer.Option(help="Chunk size in tokenizer tokens")] = 200,
     overlap_tokens: Annotated[int, typer.Option(help="Overlap between chunks in tokens")] = 40,
@@ -72,7 +81,7 @@ def build(
 ) -> None:
     """Index SOURCE and publish a new version atomically (incremental over the published one)."""
     setup_cli_logging(verbose, log_file, own_default="WARNING")
-    target = out or Settings().index_path
+    target = out or IndexSettings().path
     if backend not in ("torch", "onnx"):
         typer.echo(f"error: --backend must be torch or onnx, got {backend!r}", err=True)
         raise typer.Exit(2)
@@ -138,7 +147,7 @@ def _to_qdrant(url: str, name: str, api_key: str, root: Path) -> tuple[str, int]
     from indexer.qdrant_publish import publish_folder_to_qdrant
     from ragserve.index.qdrant_index import make_client
 
-    client = make_client(url, api_key or None)
+    client = make_client(url, api_key or None, PUBLISH_TIMEOUT_S)
     try:
         return publish_folder_to_qdrant(client, name, root)
     finally:
@@ -146,13 +155,18 @@ def _to_qdrant(url: str, name: str, api_key: str, root: Path) -> tuple[str, int]
 
 
 def load_embedder(model: str, backend: str, device: str, int8: bool) -> IndexingEmbedder:
-    if backend == "onnx":
-        from ragserve.embedding_onnx import OnnxEmbedder
+    """Through the server's factory. ONNX always runs on the CPU here, with ONNX Runtime's own
+    thread count (every core): a batch job, not one query at a time."""
+    from ragserve.factory import make_embedder
 
-        return OnnxEmbedder(model, quantize=int8)
-    from ragserve.embedding import SentenceTransformerEmbedder
-
-    return SentenceTransformerEmbedder(model, device=device)
+    cfg = EmbedderSettings(
+        model=model,
+        backend=backend,  # type: ignore[arg-type]  # checked by the caller and by the settings
+        device="cpu" if backend == "onnx" else device,  # type: ignore[arg-type]
+        onnx_int8=int8,
+        threads=0,
+    )
+    return make_embedder(cfg, indexing=True)
 
 
 def main() -> None:

@@ -9,8 +9,19 @@ from typing import Annotated
 
 import typer
 
-from ragserve.config import ClientSettings, Settings, default_generator_path
+from ragserve.config import (
+    ClientSettings,
+    EmbedderSettings,
+    Settings,
+    TransportSettings,
+    default_generator_path,
+    default_of,
+)
 from ragserve.errors import ConfigError, RagError
+
+# Where the clients below look for the server unless told otherwise: its own default address.
+DEFAULT_HOST: str = default_of(TransportSettings, "host")
+DEFAULT_PORT: int = default_of(TransportSettings, "port")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="ragserve: a low-latency RAG sidecar.")
 
@@ -23,25 +34,29 @@ def _setup_logging(default_format: str = "json") -> None:
 
 @app.command()
 def serve(
-    host: Annotated[str | None, typer.Option(help="Listen host (default 127.0.0.1)")] = None,
-    port: Annotated[int | None, typer.Option(help="Listen port (default 50051)")] = None,
+    host: Annotated[str | None, typer.Option(help=f"Listen host (default {DEFAULT_HOST})")] = None,
+    port: Annotated[int | None, typer.Option(help=f"Listen port (default {DEFAULT_PORT})")] = None,
     uds: Annotated[str | None, typer.Option(help="Listen on this Unix socket path instead")] = None,
     index: Annotated[Path | None, typer.Option(help="Index root (RAGSERVE_INDEX_PATH)")] = None,
 ) -> None:
     """Run the gRPC service until SIGTERM or SIGINT."""
     _setup_logging()
-    overrides: dict[str, object] = {}
-    for key, value in (("host", host), ("port", port), ("uds_path", uds), ("index_path", index)):
-        if value is not None:
-            overrides[key] = value
+    from pydantic import ValidationError
+
     from ragserve.server.app import serve as serve_async
 
     try:
-        settings = Settings(**overrides)  # type: ignore[arg-type]
+        settings = settings_from_flags(host, port, uds, index)
         asyncio.run(serve_async(settings))
-    except RagError as exc:
+    except (RagError, ValidationError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+
+
+def settings_from_flags(host: str | None, port: int | None, uds: str | None, index: Path | None) -> Settings:
+    """`serve`'s flags over the environment: a flag left out keeps its variable (or default)."""
+    transport = {key: value for key, value in (("host", host), ("port", port), ("uds_path", uds)) if value is not None}
+    return Settings(transport=transport, index={} if index is None else {"path": index})  # type: ignore[arg-type]
 
 
 @app.command("prepare-models")
@@ -64,12 +79,12 @@ def prepare_models(
     from ragserve.model_prep import prepare_generator
 
     try:
-        settings = Settings()
+        embedder_settings = EmbedderSettings()
         path = prepare_generator(target or default_generator_path(), force=force)
         typer.echo(f"generator ready at {path}")
-        if settings.embedder_backend == "onnx" and settings.embedder_device == "cpu":
+        if embedder_settings.backend == "onnx" and embedder_settings.device == "cpu":
             # The server would otherwise pay for the ONNX export on its first start.
-            embedder = make_embedder(settings)
+            embedder = make_embedder(embedder_settings)
             typer.echo(f"ONNX query embedder ready: {embedder.model_id}")
     except (RagError, ValidationError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -132,8 +147,8 @@ def _access(
 @app.command()
 def ask(
     question: Annotated[str, typer.Argument(help="The question")],
-    host: str = "127.0.0.1",
-    port: int = 50051,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
     uds: str = "",
     top_k: int = 0,
     max_tokens: int = 0,
@@ -199,8 +214,8 @@ def ask(
 @app.command()
 def retrieve(
     question: Annotated[str, typer.Argument(help="The query")],
-    host: str = "127.0.0.1",
-    port: int = 50051,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
     uds: str = "",
     top_k: int = 0,
     dedupe: Annotated[bool, typer.Option(help="At most one passage (its best chunk) per document")] = False,
@@ -243,8 +258,8 @@ def retrieve(
 
 @app.command()
 def health(
-    host: str = "127.0.0.1",
-    port: int = 50051,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
     uds: str = "",
     wait: Annotated[float, typer.Option(help="Keep probing up to this many seconds")] = 0.0,
     token_file: TokenFileOption = None,

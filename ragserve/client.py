@@ -9,7 +9,7 @@ from types import TracebackType
 
 import grpc
 
-from ragserve.config import ClientSettings
+from ragserve.config import ClientSettings, TransportSettings, default_of
 from ragserve.errors import ConfigError
 from ragserve.server.auth import is_loopback
 from ragserve.v1 import rag_pb2 as pb
@@ -43,7 +43,11 @@ CHANNEL_OPTIONS = [
 ]
 
 
-def target_for(host: str = "127.0.0.1", port: int = 50051, uds_path: str = "") -> str:
+def target_for(
+    host: str = default_of(TransportSettings, "host"),
+    port: int = default_of(TransportSettings, "port"),
+    uds_path: str = "",
+) -> str:
     return f"unix:{uds_path}" if uds_path else f"{host}:{port}"
 
 

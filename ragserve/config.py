@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Self
 
-from pydantic import AliasChoices, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 # The embedded default models; any HF id or local path can be configured instead.
 DEFAULT_EMBEDDER = "sentence-transformers/all-MiniLM-L6-v2"
@@ -24,10 +25,16 @@ def default_generator_path() -> Path:
     return default_home() / "models" / DEFAULT_GENERATOR_NAME
 
 
+def default_of(section: type[BaseModel], name: str) -> Any:
+    """The default this module gives `section.name`. A constructor taking a value that a setting owns
+    uses it as its own default, so the two cannot disagree."""
+    return section.model_fields[name].get_default(call_default_factory=True)
+
+
 class GeneratorSettings(BaseSettings):
     """vLLM engine settings. Defaults suit the CPU build; the GPU path uses the same fields."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGSERVE_GENERATOR_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_GENERATOR_", extra="forbid", frozen=True)
 
     # HF id or local folder; empty means the prepared embedded default.
     model: str = ""
@@ -60,6 +67,15 @@ class GeneratorSettings(BaseSettings):
     max_tokens_limit: int = 1024
     seed: int = 0
 
+    @model_validator(mode="after")
+    def _lookup_range(self) -> Self:
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"RAGSERVE_GENERATOR_PROMPT_LOOKUP_MIN={self.prompt_lookup_min} is above "
+                f"RAGSERVE_GENERATOR_PROMPT_LOOKUP_MAX={self.prompt_lookup_max}"
+            )
+        return self
+
     def resolved_model(self) -> str:
         return self.model or str(default_generator_path())
 
@@ -67,7 +83,7 @@ class GeneratorSettings(BaseSettings):
 class CacheSettings(BaseSettings):
     """Retrieval and answer caches. Environment variables use the RAGSERVE_CACHE_ prefix."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGSERVE_CACHE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_CACHE_", extra="forbid", frozen=True)
 
     # memory: in-process LRU (default); redis: shared by many sidecars; off: no cache.
     backend: Literal["memory", "redis", "off"] = "memory"
@@ -98,6 +114,7 @@ class CacheSettings(BaseSettings):
     # however many crafted variants of one question were stored.
     semantic_max_candidates: int = Field(default=8, ge=1)
     # Largest entry written or read (bytes); a larger one in the store is refused unparsed (a miss).
+    # 1 MiB: room for top_k=50 long passages, or an answer at the 64 KiB text cap with its passages.
     max_entry_bytes: int = Field(default=1024 * 1024, ge=1024)
     # Authenticate entries (HMAC-SHA256, >= 16 bytes): an entry without a valid MAC is a miss, so
     # whoever can write to Redis cannot plant passages or answers. The same key on every sidecar
@@ -109,11 +126,17 @@ class CacheSettings(BaseSettings):
     answers: bool = True
     answer_ttl_s: float = Field(default=3600.0, gt=0)
 
+    @model_validator(mode="after")
+    def _one_key_source(self) -> Self:
+        if self.hmac_key is not None and self.hmac_key_file is not None:
+            raise ValueError("set RAGSERVE_CACHE_HMAC_KEY or RAGSERVE_CACHE_HMAC_KEY_FILE, not both")
+        return self
+
 
 class RerankSettings(BaseSettings):
     """Cross-encoder reranking. Environment variables use the RAGSERVE_RERANK_ prefix."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGSERVE_RERANK_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_RERANK_", extra="forbid", frozen=True)
 
     # off: fused order only (the default: no cross-encoder weights ship with the project);
     # one-tier: tier 1 only; two-tier: tier 1 over the candidates, tier 2 over tier 1's best.
@@ -149,46 +172,113 @@ class RerankSettings(BaseSettings):
     allow_random_heads: bool = False
 
 
-class Settings(BaseSettings):
-    """Everything the server needs. Environment variables use the RAGSERVE_ prefix."""
+class TransportSettings(BaseSettings):
+    """Where the server listens and how its connections behave. Variables: RAGSERVE_HOST, RAGSERVE_PORT, ..."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGSERVE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_", extra="forbid", frozen=True)
 
     # Listening: loopback by default; a Unix socket path takes precedence when set.
     host: str = "127.0.0.1"
     port: int = 50051
     uds_path: str = ""
+    # Keepalive for long-lived sidecar channels: clients may ping every keepalive_min_ping_ms.
+    keepalive_time_ms: int = 30_000
+    keepalive_timeout_ms: int = 10_000
+    keepalive_min_ping_ms: int = 10_000
+    # Connections are recycled after this age (0 = never), with a grace period for open calls.
+    max_connection_age_ms: int = 0
+    max_connection_age_grace_ms: int = 30_000
+    max_message_bytes: int = 4 * 1024 * 1024
+    # Calls open at once on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); at least
+    # max_in_flight + max_side_streams, so an overloaded caller on one channel is refused, not queued
+    # (checked by Settings).
+    max_concurrent_streams: int = Field(default=128, ge=1)
+    # A connection with no call open for this long is closed (GOAWAY); 0 = never. Clients reconnect
+    # by themselves on their next call.
+    max_connection_idle_ms: int = Field(default=600_000, ge=0)
+    # Grace period for open calls when the server stops (SIGTERM).
+    shutdown_grace_s: float = 10.0
 
-    index_path: Path = Field(default_factory=lambda: default_home() / "index" / "sample")
 
-    embedder_model: str = DEFAULT_EMBEDDER
-    embedder_device: Literal["cpu", "cuda"] = "cpu"
+class AccessSettings(BaseSettings):
+    """Who may call. Loopback and Unix sockets need nothing; any other address requires
+    allow_non_loopback, TLS (tls_cert_file/tls_key_file), and client certificates or an auth token.
+    Variables: RAGSERVE_ALLOW_NON_LOOPBACK, RAGSERVE_AUTH_TOKEN, RAGSERVE_TLS_*."""
 
-    retrieval_budget_ms: int = 70
-    # Passages per answer: each adds ~200 prompt tokens (TTFT) and, for a small model, distraction.
-    default_top_k: int = 3
-    # Most passage tokens in a Query's prompt: each passage is cut to the sentences that best match
-    # the question (ragserve/context.py). 0 keeps whole passages. Per request: context_token_budget.
-    context_token_budget: int = Field(default=128, ge=0)
-    max_top_k: int = 50
-    max_query_chars: int = 2000
-    # HNSW breadth at query time: at least top_k, usually more for recall.
-    hnsw_ef_search: int = 64
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_", extra="forbid", frozen=True)
 
-    # Index backend: the published hnswlib+BM25 folder at index_path, or a Qdrant collection.
-    index_backend: Literal["hnsw", "qdrant"] = "hnsw"
-    # Qdrant: a server/cluster URL (http://host:6333), ":memory:", or a local folder path.
-    qdrant_url: str = ""
-    qdrant_api_key: str = Field(default="", repr=False)
+    allow_non_loopback: bool = False
+    auth_token: str = Field(default="", repr=False)
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    # With a CA file, clients must present a certificate signed by it (mTLS).
+    tls_client_ca_file: str = ""
+    # mTLS pinning: comma-separated certificate names (CN or SAN) allowed to call; empty: any the CA signed.
+    tls_allowed_client_ids: str = ""
+
+    @model_validator(mode="after")
+    def _pinning_needs_client_certificates(self) -> Self:
+        if self.tls_allowed_client_ids and not self.tls_client_ca_file:
+            raise ValueError("RAGSERVE_TLS_ALLOWED_CLIENT_IDS needs client certificates (RAGSERVE_TLS_CLIENT_CA_FILE)")
+        return self
+
+
+class IndexSettings(BaseSettings):
+    """Which index is served. Variables use the RAGSERVE_INDEX_ prefix (RAGSERVE_INDEX_PATH, ...)."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_INDEX_", extra="forbid", frozen=True)
+
+    # The published hnswlib+BM25 folder (holds CURRENT).
+    path: Path = Field(default_factory=lambda: default_home() / "index" / "sample")
+    # hnsw: the folder at `path`; qdrant: a Qdrant collection (QdrantSettings).
+    backend: Literal["hnsw", "qdrant"] = "hnsw"
+    # Seconds between checks of the index root for a newly published version (0 = no hot reload).
+    reload_interval_s: float = Field(default=2.0, ge=0.0)
+
+
+class QdrantSettings(BaseSettings):
+    """The Qdrant index backend. Variables use the RAGSERVE_QDRANT_ prefix."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_QDRANT_", extra="forbid", frozen=True)
+
+    # A server/cluster URL (http://host:6333), ":memory:", or a local folder path.
+    url: str = ""
+    api_key: str = Field(default="", repr=False)
     # The collection alias the indexer flips to each new version.
-    qdrant_collection: str = "ragserve"
+    collection: str = "ragserve"
     # Qdrant searches run on their own threads, so a slow or black-holed Qdrant never holds the
     # embedding threads; each search waits at most the request's budget (but at least
-    # qdrant_min_search_ms, so a nearly spent budget still gets one honest try) and then answers
-    # UNAVAILABLE. A thread stuck in a call is freed by the client's own timeout (qdrant_timeout_s).
-    qdrant_search_threads: int = Field(default=4, ge=1)
-    qdrant_min_search_ms: float = Field(default=25.0, ge=0.0)
-    qdrant_timeout_s: int = Field(default=5, ge=1)
+    # min_search_ms, so a nearly spent budget still gets one honest try) and then answers
+    # UNAVAILABLE. A thread stuck in a call is freed by the client's own timeout (timeout_s).
+    search_threads: int = Field(default=4, ge=1)
+    min_search_ms: float = Field(default=25.0, ge=0.0)
+    timeout_s: int = Field(default=5, ge=1)
+
+
+class EmbedderSettings(BaseSettings):
+    """The query embedder (the indexer builds its own through the same factory). Variables use the
+    RAGSERVE_EMBEDDER_ prefix."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_EMBEDDER_", extra="forbid", frozen=True)
+
+    model: str = DEFAULT_EMBEDDER
+    device: Literal["cpu", "cuda"] = "cpu"
+    # onnx (int8, exported once to a cache folder) embeds a query in ~2 ms against ~9 ms for torch
+    # fp32 on this 2-core CPU, and over a torch-built SciFact index loses 0.0007 nDCG@10
+    # (BENCHMARKS.md). On CUDA the torch path is used.
+    backend: Literal["torch", "onnx"] = "onnx"
+    onnx_int8: bool = True
+    # ONNX Runtime threads per query embedding (0: ORT's default, one per core). One measured
+    # faster for a single short query (2.1 vs 3.3 ms p50) and under 4 concurrent callers.
+    threads: int = Field(default=1, ge=0)
+
+
+class RetrievalSettings(BaseSettings):
+    """How candidates are searched and fused. Variables: RAGSERVE_RETRIEVAL_MODE, RAGSERVE_FUSION*,
+    RAGSERVE_RRF_K, RAGSERVE_HNSW_EF_SEARCH."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_", extra="forbid", frozen=True)
+
     # dense (HNSW only), bm25 (lexical only) or hybrid (both, fused).
     retrieval_mode: Literal["dense", "bm25", "hybrid"] = "hybrid"
     # weighted (min-max normalized scores, dense weight below) or rrf (reciprocal rank fusion).
@@ -199,63 +289,62 @@ class Settings(BaseSettings):
     rrf_k: int = Field(default=60, ge=1)
     # Candidates taken from each list before fusing.
     fusion_candidates: int = Field(default=100, ge=1)
-    # Query embedding backend. onnx (int8, exported once to a cache folder) embeds a query in ~2 ms
-    # against ~9 ms for torch fp32 on this 2-core CPU, and over a torch-built SciFact index loses
-    # 0.0007 nDCG@10 (BENCHMARKS.md). On CUDA the torch path is used.
-    embedder_backend: Literal["torch", "onnx"] = "onnx"
-    embedder_onnx_int8: bool = True
-    # ONNX Runtime threads per query embedding (0: ORT's default, one per core). One measured
-    # faster for a single short query (2.1 vs 3.3 ms p50) and under 4 concurrent callers.
-    embedder_threads: int = Field(default=1, ge=0)
-    # Seconds between checks of the index root for a newly published version (0 = no hot reload).
-    index_reload_interval_s: float = Field(default=2.0, ge=0.0)
+    # HNSW breadth at query time: at least top_k, usually more for recall.
+    hnsw_ef_search: int = 64
 
-    # "stable": fixed template prefix first (default). "naive": a benchmark baseline only.
-    prompt_layout: Literal["stable", "naive"] = "stable"
+
+class RequestSettings(BaseSettings):
+    """What a request gets when it leaves a field at 0, and the most it may ask for.
+    Variables: RAGSERVE_DEFAULT_TOP_K, RAGSERVE_MAX_TOP_K, RAGSERVE_RETRIEVAL_BUDGET_MS, ..."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_", extra="forbid", frozen=True)
+
+    # Passages per answer: each adds ~200 prompt tokens (TTFT) and, for a small model, distraction.
+    default_top_k: int = 3
+    max_top_k: int = 50
+    # Retrieval+rerank budget of a request that sets none.
+    retrieval_budget_ms: int = 70
+    # The largest per-request budget_ms accepted; above it, INVALID_ARGUMENT (field budget_ms).
+    max_budget_ms: int = Field(default=60_000, ge=1)
+    max_query_chars: int = 2000
+    # Most passage tokens in a Query's prompt: each passage is cut to the sentences that best match
+    # the question (ragserve/context.py). 0 keeps whole passages. Per request: context_token_budget.
+    context_token_budget: int = Field(default=128, ge=0)
+
+    @model_validator(mode="after")
+    def _default_within_cap(self) -> Self:
+        if self.default_top_k > self.max_top_k:
+            raise ValueError(
+                f"RAGSERVE_DEFAULT_TOP_K ({self.default_top_k}) must be at most RAGSERVE_MAX_TOP_K ({self.max_top_k})"
+            )
+        return self
+
+
+class LimitsSettings(BaseSettings):
+    """Work the server takes on at once, and for how long. Variables: RAGSERVE_MAX_IN_FLIGHT, ..."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_", extra="forbid", frozen=True)
 
     # Threads for model calls (embedding), kept off the event loop.
     model_threads: int = 2
     max_in_flight: int = 64
+    # Health Watch and reflection streams open at once (they stay open as long as the caller likes
+    # and take no in-flight slot); beyond it RESOURCE_EXHAUSTED.
+    max_side_streams: int = Field(default=16, ge=1)
     # Longest a Retrieve or Query call may run, whatever deadline the client set (none, or a longer
     # one): then DEADLINE_EXCEEDED, the engine request is aborted and the in-flight slot freed, also
     # when the client has stopped reading the stream.
     max_call_s: float = Field(default=300.0, gt=0)
-    # The largest per-request budget_ms accepted; above it, INVALID_ARGUMENT (field budget_ms).
-    max_budget_ms: int = Field(default=60_000, ge=1)
-    # Health Watch and reflection streams open at once (they stay open as long as the caller likes
-    # and take no in-flight slot); beyond it RESOURCE_EXHAUSTED.
-    max_side_streams: int = Field(default=16, ge=1)
     # What an overloaded caller is told to wait before retrying (grpc-retry-pushback-ms).
     overload_retry_after_ms: int = 100
-    shutdown_grace_s: float = 10.0
-    # Retrieval-only mode: no generator is loaded and Query answers FAILED_PRECONDITION.
-    generation_enabled: bool = True
 
-    # Access control. Loopback and Unix sockets need nothing; any other address requires
-    # allow_non_loopback, TLS (tls_cert_file/tls_key_file), and client certificates or an auth token.
-    allow_non_loopback: bool = False
-    auth_token: str = Field(default="", repr=False)
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
-    # With a CA file, clients must present a certificate signed by it (mTLS).
-    tls_client_ca_file: str = ""
-    # mTLS pinning: comma-separated certificate names (CN or SAN) allowed to call; empty: any the CA signed.
-    tls_allowed_client_ids: str = ""
 
-    # Keepalive for long-lived sidecar channels: clients may ping every keepalive_min_ping_ms.
-    keepalive_time_ms: int = 30_000
-    keepalive_timeout_ms: int = 10_000
-    keepalive_min_ping_ms: int = 10_000
-    # Connections are recycled after this age (0 = never), with a grace period for open calls.
-    max_connection_age_ms: int = 0
-    max_connection_age_grace_ms: int = 30_000
-    max_message_bytes: int = 4 * 1024 * 1024
-    # Calls open at once on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); at least
-    # max_in_flight + max_side_streams, so an overloaded caller on one channel is refused, not queued.
-    max_concurrent_streams: int = Field(default=128, ge=1)
-    # A connection with no call open for this long is closed (GOAWAY); 0 = never. Clients reconnect
-    # by themselves on their next call.
-    max_connection_idle_ms: int = Field(default=600_000, ge=0)
+class ObservabilitySettings(BaseSettings):
+    """Tracing, metrics and health probing. Variables: RAGSERVE_TRACING_*, RAGSERVE_METRICS_*,
+    RAGSERVE_HEALTH_PROBE_INTERVAL_S."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_", extra="forbid", frozen=True)
+
     # OpenTelemetry spans per request and per stage, continuing the caller's trace (W3C
     # traceparent in gRPC metadata). Exported over OTLP/gRPC when an endpoint is set, else to stderr.
     tracing_enabled: bool = False
@@ -270,9 +359,117 @@ class Settings(BaseSettings):
     # How often the generator's health is probed; a dead engine turns health NOT_SERVING.
     health_probe_interval_s: float = 2.0
 
+
+# Settings' sections, each reading its own environment variables (names as before the sections).
+_SECTIONS: dict[str, type[BaseSettings]] = {
+    "transport": TransportSettings,
+    "access": AccessSettings,
+    "index": IndexSettings,
+    "qdrant": QdrantSettings,
+    "embedder": EmbedderSettings,
+    "retrieval": RetrievalSettings,
+    "requests": RequestSettings,
+    "limits": LimitsSettings,
+    "observability": ObservabilitySettings,
+    "generator": GeneratorSettings,
+    "rerank": RerankSettings,
+    "cache": CacheSettings,
+}
+
+
+def _env_name(section: type[BaseSettings], field: str) -> str:
+    return f"{section.model_config.get('env_prefix', '')}{field}".upper()
+
+
+# Each section's variables -> the field they set ("RAGSERVE_HOST" -> "transport.host").
+_SECTION_ENV = {
+    _env_name(cls, field): f"{name}.{field}" for name, cls in _SECTIONS.items() for field in cls.model_fields
+}
+# A flat keyword of the old Settings (its variable without the prefix) -> where the field lives now.
+_MOVED = {env.removeprefix("RAGSERVE_").lower(): path for env, path in _SECTION_ENV.items()}
+
+
+class _OwnFieldsEnv(EnvSettingsSource):
+    """Settings' own fields from the environment; a section reads its variables itself, so a
+    variable named like a section (RAGSERVE_INDEX, RAGSERVE_CACHE) is not parsed as one."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        if field_name in _SECTIONS:
+            return None, field_name, False
+        return super().get_field_value(field, field_name)
+
+
+class Settings(BaseSettings):
+    """Everything the server needs, in sections. Environment variables use the RAGSERVE_ prefix;
+    each section reads its own (RAGSERVE_HOST -> transport.host, RAGSERVE_INDEX_PATH -> index.path).
+    Immutable: derive a changed copy with model_copy(update=...)."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_", extra="forbid", frozen=True)
+
+    transport: TransportSettings = Field(default_factory=TransportSettings)
+    access: AccessSettings = Field(default_factory=AccessSettings)
+    index: IndexSettings = Field(default_factory=IndexSettings)
+    qdrant: QdrantSettings = Field(default_factory=QdrantSettings)
+    embedder: EmbedderSettings = Field(default_factory=EmbedderSettings)
+    retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
+    requests: RequestSettings = Field(default_factory=RequestSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
     rerank: RerankSettings = Field(default_factory=RerankSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
+
+    # "stable": fixed template prefix first (default). "naive": a benchmark baseline only.
+    prompt_layout: Literal["stable", "naive"] = "stable"
+    # Retrieval-only mode: no generator is loaded and Query answers FAILED_PRECONDITION.
+    generation_enabled: bool = True
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, _OwnFieldsEnv(settings_cls), dotenv_settings, file_secret_settings
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sections_from_keywords(cls, data: Any) -> Any:
+        """A section given as a dict is built like its default (unset fields from the environment);
+        an old flat keyword is refused with where it lives now."""
+        if not isinstance(data, dict):
+            return data
+        moved = [key for key in data if key in _MOVED and key not in cls.model_fields]
+        if moved:
+            raise ValueError(
+                "settings are grouped in sections: "
+                + ", ".join(f"{key} is now {_MOVED[key]}" for key in moved)
+                + " (environment variable names are unchanged)"
+            )
+        return {
+            key: _SECTIONS[key](**value) if key in _SECTIONS and isinstance(value, dict) else value
+            for key, value in data.items()
+        }
+
+    @classmethod
+    def env_names(cls) -> dict[str, str]:
+        """Every environment variable Settings reads -> the field it sets ("RAGSERVE_HOST" -> "transport.host")."""
+        own = {_env_name(cls, field): field for field in cls.model_fields if field not in _SECTIONS}
+        return {**_SECTION_ENV, **own}
+
+    @model_validator(mode="after")
+    def _streams_cover_calls(self) -> Self:
+        needed = self.limits.max_in_flight + self.limits.max_side_streams
+        if self.transport.max_concurrent_streams < needed:
+            raise ValueError(
+                f"RAGSERVE_MAX_CONCURRENT_STREAMS ({self.transport.max_concurrent_streams}) must be at least "
+                f"RAGSERVE_MAX_IN_FLIGHT + RAGSERVE_MAX_SIDE_STREAMS ({needed}): "
+                "else calls over one channel queue in the client instead of being refused"
+            )
+        return self
 
 
 class ClientSettings(BaseSettings):
@@ -282,7 +479,7 @@ class ClientSettings(BaseSettings):
     RAGSERVE_AUTH_TOKEN, so a probe run inside the server's container passes auth with no extra setting.
     """
 
-    model_config = SettingsConfigDict(env_prefix="RAGSERVE_CLIENT_", extra="ignore", populate_by_name=True)
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_CLIENT_", extra="ignore", populate_by_name=True, frozen=True)
 
     auth_token: str = Field(
         default="",

@@ -9,7 +9,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ragserve.config import DEFAULT_EMBEDDER
+from ragserve.config import DEFAULT_EMBEDDER, EmbedderSettings, default_of
 from ragserve.errors import ConfigError
 
 _DEFAULT_ALIASES = {DEFAULT_EMBEDDER, "all-MiniLM-L6-v2"}
@@ -66,7 +66,9 @@ def resolve_embedder_path(model: str) -> str:
 class SentenceTransformerEmbedder:
     """all-MiniLM-L6-v2 (or any sentence-transformers model) on torch."""
 
-    def __init__(self, model: str = DEFAULT_EMBEDDER, device: str = "cpu") -> None:
+    def __init__(
+        self, model: str = default_of(EmbedderSettings, "model"), device: str = default_of(EmbedderSettings, "device")
+    ) -> None:
         from sentence_transformers import SentenceTransformer
 
         path = resolve_embedder_path(model)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ragserve.config import DEFAULT_EMBEDDER, default_home
+from ragserve.config import DEFAULT_EMBEDDER, EmbedderSettings, default_home, default_of
 from ragserve.embedding import _DEFAULT_ALIASES, QueryEmbedding, fits_window, resolve_embedder_path
 from ragserve.errors import ConfigError
 
@@ -113,11 +113,12 @@ class OnnxEmbedder:
 
     def __init__(
         self,
-        model: str = DEFAULT_EMBEDDER,
-        quantize: bool = True,
+        model: str = default_of(EmbedderSettings, "model"),
+        quantize: bool = default_of(EmbedderSettings, "onnx_int8"),
         cache_dir: Path | None = None,
-        threads: int = 0,
-        spin: bool = True,
+        *,
+        threads: int,
+        spin: bool,
     ) -> None:
         import onnxruntime as ort
         from transformers import AutoTokenizer

@@ -19,7 +19,7 @@ class InvalidArgument(RagError):
 class Overloaded(RagError):
     """Too many requests in flight; the caller should retry later."""
 
-    def __init__(self, message: str, retry_after_ms: int = 100) -> None:
+    def __init__(self, message: str, retry_after_ms: int) -> None:
         super().__init__(message)
         self.retry_after_ms = retry_after_ms
 

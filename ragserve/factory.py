@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from ragserve.cache.base import AnswerCache, CacheStore, RetrievalCache
 from ragserve.cache.integrity import MIN_KEY_BYTES, EntrySeal
-from ragserve.config import CacheSettings, Settings
+from ragserve.config import CacheSettings, EmbedderSettings, Settings
 from ragserve.embedding import Embedder, SentenceTransformerEmbedder
 from ragserve.errors import ConfigError
 from ragserve.generate.base import Generator
@@ -18,53 +19,54 @@ from ragserve.index.reload import FolderWatch, IndexWatch, ServedIndex
 from ragserve.pipeline import RagPipeline
 from ragserve.rerank.base import Reranker
 
+if TYPE_CHECKING:
+    from ragserve.embedding_onnx import OnnxEmbedder
+
 log = logging.getLogger(__name__)
 
 
-def make_embedder(settings: Settings) -> Embedder:
-    if settings.embedder_backend == "onnx" and settings.embedder_device == "cpu":
+def make_embedder(cfg: EmbedderSettings, *, indexing: bool = False) -> OnnxEmbedder | SentenceTransformerEmbedder:
+    """The server's query embedder, or (indexing) the indexer's document embedder: the same choice
+    of backend for both. ONNX Runtime's idle threads spin only when indexing (throughput); in the
+    server they would steal the cores the reranker and the generator need between queries."""
+    if cfg.backend == "onnx" and cfg.device == "cpu":
         from ragserve.embedding_onnx import OnnxEmbedder
 
-        return OnnxEmbedder(
-            settings.embedder_model,
-            quantize=settings.embedder_onnx_int8,
-            threads=settings.embedder_threads,
-            spin=False,
-        )
-    if settings.embedder_backend == "onnx":
-        log.info("embedder on %s: using torch (the ONNX backend is the CPU path)", settings.embedder_device)
-    return SentenceTransformerEmbedder(settings.embedder_model, device=settings.embedder_device)
+        return OnnxEmbedder(cfg.model, quantize=cfg.onnx_int8, threads=cfg.threads, spin=indexing)
+    if cfg.backend == "onnx":
+        log.info("embedder on %s: using torch (the ONNX backend is the CPU path)", cfg.device)
+    return SentenceTransformerEmbedder(cfg.model, device=cfg.device)
 
 
 def make_index(settings: Settings) -> SearchIndex:
-    if settings.index_backend == "qdrant":
+    if settings.index.backend == "qdrant":
         from ragserve.index.qdrant_index import QdrantIndex
 
         return QdrantIndex.connect(
-            settings.qdrant_url,
-            settings.qdrant_collection,
-            settings.qdrant_api_key or None,
-            timeout_s=settings.qdrant_timeout_s,
+            settings.qdrant.url,
+            settings.qdrant.collection,
+            settings.qdrant.api_key or None,
+            timeout_s=settings.qdrant.timeout_s,
         )
-    return HnswIndex.load(settings.index_path)
+    return HnswIndex.load(settings.index.path)
 
 
 def make_index_watch(settings: Settings, target: ServedIndex) -> IndexWatch:
     """For hot reload: a folder's CURRENT link, or a Qdrant alias."""
-    if settings.index_backend == "qdrant":
+    if settings.index.backend == "qdrant":
         from ragserve.index.qdrant_index import QdrantWatch
 
-        return QdrantWatch(target, settings.qdrant_collection)
-    return FolderWatch(settings.index_path)
+        return QdrantWatch(target, settings.qdrant.collection)
+    return FolderWatch(settings.index.path)
 
 
 def make_retrieval_options(settings: Settings) -> RetrievalOptions:
     return RetrievalOptions(
-        mode=settings.retrieval_mode,
-        fusion=settings.fusion,
-        rrf_k=settings.rrf_k,
-        dense_weight=settings.fusion_dense_weight,
-        candidates=settings.fusion_candidates,
+        mode=settings.retrieval.retrieval_mode,
+        fusion=settings.retrieval.fusion,
+        rrf_k=settings.retrieval.rrf_k,
+        dense_weight=settings.retrieval.fusion_dense_weight,
+        candidates=settings.retrieval.fusion_candidates,
     )
 
 
@@ -98,8 +100,6 @@ def make_cache_store(cfg: CacheSettings) -> CacheStore:
 
 def make_entry_seal(cfg: CacheSettings) -> EntrySeal:
     """The size cap and, if a key is configured, the HMAC every cache entry must carry."""
-    if cfg.hmac_key is not None and cfg.hmac_key_file is not None:
-        raise ConfigError("set RAGSERVE_CACHE_HMAC_KEY or RAGSERVE_CACHE_HMAC_KEY_FILE, not both")
     key: bytes | None = None
     if cfg.hmac_key is not None:
         key = cfg.hmac_key.get_secret_value().encode()
@@ -224,35 +224,37 @@ def make_reranker(settings: Settings) -> Reranker | None:
             log.warning("%s %s has a RANDOM HEAD (test model): its order is not relevance", name, model)
         tiers.append(Tier(name, encoder, depth, cfg.batch_size))
     log.info("reranker: %s, %s backend, depth policy %s", cfg.mode, cfg.backend, cfg.depth_policy)
-    return TieredReranker(tiers, cfg.candidates, cfg.depth_policy, cfg.reserve_ms, cfg.max_seq_len)
+    return TieredReranker(
+        tiers, cfg.candidates, cfg.depth_policy, reserve_ms=cfg.reserve_ms, max_seq_len=cfg.max_seq_len
+    )
 
 
 def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipeline:
     """Load and wire every part; the generator is started separately (it is async)."""
-    embedder = make_embedder(settings)
+    embedder = make_embedder(settings.embedder)
     index = make_index(settings)
     check_compatible(embedder, index)
-    log.info("index version %s loaded: %d chunks from %s", index.version, index.count, settings.index_path)
+    log.info("index version %s loaded: %d chunks from %s", index.version, index.count, settings.index.path)
     reranker = make_reranker(settings)
     generator = make_generator(settings) if with_generator else None
-    executor = ThreadPoolExecutor(max_workers=settings.model_threads, thread_name_prefix="ragserve-model")
+    executor = ThreadPoolExecutor(max_workers=settings.limits.model_threads, thread_name_prefix="ragserve-model")
     rerank_executor = None
     if reranker is not None:
         rerank_executor = ThreadPoolExecutor(
             max_workers=settings.rerank.concurrency, thread_name_prefix="ragserve-rerank"
         )
     search_executor = None
-    if settings.index_backend == "qdrant":
+    if settings.index.backend == "qdrant":
         # Network searches on their own threads: a slow Qdrant never queues the next embedding.
         search_executor = ThreadPoolExecutor(
-            max_workers=settings.qdrant_search_threads, thread_name_prefix="ragserve-qdrant"
+            max_workers=settings.qdrant.search_threads, thread_name_prefix="ragserve-qdrant"
         )
     return RagPipeline(
         embedder,
         index,
         generator,
         executor,
-        ef_search=settings.hnsw_ef_search,
+        ef_search=settings.retrieval.hnsw_ef_search,
         cache=make_cache(settings),
         retrieval=make_retrieval_options(settings),
         reranker=reranker,
@@ -260,5 +262,5 @@ def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipelin
         rerank_executor=rerank_executor,
         answers=make_answer_cache(settings) if generator is not None else None,
         search_executor=search_executor,
-        search_min_ms=settings.qdrant_min_search_ms,
+        search_min_ms=settings.qdrant.min_search_ms,
     )

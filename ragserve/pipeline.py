@@ -20,6 +20,7 @@ from typing import TypeVar
 from ragserve.budget import Deadline, StageTimer
 from ragserve.cache.base import AnswerCache, RetrievalCache
 from ragserve.cache.pipeline_caches import PipelineCaches, cache_scope
+from ragserve.config import QdrantSettings, RetrievalSettings, Settings, default_of
 from ragserve.context import fit_context
 from ragserve.embedding import Embedder
 from ragserve.errors import ConfigError
@@ -52,15 +53,15 @@ class RagPipeline:
         index: SearchIndex,
         generator: Generator | None,
         executor: ThreadPoolExecutor,
-        ef_search: int = 64,
+        ef_search: int = default_of(RetrievalSettings, "hnsw_ef_search"),
         cache: RetrievalCache | None = None,
         retrieval: RetrievalOptions | None = None,
         reranker: Reranker | None = None,
-        prompt_layout: str = "stable",
+        prompt_layout: str = default_of(Settings, "prompt_layout"),
         rerank_executor: ThreadPoolExecutor | None = None,
         answers: AnswerCache | None = None,
         search_executor: ThreadPoolExecutor | None = None,
-        search_min_ms: float = 25.0,
+        search_min_ms: float = default_of(QdrantSettings, "min_search_ms"),
     ) -> None:
         self.embedder = embedder
         self.index = index  # replaced whole by swap_index; a request reads it once

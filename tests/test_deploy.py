@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ragserve.config import CacheSettings, ClientSettings, GeneratorSettings, RerankSettings, Settings
+from ragserve.config import ClientSettings, Settings
 from ragserve.server.auth import is_loopback
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,15 +28,8 @@ def _tool(name: str) -> str:
 
 
 def _known_env_names() -> set[str]:
-    names = set()
-    for prefix, model in (
-        ("RAGSERVE_", Settings),
-        ("RAGSERVE_GENERATOR_", GeneratorSettings),
-        ("RAGSERVE_CACHE_", CacheSettings),
-        ("RAGSERVE_RERANK_", RerankSettings),
-        ("RAGSERVE_CLIENT_", ClientSettings),
-    ):
-        names |= {f"{prefix}{field.upper()}" for field in model.model_fields}
+    names = set(Settings.env_names())
+    names |= {f"RAGSERVE_CLIENT_{field.upper()}" for field in ClientSettings.model_fields}
     return names
 
 
@@ -92,7 +85,7 @@ def test_sidecar_keeps_metrics_inside_the_pod() -> None:
     deployment = yaml.safe_load((DEPLOY / "k8s" / "ragserve-sidecar.yaml").read_text())
     sidecar = deployment["spec"]["template"]["spec"]["initContainers"][0]
     env = {e["name"]: e for e in sidecar["env"]}
-    host = Settings().metrics_host
+    host = Settings().observability.metrics_host
     if "RAGSERVE_METRICS_HOST" in env:
         host = env["RAGSERVE_METRICS_HOST"].get("value", "a valueFrom address")
     assert is_loopback(host), f"the sidecar serves metrics on {host}"

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from ragserve.config import Settings
+from ragserve.config import RequestSettings, Settings
 from ragserve.errors import InvalidArgument
 from ragserve.server.validation import validate_generate, validate_retrieve
 
@@ -16,10 +16,10 @@ SETTINGS = Settings()
     [
         ("", 5, 0, "query"),
         ("   \n", 5, 0, "query"),
-        ("x" * (SETTINGS.max_query_chars + 1), 5, 0, "query"),
+        ("x" * (SETTINGS.requests.max_query_chars + 1), 5, 0, "query"),
         ("a\x00b", 5, 0, "query"),
         ("ok", -1, 0, "top_k"),
-        ("ok", SETTINGS.max_top_k + 1, 0, "top_k"),
+        ("ok", SETTINGS.requests.max_top_k + 1, 0, "top_k"),
         ("ok", 5, -5, "budget_ms"),
         ("ok", 5, 10_000_000, "budget_ms"),
     ],
@@ -31,7 +31,7 @@ def test_bad_retrieve_fields_name_the_field(query: str, top_k: int, budget_ms: i
 
 
 def test_budget_above_the_server_cap_is_refused_not_clamped() -> None:
-    capped = Settings(max_budget_ms=500)
+    capped = Settings(requests=RequestSettings(max_budget_ms=500))
     assert validate_retrieve(capped, "ok", 5, 500).budget_ms == 500
     with pytest.raises(InvalidArgument) as info:
         validate_retrieve(capped, "ok", 5, 501)
@@ -41,8 +41,8 @@ def test_budget_above_the_server_cap_is_refused_not_clamped() -> None:
 def test_defaults_fill_zero_values() -> None:
     params = validate_retrieve(SETTINGS, "  what is x? ", 0, 0)
     assert params.query == "what is x?"
-    assert params.top_k == SETTINGS.default_top_k
-    assert params.budget_ms == SETTINGS.retrieval_budget_ms
+    assert params.top_k == SETTINGS.requests.default_top_k
+    assert params.budget_ms == SETTINGS.requests.retrieval_budget_ms
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from enum import Enum
 
+from ragserve.config import CacheSettings, default_of
+
 
 class BreakerState(Enum):
     CLOSED = "closed"
@@ -22,8 +24,8 @@ class BreakerState(Enum):
 class CircuitBreaker:
     def __init__(
         self,
-        failure_threshold: int = 3,
-        cooldown_s: float = 1.0,
+        failure_threshold: int = default_of(CacheSettings, "breaker_failures"),
+        cooldown_s: float = default_of(CacheSettings, "breaker_cooldown_s"),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if failure_threshold < 1 or cooldown_s < 0:

@@ -13,10 +13,8 @@ import hashlib
 import hmac
 
 from ragserve.cache.base import RejectedEntry
+from ragserve.config import CacheSettings, default_of
 
-# Room for top_k=50 long passages, or an answer at the 64 KiB text cap with its passages; a larger
-# entry is never written, and one found in the store is refused before it is parsed.
-DEFAULT_MAX_ENTRY_BYTES = 1024 * 1024
 MIN_KEY_BYTES = 16
 
 _TAG = b"h1:"  # a plain payload is a JSON object and starts with "{"
@@ -24,7 +22,7 @@ _MAC_BYTES = hashlib.sha256().digest_size
 
 
 class EntrySeal:
-    def __init__(self, max_bytes: int = DEFAULT_MAX_ENTRY_BYTES, key: bytes | None = None) -> None:
+    def __init__(self, max_bytes: int = default_of(CacheSettings, "max_entry_bytes"), key: bytes | None = None) -> None:
         if max_bytes < 1:
             raise ValueError("max_bytes must be >= 1")
         if key is not None and len(key) < MIN_KEY_BYTES:

@@ -33,6 +33,7 @@ from ragserve.cache.codec import decode_answer, decode_entry, encode_answer, enc
 from ragserve.cache.integrity import EntrySeal
 from ragserve.cache.keys import AnswerKey, RetrievalKey
 from ragserve.cache.semantic import SemanticIndex, SemanticMatch
+from ragserve.config import CacheSettings, default_of
 from ragserve.metrics import (
     ANSWER_CACHE_CIRCUIT_OPEN,
     ANSWER_CACHE_ERRORS,
@@ -277,8 +278,8 @@ class StoreBackedCache(GuardedStore):
     def __init__(
         self,
         store: CacheStore,
-        ttl_s: float = 3600.0,
-        degraded_ttl_s: float = 0.0,
+        ttl_s: float = default_of(CacheSettings, "ttl_s"),
+        degraded_ttl_s: float = default_of(CacheSettings, "degraded_ttl_s"),
         breaker: CircuitBreaker | None = None,
         semantic: SemanticIndex | None = None,
         max_pending_writes: int = 256,
@@ -370,7 +371,7 @@ class StoreBackedAnswerCache(GuardedStore):
     def __init__(
         self,
         store: CacheStore,
-        ttl_s: float = 3600.0,
+        ttl_s: float = default_of(CacheSettings, "answer_ttl_s"),
         breaker: CircuitBreaker | None = None,
         max_pending_writes: int = 256,
         max_text_bytes: int = MAX_ANSWER_BYTES,

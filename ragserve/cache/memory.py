@@ -6,6 +6,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from ragserve.config import CacheSettings, default_of
+
 
 class MemoryStore:
     """Used from one event loop only: no awaits inside an operation, so no lock is needed."""
@@ -14,8 +16,8 @@ class MemoryStore:
 
     def __init__(
         self,
-        max_entries: int = 10_000,
-        max_bytes: int = 256 * 1024 * 1024,
+        max_entries: int = default_of(CacheSettings, "max_entries"),
+        max_bytes: int = default_of(CacheSettings, "max_bytes"),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_entries < 1 or max_bytes < 1:

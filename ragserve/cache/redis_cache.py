@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ragserve.cache.base import CacheBackendError
+from ragserve.config import CacheSettings, default_of
 
 T = TypeVar("T")
 
@@ -35,11 +36,11 @@ class RedisStore:
     def __init__(
         self,
         url: str,
-        namespace: str = "ragserve",
-        timeout_s: float = 0.02,
-        connect_timeout_s: float = 0.2,
-        pool_size: int = 64,
-        health_check_interval_s: float = 5.0,
+        namespace: str = default_of(CacheSettings, "namespace"),
+        timeout_s: float = default_of(CacheSettings, "redis_timeout_ms") / 1000.0,
+        connect_timeout_s: float = default_of(CacheSettings, "redis_connect_timeout_ms") / 1000.0,
+        pool_size: int = default_of(CacheSettings, "redis_pool_size"),
+        health_check_interval_s: float = default_of(CacheSettings, "redis_health_check_interval_s"),
         warm_connections: int = 4,
     ) -> None:
         self.url = url

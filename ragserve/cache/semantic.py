@@ -25,6 +25,7 @@ from functools import lru_cache
 import numpy as np
 
 from ragserve.cache.keys import RetrievalKey
+from ragserve.config import CacheSettings, default_of
 
 _TOKEN = re.compile(r"[0-9]+(?:[.,][0-9]+)*|%|\w+(?:'\w+)*")
 _NEGATIONS = frozenset(
@@ -327,7 +328,12 @@ class SemanticIndex:
     token window (a cut query's vector stands for its prefix alone).
     """
 
-    def __init__(self, threshold: float = 0.95, window: int = 1024, max_candidates: int = 8) -> None:
+    def __init__(
+        self,
+        threshold: float = default_of(CacheSettings, "semantic_threshold"),
+        window: int = default_of(CacheSettings, "semantic_window"),
+        max_candidates: int = default_of(CacheSettings, "semantic_max_candidates"),
+    ) -> None:
         if not 0.0 < threshold <= 1.0 or window < 1 or max_candidates < 1:
             raise ValueError("threshold must be in (0, 1], window >= 1 and max_candidates >= 1")
         self.threshold = threshold

@@ -12,22 +12,25 @@ from typing import Literal
 
 import numpy as np
 
+from ragserve.config import RetrievalSettings, default_of
 from ragserve.index.base import LexicalSearch, ScoredChunk, SearchIndex
 
 Mode = Literal["dense", "bm25", "hybrid"]
 Fusion = Literal["rrf", "weighted"]
+_DEFAULT_MODE: Mode = default_of(RetrievalSettings, "retrieval_mode")
+_DEFAULT_FUSION: Fusion = default_of(RetrievalSettings, "fusion")
 
 
 @dataclass(frozen=True, slots=True)
 class RetrievalOptions:
-    mode: Mode = "hybrid"
-    fusion: Fusion = "weighted"
+    mode: Mode = _DEFAULT_MODE
+    fusion: Fusion = _DEFAULT_FUSION
     # RRF's constant: 60 is the value from the original paper and works without tuning.
-    rrf_k: int = 60
+    rrf_k: int = default_of(RetrievalSettings, "rrf_k")
     # Weighted fusion: weight of the dense list (BM25 gets 1 - weight) after min-max normalization.
-    dense_weight: float = 0.4
+    dense_weight: float = default_of(RetrievalSettings, "fusion_dense_weight")
     # Candidates taken from each list before fusing; at least top_k.
-    candidates: int = 100
+    candidates: int = default_of(RetrievalSettings, "fusion_candidates")
     # When deduplicating to documents, look this many times deeper so enough distinct documents remain.
     dedupe_depth_factor: int = 3
 

@@ -60,7 +60,7 @@ def version_collection(name: str, version: int) -> str:
     return f"{name}_v{version:06d}"
 
 
-def make_client(url: str, api_key: str | None = None, timeout_s: int = 10) -> Any:
+def make_client(url: str, api_key: str | None, timeout_s: int) -> Any:
     """`http(s)://...` is a server or cluster; `:memory:` or a folder path is qdrant-client's local mode.
 
     `timeout_s` bounds each HTTP call (connect and read), so a thread stuck on a silent server is freed.
@@ -243,7 +243,7 @@ class QdrantIndex(PublishedMeta):
         return self._client
 
     @classmethod
-    def connect(cls, url: str, name: str, api_key: str | None = None, timeout_s: int = 10) -> QdrantIndex:
+    def connect(cls, url: str, name: str, api_key: str | None, timeout_s: int) -> QdrantIndex:
         return cls.open(make_client(url, api_key, timeout_s), name)
 
     @classmethod

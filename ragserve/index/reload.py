@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from ragserve.config import IndexSettings, default_of
 from ragserve.errors import IndexLoadError, RagError
 from ragserve.index.base import SearchIndex
 from ragserve.index.format import CURRENT, manifest_identity, read_manifest_bytes
@@ -100,7 +101,7 @@ class IndexReloader:
         watch: IndexWatch,
         target: ServedIndex,
         accept: Callable[[SearchIndex], None] | None = None,
-        interval_s: float = 2.0,
+        interval_s: float = default_of(IndexSettings, "reload_interval_s"),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._watch = watch

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ragserve.config import RerankSettings, default_of
 from ragserve.errors import ConfigError
 from ragserve.rerank.base import EncodedPair
 
@@ -196,8 +197,8 @@ class TorchCrossEncoder(_Tokenizing):
         self,
         model: str,
         setting: str,
-        device: str = "cpu",
-        max_seq_len: int = 256,
+        device: str = default_of(RerankSettings, "device"),
+        max_seq_len: int = default_of(RerankSettings, "max_seq_len"),
         cpus: frozenset[int] | None = None,
     ) -> None:
         import torch
@@ -307,9 +308,9 @@ class OnnxCrossEncoder(_Tokenizing):
         model: str,
         setting: str,
         cache_dir: Path,
-        device: str = "cpu",
-        max_seq_len: int = 256,
-        threads: int = 0,
+        device: str = default_of(RerankSettings, "device"),
+        max_seq_len: int = default_of(RerankSettings, "max_seq_len"),
+        threads: int = default_of(RerankSettings, "threads"),
         cpus: frozenset[int] | None = None,
     ) -> None:
         import onnxruntime as ort

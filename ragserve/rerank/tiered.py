@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ragserve.budget import Deadline
+from ragserve.config import RerankSettings, default_of
 from ragserve.rerank.base import CrossEncoder, EncodedPair, RerankOutcome
 from ragserve.rerank.cost import CostModel, padded_tokens, plan_batches
 from ragserve.types import Passage
@@ -24,6 +25,7 @@ from ragserve.types import Passage
 log = logging.getLogger(__name__)
 
 DepthPolicy = Literal["budget", "fixed"]
+_DEFAULT_POLICY: DepthPolicy = default_of(RerankSettings, "depth_policy")
 
 # Reordering fewer than two pairs changes nothing.
 MIN_DEPTH = 2
@@ -40,7 +42,7 @@ class Tier:
     name: str
     encoder: CrossEncoder
     max_depth: int
-    batch_size: int = 8
+    batch_size: int
     cost: CostModel | None = None
 
     def measure(self, max_seq_len: int, repeats: int = 3) -> CostModel:
@@ -89,9 +91,10 @@ class TieredReranker:
         self,
         tiers: Sequence[Tier],
         candidates: int,
-        policy: DepthPolicy = "budget",
-        reserve_ms: float = 2.0,
-        max_seq_len: int = 256,
+        policy: DepthPolicy = _DEFAULT_POLICY,
+        *,
+        reserve_ms: float,
+        max_seq_len: int = default_of(RerankSettings, "max_seq_len"),
         timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         if not 1 <= len(tiers) <= 2:

@@ -42,40 +42,34 @@ RETRIEVE_HEALTH_NAME = f"{SERVICE_NAME}/Retrieve"
 
 
 def server_options(settings: Settings) -> list[tuple[str, int]]:
-    needed = settings.max_in_flight + settings.max_side_streams
-    if settings.max_concurrent_streams < needed:
-        raise ConfigError(
-            f"RAGSERVE_MAX_CONCURRENT_STREAMS ({settings.max_concurrent_streams}) must be at least "
-            f"RAGSERVE_MAX_IN_FLIGHT + RAGSERVE_MAX_SIDE_STREAMS ({needed}): "
-            "else calls over one channel queue in the client instead of being refused"
-        )
+    # max_concurrent_streams >= max_in_flight + max_side_streams is checked by Settings.
     options = [
         # A second server on the same port must fail to bind, not silently share it.
         ("grpc.so_reuseport", 0),
         # Also bounds a compressed request by its decompressed size (RESOURCE_EXHAUSTED, no bomb).
-        ("grpc.max_receive_message_length", settings.max_message_bytes),
-        ("grpc.max_send_message_length", settings.max_message_bytes),
-        ("grpc.max_concurrent_streams", settings.max_concurrent_streams),
+        ("grpc.max_receive_message_length", settings.transport.max_message_bytes),
+        ("grpc.max_send_message_length", settings.transport.max_message_bytes),
+        ("grpc.max_concurrent_streams", settings.transport.max_concurrent_streams),
         # Long-lived sidecar channels: the server pings idle connections and lets clients ping
         # as often as keepalive_min_ping_ms, even between calls, without a GOAWAY.
-        ("grpc.keepalive_time_ms", settings.keepalive_time_ms),
-        ("grpc.keepalive_timeout_ms", settings.keepalive_timeout_ms),
+        ("grpc.keepalive_time_ms", settings.transport.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", settings.transport.keepalive_timeout_ms),
         ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_ping_interval_without_data_ms", settings.keepalive_min_ping_ms),
+        ("grpc.http2.min_ping_interval_without_data_ms", settings.transport.keepalive_min_ping_ms),
         ("grpc.http2.max_pings_without_data", 0),
     ]
-    if settings.max_connection_idle_ms > 0:
-        options.append(("grpc.max_connection_idle_ms", settings.max_connection_idle_ms))
-    if settings.max_connection_age_ms > 0:
-        options.append(("grpc.max_connection_age_ms", settings.max_connection_age_ms))
-        options.append(("grpc.max_connection_age_grace_ms", settings.max_connection_age_grace_ms))
+    if settings.transport.max_connection_idle_ms > 0:
+        options.append(("grpc.max_connection_idle_ms", settings.transport.max_connection_idle_ms))
+    if settings.transport.max_connection_age_ms > 0:
+        options.append(("grpc.max_connection_age_ms", settings.transport.max_connection_age_ms))
+        options.append(("grpc.max_connection_age_grace_ms", settings.transport.max_connection_age_grace_ms))
     return options
 
 
 def listen_address(settings: Settings) -> str:
-    if settings.uds_path:
-        return f"unix:{settings.uds_path}"
-    return f"{settings.host}:{settings.port}"
+    if settings.transport.uds_path:
+        return f"unix:{settings.transport.uds_path}"
+    return f"{settings.transport.host}:{settings.transport.port}"
 
 
 def _clear_stale_socket(path: Path) -> None:
@@ -97,7 +91,7 @@ def _clear_stale_socket(path: Path) -> None:
 
 def _tls_credentials(settings: Settings) -> grpc.ServerCredentials:
     # Re-read when the files change (rotation without a restart); a bad new pair keeps the current one.
-    files = TlsFiles(settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file)
+    files = TlsFiles(settings.access.tls_cert_file, settings.access.tls_key_file, settings.access.tls_client_ca_file)
     return CertificateReloader(files).credentials
 
 
@@ -106,24 +100,24 @@ def bind(server: grpc.aio.Server, settings: Settings, address: str = "") -> str:
     configured = listen_address(settings)
     address = address or configured
     try:
-        if settings.tls_cert_file and settings.tls_key_file:
+        if settings.access.tls_cert_file and settings.access.tls_key_file:
             port = server.add_secure_port(address, _tls_credentials(settings))
         else:
             port = server.add_insecure_port(address)
     except RuntimeError as exc:
         raise ConfigError(f"cannot listen on {configured}: the address is in use or not available") from exc
-    if not settings.uds_path and port == 0:
+    if not settings.transport.uds_path and port == 0:
         raise ConfigError(f"cannot listen on {configured}: the address is in use or not available")
     return configured
 
 
 async def bind_and_start(server: grpc.aio.Server, settings: Settings) -> str:
     """A Unix socket appears at its path only once it is 0600 (server/unix_socket.py)."""
-    if not settings.uds_path:
+    if not settings.transport.uds_path:
         address = bind(server, settings)
         await server.start()
         return address
-    final = Path(settings.uds_path)
+    final = Path(settings.transport.uds_path)
     _clear_stale_socket(final)
     with private_socket_path(final) as bind_path:
         address = bind(server, settings, f"unix:{bind_path}")
@@ -167,12 +161,12 @@ class SideStreamLimit(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 def build_grpc_server(settings: Settings, servicer: RagServicer) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     """The gRPC server with its options, interceptors, RagService, health and reflection (not bound)."""
     interceptors: list[grpc.aio.ServerInterceptor] = []
-    if settings.auth_token:
-        interceptors.append(BearerTokenInterceptor(settings.auth_token))
-    allowed = frozenset(name.strip() for name in settings.tls_allowed_client_ids.split(",") if name.strip())
+    if settings.access.auth_token:
+        interceptors.append(BearerTokenInterceptor(settings.access.auth_token))
+    allowed = frozenset(name.strip() for name in settings.access.tls_allowed_client_ids.split(",") if name.strip())
     if allowed:
         interceptors.append(ClientIdentityInterceptor(allowed))
-    side_streams = InFlightLimiter(settings.max_side_streams, settings.overload_retry_after_ms)
+    side_streams = InFlightLimiter(settings.limits.max_side_streams, settings.limits.overload_retry_after_ms)
     interceptors.append(SideStreamLimit(side_streams, frozenset({f"/{SERVICE_NAME}/Query"})))
     server = grpc.aio.server(options=server_options(settings), interceptors=interceptors)
     health_servicer = health.aio.HealthServicer()
@@ -187,15 +181,15 @@ class RagServer:
 
     def __init__(self, settings: Settings) -> None:
         check_exposure(settings)
-        if settings.tracing_enabled:
-            tracing.setup_tracing(settings.tracing_otlp_endpoint)
+        if settings.observability.tracing_enabled:
+            tracing.setup_tracing(settings.observability.tracing_otlp_endpoint)
         self.settings = settings
         self.pipeline: RagPipeline | None = None
         self._stop = asyncio.Event()
         self._owns_socket = False  # a server refused at start-up must not remove another's socket
         self._background: list[asyncio.Task[None]] = []
         self._metrics: MetricsServer | None = None
-        limiter = InFlightLimiter(settings.max_in_flight, settings.overload_retry_after_ms)
+        limiter = InFlightLimiter(settings.limits.max_in_flight, settings.limits.overload_retry_after_ms)
         self._servicer = RagServicer(settings, limiter)
         self.server, self.health = build_grpc_server(settings, self._servicer)
 
@@ -207,19 +201,20 @@ class RagServer:
         """Bind and answer health checks (NOT_SERVING) at once, then load and warm everything."""
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = await bind_and_start(self.server, self.settings)
-        self._owns_socket = bool(self.settings.uds_path)
-        if self.settings.metrics_port:
+        self._owns_socket = bool(self.settings.transport.uds_path)
+        observability = self.settings.observability
+        if observability.metrics_port:
             self._metrics = MetricsServer(
-                self.settings.metrics_host,
-                self.settings.metrics_port,
-                self.settings.metrics_max_connections,
-                self.settings.metrics_timeout_s,
+                observability.metrics_host,
+                observability.metrics_port,
+                observability.metrics_max_connections,
+                observability.metrics_timeout_s,
             )
             try:
                 await self._metrics.start()
             except OSError as exc:
                 raise ConfigError(
-                    f"cannot serve metrics on {self.settings.metrics_host}:{self.settings.metrics_port} "
+                    f"cannot serve metrics on {observability.metrics_host}:{observability.metrics_port} "
                     f"(RAGSERVE_METRICS_PORT): {exc}"
                 ) from exc
         log.info("listening on %s; loading models and index", address)
@@ -236,7 +231,7 @@ class RagServer:
             self._background.append(asyncio.create_task(self._watch_generator(pipeline.generator)))
         self.pipeline = pipeline
         self._servicer.pipeline = pipeline
-        if self.settings.index_reload_interval_s > 0:
+        if self.settings.index.reload_interval_s > 0:
             self._background.append(asyncio.create_task(self._index_reloader(pipeline).run()))
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("serving on %s (index version %s)", address, pipeline.index.version)
@@ -248,14 +243,14 @@ class RagServer:
             make_index_watch(self.settings, pipeline),
             pipeline,
             accept=lambda index: check_compatible(pipeline.embedder, index),
-            interval_s=self.settings.index_reload_interval_s,
+            interval_s=self.settings.index.reload_interval_s,
         )
 
     async def _watch_generator(self, generator: Generator) -> None:
         """A dead engine turns overall health NOT_SERVING; Retrieve's own health stays SERVING."""
         healthy = True
         while True:
-            await asyncio.sleep(self.settings.health_probe_interval_s)
+            await asyncio.sleep(self.settings.observability.health_probe_interval_s)
             try:
                 await generator.check_health()
                 ok = True
@@ -283,18 +278,18 @@ class RagServer:
 
     async def shutdown(self) -> None:
         """Health turns NOT_SERVING at once; new calls are refused; in-flight calls get the grace period."""
-        log.info("shutting down (grace %.1f s)", self.settings.shutdown_grace_s)
+        log.info("shutting down (grace %.1f s)", self.settings.transport.shutdown_grace_s)
         await self.health.enter_graceful_shutdown()
         for task in self._background:
             task.cancel()
-        await self.server.stop(self.settings.shutdown_grace_s)
+        await self.server.stop(self.settings.transport.shutdown_grace_s)
         if self._metrics is not None:
             await self._metrics.close()
         if self.pipeline is not None:
             await self.pipeline.aclose()
         if self._owns_socket:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.settings.uds_path)
+                os.unlink(self.settings.transport.uds_path)
         log.info("stopped")
 
 

@@ -31,23 +31,23 @@ def check_exposure(settings: Settings) -> None:
     call everything): callers must prove who they are, with a client certificate (mTLS) or a bearer
     token, and a token only travels inside TLS.
     """
-    if settings.tls_allowed_client_ids and not settings.tls_client_ca_file:
-        raise ConfigError("RAGSERVE_TLS_ALLOWED_CLIENT_IDS needs client certificates (RAGSERVE_TLS_CLIENT_CA_FILE)")
-    if settings.uds_path or is_loopback(settings.host):
+    # RAGSERVE_TLS_ALLOWED_CLIENT_IDS without a client CA is refused by AccessSettings.
+    host, access = settings.transport.host, settings.access
+    if settings.transport.uds_path or is_loopback(host):
         return
     needs = (
         "TLS (RAGSERVE_TLS_CERT_FILE/RAGSERVE_TLS_KEY_FILE) with client certificates "
         "(RAGSERVE_TLS_CLIENT_CA_FILE) or a bearer token (RAGSERVE_AUTH_TOKEN)"
     )
-    if not settings.allow_non_loopback:
-        raise ConfigError(f"refusing to listen on {settings.host}: set RAGSERVE_ALLOW_NON_LOOPBACK=true with {needs}")
-    has_tls = bool(settings.tls_cert_file and settings.tls_key_file)
+    if not access.allow_non_loopback:
+        raise ConfigError(f"refusing to listen on {host}: set RAGSERVE_ALLOW_NON_LOOPBACK=true with {needs}")
+    has_tls = bool(access.tls_cert_file and access.tls_key_file)
     if not has_tls:
         raise ConfigError(
-            f"listening on {settings.host} needs {needs}; a bearer token over plaintext is readable on the network"
+            f"listening on {host} needs {needs}; a bearer token over plaintext is readable on the network"
         )
-    if not (settings.tls_client_ca_file or settings.auth_token):
-        raise ConfigError(f"listening on {settings.host} with TLS alone lets any peer in: it needs {needs}")
+    if not (access.tls_client_ca_file or access.auth_token):
+        raise ConfigError(f"listening on {host} with TLS alone lets any peer in: it needs {needs}")
 
 
 def _deny(message: str) -> grpc.RpcMethodHandler:

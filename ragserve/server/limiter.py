@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ragserve.config import LimitsSettings, default_of
 from ragserve.errors import Overloaded
 
 
@@ -14,7 +15,9 @@ class InFlightLimiter:
     Used from one event loop only, so a plain counter is enough (no await between check and add).
     """
 
-    def __init__(self, max_in_flight: int, retry_after_ms: int = 100) -> None:
+    def __init__(
+        self, max_in_flight: int, retry_after_ms: int = default_of(LimitsSettings, "overload_retry_after_ms")
+    ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
         self.max_in_flight = max_in_flight

@@ -181,7 +181,7 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
 
     async def Retrieve(self, request: pb.RetrieveRequest, context: grpc.aio.ServicerContext) -> pb.RetrieveResponse:
         call = _Call("Retrieve", context)
-        async with call.admitted(self._limiter, self._settings.max_call_s):
+        async with call.admitted(self._limiter, self._settings.limits.max_call_s):
             params = validate_retrieve(
                 self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents
             )
@@ -193,7 +193,7 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
         # Written with context.write, not yielded: a write stuck behind a client that stopped reading
         # then runs inside the call's time cap (a yielded message is sent by grpc, outside it).
         call = _Call("Query", context)
-        async with call.admitted(self._limiter, self._settings.max_call_s):
+        async with call.admitted(self._limiter, self._settings.limits.max_call_s):
             params = validate_retrieve(
                 self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents
             )
@@ -223,4 +223,4 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
             pipeline = self._ready()
         except RagError as error:
             await call.fail(error)
-        return info_response_pb(pipeline, self._settings.retrieval_budget_ms, self._limiter.in_flight)
+        return info_response_pb(pipeline, self._settings.requests.retrieval_budget_ms, self._limiter.in_flight)

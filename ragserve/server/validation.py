@@ -15,21 +15,25 @@ def validate_retrieve(
     text = query.strip()
     if not text:
         raise InvalidArgument("query", "must not be empty")
-    if len(query) > settings.max_query_chars:
-        raise InvalidArgument("query", f"must be at most {settings.max_query_chars} characters, got {len(query)}")
+    if len(query) > settings.requests.max_query_chars:
+        raise InvalidArgument(
+            "query", f"must be at most {settings.requests.max_query_chars} characters, got {len(query)}"
+        )
     if "\x00" in query:
         raise InvalidArgument("query", "must not contain NUL characters")
-    if top_k < 0 or top_k > settings.max_top_k:
-        raise InvalidArgument("top_k", f"must be between 0 (server default) and {settings.max_top_k}, got {top_k}")
-    # Refused, not clamped: a budget above the cap is a caller's mistake (often seconds for ms).
-    if budget_ms < 0 or budget_ms > settings.max_budget_ms:
+    if top_k < 0 or top_k > settings.requests.max_top_k:
         raise InvalidArgument(
-            "budget_ms", f"must be between 0 (server default) and {settings.max_budget_ms}, got {budget_ms}"
+            "top_k", f"must be between 0 (server default) and {settings.requests.max_top_k}, got {top_k}"
+        )
+    # Refused, not clamped: a budget above the cap is a caller's mistake (often seconds for ms).
+    if budget_ms < 0 or budget_ms > settings.requests.max_budget_ms:
+        raise InvalidArgument(
+            "budget_ms", f"must be between 0 (server default) and {settings.requests.max_budget_ms}, got {budget_ms}"
         )
     return RetrieveParams(
         query=text,
-        top_k=top_k or settings.default_top_k,
-        budget_ms=budget_ms or settings.retrieval_budget_ms,
+        top_k=top_k or settings.requests.default_top_k,
+        budget_ms=budget_ms or settings.requests.retrieval_budget_ms,
         dedupe_documents=dedupe_documents,
     )
 
@@ -51,5 +55,7 @@ def validate_generate(
     return GenerateParams(
         max_tokens=max_tokens or settings.generator.default_max_tokens,
         temperature=temperature,
-        context_token_budget=settings.context_token_budget if context_token_budget is None else context_token_budget,
+        context_token_budget=settings.requests.context_token_budget
+        if context_token_budget is None
+        else context_token_budget,
     )

@@ -43,7 +43,7 @@ def make(backend: str) -> Any:
         return SentenceTransformerEmbedder()
     from ragserve.embedding_onnx import OnnxEmbedder
 
-    return OnnxEmbedder(quantize=backend == "onnx-int8")
+    return OnnxEmbedder(quantize=backend == "onnx-int8", threads=0, spin=True)
 
 
 def doc_runs(matrix: np.ndarray, doc_ids: list[str], qvecs: np.ndarray, qids: list[str], k: int = 100):

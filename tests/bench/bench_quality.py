@@ -173,14 +173,14 @@ async def retrieve_all(target: str, queries: dict[str, str], top_k: int, concurr
 
 def tune_weight(index_root: Path, queries: dict[str, str], qrels: dict[str, dict[str, int]], backend: str) -> float:
     """Grid-search the dense weight in-process on the tuning half (same index and fusion code)."""
-    from ragserve.config import Settings
+    from ragserve.config import EmbedderSettings
     from ragserve.factory import make_embedder
     from ragserve.index.fusion import RetrievalOptions, hybrid_search, plan_breadth
     from ragserve.index.hnsw import HnswIndex
 
     tune_ids, _ = tuning_split(list(qrels))
     index = HnswIndex.load(index_root)
-    embedder = make_embedder(Settings(embedder_backend=backend))  # type: ignore[arg-type]
+    embedder = make_embedder(EmbedderSettings(backend=backend))  # type: ignore[arg-type]
     ids = [q for q in tune_ids if q in queries]
     vectors = embedder.embed_queries([queries[q] for q in ids])
     best = (-1.0, 0.5)

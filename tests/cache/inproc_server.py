@@ -21,7 +21,9 @@ async def serve_pipeline(pipeline: RagPipeline, settings: Settings | None = None
     """Yields the target ("127.0.0.1:<port>"); stops the server on exit."""
     settings = settings or Settings(generation_enabled=False)
     # The production wiring: server options, interceptors, health and reflection.
-    server, _ = build_grpc_server(settings, RagServicer(settings, InFlightLimiter(settings.max_in_flight), pipeline))
+    server, _ = build_grpc_server(
+        settings, RagServicer(settings, InFlightLimiter(settings.limits.max_in_flight), pipeline)
+    )
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 import pytest
+from pydantic import ValidationError
 
 from ragserve.cache.base import CachedAnswer, CachedRetrieval
 from ragserve.cache.codec import encode_answer, encode_entry
@@ -192,8 +193,8 @@ def test_the_key_can_come_from_a_file(tmp_path, settings) -> None:
 def test_bad_key_settings_stop_start_up(tmp_path) -> None:
     with pytest.raises(ConfigError, match="at least 16 bytes"):
         make_cache(CacheSettings(hmac_key="short"))
-    with pytest.raises(ConfigError, match="not both"):
-        make_cache(CacheSettings(hmac_key=HMAC_KEY, hmac_key_file=tmp_path / "k"))
+    with pytest.raises(ValidationError, match="not both"):
+        CacheSettings(hmac_key=HMAC_KEY, hmac_key_file=tmp_path / "k")
     with pytest.raises(ConfigError, match="HMAC_KEY_FILE"):
         make_cache(CacheSettings(hmac_key_file=tmp_path / "missing"))
 

@@ -14,7 +14,7 @@ import pytest
 from ragserve.budget import Deadline
 from ragserve.cache.layer import StoreBackedAnswerCache, StoreBackedCache
 from ragserve.cache.memory import MemoryStore
-from ragserve.config import Settings
+from ragserve.config import IndexSettings, QdrantSettings, Settings
 from ragserve.factory import make_index_watch
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import IndexReloader
@@ -81,7 +81,7 @@ def test_root_rebuilt_from_scratch_at_v1_is_reloaded_and_misses_the_old_cache(tm
     root = tmp_path / "idx"
     publish_tiny(root, CORPUS_A)
     pipeline = _pipeline(HnswIndex.load(root), executor)
-    reloader = IndexReloader(make_index_watch(Settings(index_path=root), pipeline), pipeline)
+    reloader = IndexReloader(make_index_watch(Settings(index=IndexSettings(path=root)), pipeline), pipeline)
     assert reloader.check_once() is False  # nothing new yet
     asyncio.run(_retrieve(pipeline))
     assert asyncio.run(_retrieve(pipeline)).cache_hit
@@ -110,7 +110,8 @@ def test_qdrant_identity_names_the_content_not_the_number(tmp_path: Path) -> Non
 
     # A Qdrant store wiped and published again from v1 with other content is a new version.
     holder = FakeServing(on_a)
-    watch = make_index_watch(Settings(index_backend="qdrant", qdrant_url=":memory:", qdrant_collection="docs"), holder)
+    settings = Settings(index=IndexSettings(backend="qdrant"), qdrant=QdrantSettings(url=":memory:", collection="docs"))
+    watch = make_index_watch(settings, holder)
     reloader = IndexReloader(watch, holder)
     assert reloader.check_once() is False
     client_a.delete_collection(on_a.collection)  # the alias goes with it

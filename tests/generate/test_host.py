@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from ragserve.config import GeneratorSettings
 from ragserve.errors import ConfigError
@@ -91,5 +92,5 @@ def test_speculation_is_opt_in() -> None:
 
 
 def test_lookup_window_must_be_ordered() -> None:
-    with pytest.raises(ConfigError, match="PROMPT_LOOKUP_MIN"):
-        resolve_engine(GeneratorSettings(prompt_lookup_min=5, prompt_lookup_max=3), ZEN3)
+    with pytest.raises(ValidationError, match="PROMPT_LOOKUP_MIN"):
+        GeneratorSettings(prompt_lookup_min=5, prompt_lookup_max=3)

@@ -171,7 +171,7 @@ def test_indexer_cli_publishes_to_qdrant_and_server_factory_loads_it(tmp_path: P
     import subprocess
     import sys
 
-    from ragserve.config import Settings
+    from ragserve.config import IndexSettings, QdrantSettings, Settings
     from ragserve.factory import make_index
     from tests.index.conftest import write_docs
 
@@ -182,7 +182,9 @@ def test_indexer_cli_publishes_to_qdrant_and_server_factory_loads_it(tmp_path: P
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "published to Qdrant: alias 'docs' -> docs_v000001" in result.stdout
-    index = make_index(Settings(index_backend="qdrant", qdrant_url=str(qdrant_path), qdrant_collection="docs"))
+    index = make_index(
+        Settings(index=IndexSettings(backend="qdrant"), qdrant=QdrantSettings(url=str(qdrant_path), collection="docs"))
+    )
     assert isinstance(index, QdrantIndex)
     assert index.version == "1" and index.count == HnswIndex.load(tmp_path / "idx").count
     assert index.search_lexical("moon tides oceans", 1)[0].chunk.doc_id == "tides.txt"

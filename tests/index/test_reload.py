@@ -16,7 +16,15 @@ import grpc
 import pytest
 
 from indexer.build import build_index
-from ragserve.config import CacheSettings, Settings
+from ragserve.config import (
+    CacheSettings,
+    IndexSettings,
+    ObservabilitySettings,
+    QdrantSettings,
+    RequestSettings,
+    Settings,
+    TransportSettings,
+)
 from ragserve.embedding import SentenceTransformerEmbedder
 from ragserve.index.base import SearchIndex
 from ragserve.index.format import (
@@ -79,13 +87,12 @@ async def _hot_reload_under_load(
     root = tmp_path / "idx"
     build_index(docs, root, embedder, progress=False)
     settings = Settings(
-        index_path=root,
-        port=_free_port(),
+        index=IndexSettings(path=root, reload_interval_s=0.1),
+        transport=TransportSettings(port=_free_port()),
         generation_enabled=False,
-        index_reload_interval_s=0.1,
-        metrics_port=0,
+        observability=ObservabilitySettings(metrics_port=0),
         cache=CacheSettings(backend="off"),
-        retrieval_budget_ms=10_000,
+        requests=RequestSettings(retrieval_budget_ms=10_000),
     )
     server = RagServer(settings)
     await server.start()
@@ -96,7 +103,7 @@ async def _hot_reload_under_load(
     stop = asyncio.Event()
 
     async def client(query: str) -> None:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{settings.port}") as channel:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{settings.transport.port}") as channel:
             stub = pb_grpc.RagServiceStub(channel)
             while not stop.is_set():
                 try:
@@ -117,7 +124,7 @@ async def _hot_reload_under_load(
         seen_v2 = len(versions)
         await _wait_for(lambda: len(versions) >= seen_v2 + 10)
 
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{settings.port}") as channel:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{settings.transport.port}") as channel:
             reply = await pb_grpc.RagServiceStub(channel).Retrieve(
                 pb.RetrieveRequest(query="solar eclipse", top_k=1), timeout=30
             )
@@ -172,7 +179,7 @@ def test_qdrant_alias_flip_is_picked_up(sample_index: Path) -> None:
     client = QdrantClient(":memory:")
     publish_folder_to_qdrant(client, "docs", sample_index)
     holder = FakeServing(QdrantIndex.open(client, "docs"))
-    settings = Settings(index_backend="qdrant", qdrant_url=":memory:", qdrant_collection="docs")
+    settings = Settings(index=IndexSettings(backend="qdrant"), qdrant=QdrantSettings(url=":memory:", collection="docs"))
     watch = make_index_watch(settings, holder)
     # Version 2 lands while the server is still starting, after it loaded version 1: the reloader
     # starts from what is served, not from what is published by the time it exists.

@@ -29,7 +29,7 @@ def reranker(test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFact
         Tier("tier1", OnnxCrossEncoder(str(test_models["l2"]), "T1", cache, max_seq_len=128), 10, 4),
         Tier("tier2", OnnxCrossEncoder(str(test_models["l6"]), "T2", cache, max_seq_len=128), 3, 4),
     ]
-    r = TieredReranker(tiers, candidates=10, max_seq_len=128)
+    r = TieredReranker(tiers, candidates=10, reserve_ms=2.0, max_seq_len=128)
     r.warm_up()
     return r
 

@@ -168,5 +168,5 @@ def test_a_burst_of_load_does_not_switch_reranking_off_for_good() -> None:
 def test_fixed_policy_ignores_the_budget() -> None:
     t1 = Tier("tier1", FakeCrossEncoder(), 20, 4, CostModel(1.0))
     t2 = Tier("tier2", FakeCrossEncoder(), 5, 4, CostModel(1.0))
-    outcome = TieredReranker([t1, t2], 20, policy="fixed").rerank("q", candidates(), Deadline(1))
+    outcome = TieredReranker([t1, t2], 20, policy="fixed", reserve_ms=2.0).rerank("q", candidates(), Deadline(1))
     assert outcome.tiers == ["tier1:20", "tier2:5"]

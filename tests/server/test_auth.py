@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from ragserve.config import Settings
 from ragserve.errors import ConfigError
@@ -10,6 +11,14 @@ from ragserve.server.auth import check_exposure
 
 TLS = {"tls_cert_file": "server.pem", "tls_key_file": "server.key"}
 OFF_LOOPBACK = {"host": "0.0.0.0", "allow_non_loopback": True}
+TRANSPORT = {"host", "uds_path"}
+
+
+def _settings(flat: dict[str, object]) -> Settings:
+    """The cases below name fields flat; host and uds_path are transport settings, the rest access."""
+    transport = {k: v for k, v in flat.items() if k in TRANSPORT}
+    access = {k: v for k, v in flat.items() if k not in TRANSPORT}
+    return Settings(transport=transport, access=access)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -24,7 +33,7 @@ OFF_LOOPBACK = {"host": "0.0.0.0", "allow_non_loopback": True}
     ],
 )
 def test_allowed(settings: dict[str, object]) -> None:
-    check_exposure(Settings(**settings))  # type: ignore[arg-type]
+    check_exposure(_settings(settings))
 
 
 @pytest.mark.parametrize(
@@ -34,9 +43,13 @@ def test_allowed(settings: dict[str, object]) -> None:
         (OFF_LOOPBACK, "TLS"),
         ({**OFF_LOOPBACK, **TLS}, "TLS alone"),
         ({**OFF_LOOPBACK, "auth_token": "t"}, "plaintext"),
-        ({"tls_allowed_client_ids": "app"}, "RAGSERVE_TLS_CLIENT_CA_FILE"),
     ],
 )
 def test_refused(settings: dict[str, object], reason: str) -> None:
     with pytest.raises(ConfigError, match=reason):
-        check_exposure(Settings(**settings))  # type: ignore[arg-type]
+        check_exposure(_settings(settings))
+
+
+def test_pinned_client_ids_need_client_certificates() -> None:
+    with pytest.raises(ValidationError, match="RAGSERVE_TLS_CLIENT_CA_FILE"):
+        _settings({"tls_allowed_client_ids": "app"})

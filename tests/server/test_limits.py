@@ -23,12 +23,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from pydantic import ValidationError
 
-from ragserve.config import Settings
-from ragserve.errors import ConfigError
+from ragserve.config import LimitsSettings, Settings, TransportSettings
 from ragserve.index.hnsw import HnswIndex
 from ragserve.pipeline import RagPipeline
-from ragserve.server.app import server_options
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 from tests.cache.inproc_server import serve_pipeline
@@ -74,7 +73,7 @@ def test_a_stream_without_a_deadline_ends_at_the_server_cap(embedder, sample_ind
 
     async def body() -> None:
         async with (
-            served(embedder, sample_index, generator, max_call_s=CAP_S) as target,
+            served(embedder, sample_index, generator, limits=LimitsSettings(max_call_s=CAP_S)) as target,
             grpc.aio.insecure_channel(target) as channel,
         ):
             stub = pb_grpc.RagServiceStub(channel)
@@ -100,7 +99,7 @@ def test_a_client_that_stops_reading_frees_its_slot(embedder, sample_index) -> N
 
     async def body() -> None:
         async with (
-            served(embedder, sample_index, generator, max_call_s=CAP_S) as target,
+            served(embedder, sample_index, generator, limits=LimitsSettings(max_call_s=CAP_S)) as target,
             grpc.aio.insecure_channel(target) as stalled,
             grpc.aio.insecure_channel(target) as other,
         ):
@@ -158,7 +157,7 @@ def _http2_frames(sock: socket.socket, limit_s: float) -> tuple[list[tuple[int, 
 
 def test_connections_get_a_stream_limit_and_idle_ones_are_closed(embedder, sample_index) -> None:
     async def body() -> None:
-        settings = {"max_concurrent_streams": 100, "max_connection_idle_ms": 300}
+        settings = {"transport": {"max_concurrent_streams": 100, "max_connection_idle_ms": 300}}
         async with served(embedder, sample_index, None, **settings) as target:
             host, port = target.rsplit(":", 1)
             with socket.create_connection((host, int(port))) as sock:
@@ -181,7 +180,7 @@ def test_connections_get_a_stream_limit_and_idle_ones_are_closed(embedder, sampl
 def test_side_streams_have_their_own_bound(embedder, sample_index) -> None:
     async def body() -> None:
         async with (
-            served(embedder, sample_index, None, max_side_streams=2) as target,
+            served(embedder, sample_index, None, limits=LimitsSettings(max_side_streams=2)) as target,
             grpc.aio.insecure_channel(target) as channel,
         ):
             # Reflection (an async-generator handler) runs through the same bound.
@@ -221,8 +220,11 @@ async def _reads(call: grpc.aio.UnaryStreamCall) -> bool:
 
 
 def test_stream_limit_below_the_in_flight_bound_is_refused() -> None:
-    with pytest.raises(ConfigError, match="RAGSERVE_MAX_CONCURRENT_STREAMS"):
-        server_options(Settings(max_in_flight=64, max_side_streams=16, max_concurrent_streams=70))
+    with pytest.raises(ValidationError, match="RAGSERVE_MAX_CONCURRENT_STREAMS"):
+        Settings(
+            limits=LimitsSettings(max_in_flight=64, max_side_streams=16),
+            transport=TransportSettings(max_concurrent_streams=70),
+        )
 
 
 _OPTIONS_ONLY_SERVER = textwrap.dedent(

@@ -22,7 +22,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from ragserve.config import Settings
+from ragserve.config import AccessSettings, Settings, TransportSettings
 from ragserve.errors import ConfigError
 from ragserve.server import tls
 from ragserve.server.app import bind
@@ -96,7 +96,10 @@ def test_new_connections_get_the_rotated_certificate_and_broken_files_keep_it(
 ) -> None:
     cert, key = _serving_files(tmp_path, pki_a)
     uds_path = str(tmp_path / "s.sock")
-    settings = Settings(uds_path=uds_path, tls_cert_file=str(cert), tls_key_file=str(key))
+    settings = Settings(
+        transport=TransportSettings(uds_path=uds_path),
+        access=AccessSettings(tls_cert_file=str(cert), tls_key_file=str(key)),
+    )
     ca_a, ca_b = pki_a.ca_cert.read_bytes(), pki_b.ca_cert.read_bytes()
 
     async def run() -> None:

@@ -22,7 +22,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ragserve.config import Settings
+from ragserve.config import IndexSettings, ObservabilitySettings, Settings, TransportSettings
 from ragserve.errors import ConfigError
 from ragserve.server import app
 from ragserve.server.unix_socket import private_socket_path
@@ -127,7 +127,12 @@ class SocketModeSpyServer:
 
 
 def _uds_settings(path: Path) -> Settings:
-    return Settings(uds_path=str(path), generation_enabled=False, metrics_port=0, index_reload_interval_s=0)
+    return Settings(
+        transport=TransportSettings(uds_path=str(path)),
+        generation_enabled=False,
+        observability=ObservabilitySettings(metrics_port=0),
+        index=IndexSettings(reload_interval_s=0),
+    )
 
 
 def _health(path: Path) -> int:
