@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -51,3 +51,34 @@ def wrap_handler(handler: grpc.RpcMethodHandler, around: AroundCall) -> grpc.Rpc
     if handler.unary_stream is not None:
         return grpc.unary_stream_rpc_method_handler(streaming, **codec)
     return grpc.stream_stream_rpc_method_handler(streaming, **codec)
+
+
+Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]]
+
+
+class AroundCallInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """The shape every ragserve interceptor shares; subclasses fill in one or more of three steps.
+
+    `refuse` answers from the call's details before the method is looked up (None lets it through);
+    `applies` picks the methods to wrap; `around` runs around each call of those.
+    """
+
+    def refuse(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        return None
+
+    def applies(self, details: grpc.HandlerCallDetails, handler: grpc.RpcMethodHandler) -> bool:
+        return True
+
+    def around(self, context: grpc.aio.ServicerContext) -> AbstractAsyncContextManager[None]:
+        raise NotImplementedError
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler:
+        refusal = self.refuse(handler_call_details)
+        if refusal is not None:
+            return refusal
+        handler = await continuation(handler_call_details)
+        if handler is None or not self.applies(handler_call_details, handler):
+            return handler
+        return wrap_handler(handler, self.around)
