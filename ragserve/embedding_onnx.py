@@ -19,6 +19,7 @@ import numpy as np
 from ragserve.config import DEFAULT_EMBEDDER, default_home
 from ragserve.embedding import _DEFAULT_ALIASES, QueryEmbedding, fits_window, resolve_embedder_path
 from ragserve.errors import ConfigError
+from ragserve.onnx_export import export_bert, keyword_inputs, quantize_int8
 
 log = logging.getLogger(__name__)
 
@@ -58,52 +59,21 @@ def export_onnx(model_path: Path, folder: Path, quantize: bool) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     fp32 = folder / FP32_FILE
     if not fp32.is_file():
-        import torch
         from transformers import AutoModel
 
         log.info("exporting %s to ONNX at %s (once)", model_path, fp32)
         # Eager attention: the SDPA path exports its mask as Where/IsNaN over the full score
         # tensor, which cost ~40% of ORT's run time here and blocks ORT's attention fusion.
         bert = AutoModel.from_pretrained(str(model_path), attn_implementation="eager").eval()
-
-        class _Encoder(torch.nn.Module):
-            # Keyword call: positional order of forward() differs between transformers releases.
-            def __init__(self) -> None:
-                super().__init__()
-                self.bert = bert
-
-            def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
-                out = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-                return out.last_hidden_state
-
-        model = _Encoder().eval()
-        ids = torch.ones((2, 16), dtype=torch.long)
         tmp = folder / f".{FP32_FILE}.{os.getpid()}.tmp"
-        with torch.no_grad():
-            torch.onnx.export(
-                model,
-                (ids, torch.ones_like(ids), torch.zeros_like(ids)),
-                str(tmp),
-                input_names=["input_ids", "attention_mask", "token_type_ids"],
-                output_names=["last_hidden_state"],
-                dynamic_axes={
-                    "input_ids": {0: "batch", 1: "seq"},
-                    "attention_mask": {0: "batch", 1: "seq"},
-                    "token_type_ids": {0: "batch", 1: "seq"},
-                    "last_hidden_state": {0: "batch", 1: "seq"},
-                },
-                opset_version=17,
-                dynamo=False,
-            )
+        export_bert(keyword_inputs(bert, "last_hidden_state"), tmp, "last_hidden_state", {0: "batch", 1: "seq"})
         os.replace(tmp, fp32)  # a killed export never leaves a half-written model behind
     if quantize:
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
         log.info("quantizing %s to int8 (dynamic)", fp32)
         tmp = folder / f".{INT8_FILE}.{os.getpid()}.tmp.onnx"
         # Per-channel weight scales: per-tensor int8 cost ~0.05-0.09 cosine against fp32 here,
         # per-channel < 0.02.
-        quantize_dynamic(str(fp32), str(tmp), weight_type=QuantType.QInt8, per_channel=True)
+        quantize_int8(fp32, tmp, per_channel=True)
         os.replace(tmp, target)
     return target
 
