@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ragserve.config import DEFAULT_EMBEDDER, default_home
-from ragserve.embedding import _DEFAULT_ALIASES, QueryEmbedding, fits_window, resolve_embedder_path
+from ragserve.embedding import NamedEmbedder, QueryEmbedding, fits_window, resolve_embedder_path
 from ragserve.errors import ConfigError
 from ragserve.onnx_export import export_bert, keyword_inputs, quantize_int8
 
@@ -78,7 +78,7 @@ def export_onnx(model_path: Path, folder: Path, quantize: bool) -> Path:
     return target
 
 
-class OnnxEmbedder:
+class OnnxEmbedder(NamedEmbedder):
     """Same vectors (up to rounding / int8 error) as SentenceTransformerEmbedder, on ONNX Runtime."""
 
     def __init__(
@@ -112,18 +112,9 @@ class OnnxEmbedder:
         self._inputs = {i.name for i in self._session.get_inputs()}
         self._tokenizer = AutoTokenizer.from_pretrained(str(path))
         self._max_len = _max_seq_length(path)
-        self._model_id = DEFAULT_EMBEDDER if model in _DEFAULT_ALIASES else model
-        self._dim = int(json.loads((path / "config.json").read_text())["hidden_size"])
+        self._set_identity(model, int(json.loads((path / "config.json").read_text())["hidden_size"]))
         self.quantized = quantize
         self.onnx_path = onnx_path
-
-    @property
-    def model_id(self) -> str:
-        return self._model_id
-
-    @property
-    def dim(self) -> int:
-        return self._dim
 
     @property
     def tokenizer(self) -> Any:
