@@ -217,93 +217,154 @@ def _build_locked(
     report = BuildReport()
     documents = load_documents(source, report, on_skip, limits)
     previous = _load_previous(out, embedder.model_id, chunking) if incremental else None
+    work = _diff_documents(documents, previous, report)
 
-    per_doc_chunks: dict[str, list[Chunk]] = {}
-    per_doc_vectors: dict[str, np.ndarray] = {}
-    todo: list[Document] = []
-    for doc in documents:
-        if previous is not None and previous.hashes.get(doc.doc_id) == doc.content_hash:
-            per_doc_chunks[doc.doc_id] = previous.chunks[doc.doc_id]
-            per_doc_vectors[doc.doc_id] = previous.vectors[doc.doc_id]
-        else:
-            todo.append(doc)
-    report.reused = len(documents) - len(todo)
-    report.embedded = len(todo)
-    current_ids = {d.doc_id for d in documents}
-    report.removed = len(set(previous.hashes) - current_ids) if previous else 0
-    report.documents = len(documents)
-
-    if previous is not None and not todo and not report.removed:
+    if previous is not None and not work.todo and not report.removed:
         # Nothing changed: keep serving the published version instead of minting an identical one.
         report.version = latest_version(out)
         report.folder = resolve_current(out)
-        report.chunks = sum(len(c) for c in per_doc_chunks.values())
+        report.chunks = sum(len(c) for c in work.chunks.values())
         report.seconds = time.perf_counter() - started
         return report
 
     embed_started = time.perf_counter()
-    bar = tqdm(total=len(todo), unit="doc", desc="chunk+embed", disable=not progress)
+    _chunk_and_embed(work, embedder, chunking, batch_size, progress)
+    report.embed_seconds = time.perf_counter() - embed_started
+
+    content = _assemble(documents, work)
+    version = latest_version(out) + 1
+    build = new_build_dir(out)
+    names = _write_index_files(build, content)
+    manifest = _manifest(
+        version, build, names, len(content.chunks), embedder, chunking, len(documents), embedder_backend
+    )
+    report.folder = _publish_verified(out, build, manifest)
+    report.version = version
+    report.published = True
+    report.chunks = len(content.chunks)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+@dataclass
+class _Work:
+    """Each document's chunks and vectors, kept from the previous version or made in this run."""
+
+    todo: list[Document]  # new or changed: to chunk and embed
+    chunks: dict[str, list[Chunk]] = field(default_factory=dict)
+    vectors: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def _diff_documents(documents: list[Document], previous: _Previous | None, report: BuildReport) -> _Work:
+    """Keep unchanged documents' chunks and vectors; count what is new, kept and gone."""
+    work = _Work(todo=[])
+    for doc in documents:
+        if previous is not None and previous.hashes.get(doc.doc_id) == doc.content_hash:
+            work.chunks[doc.doc_id] = previous.chunks[doc.doc_id]
+            work.vectors[doc.doc_id] = previous.vectors[doc.doc_id]
+        else:
+            work.todo.append(doc)
+    report.reused = len(documents) - len(work.todo)
+    report.embedded = len(work.todo)
+    current_ids = {d.doc_id for d in documents}
+    report.removed = len(set(previous.hashes) - current_ids) if previous else 0
+    report.documents = len(documents)
+    return work
+
+
+def _chunk_and_embed(
+    work: _Work, embedder: IndexingEmbedder, chunking: ChunkingConfig, batch_size: int, progress: bool
+) -> None:
+    bar = tqdm(total=len(work.todo), unit="doc", desc="chunk+embed", disable=not progress)
     # Groups of documents, so the bar shows documents/s and an ETA; large enough that the
     # embedder's length-sorted batches pad little.
     group = max(1, batch_size * 4)
-    for i in range(0, len(todo), group):
-        docs = todo[i : i + group]
-        doc_chunks = [chunk_document(doc, embedder.tokenizer, chunking) for doc in docs]
-        flat = [c for cs in doc_chunks for c in cs]
-        matrix = (
-            embedder.embed_documents([embedding_text(c) for c in flat], batch_size)
-            if flat
-            else np.zeros((0, embedder.dim), dtype=np.float32)
-        )
-        row = 0
-        for doc, cs in zip(docs, doc_chunks, strict=True):
-            per_doc_chunks[doc.doc_id] = cs
-            per_doc_vectors[doc.doc_id] = matrix[row : row + len(cs)]
-            row += len(cs)
+    for i in range(0, len(work.todo), group):
+        docs = work.todo[i : i + group]
+        _embed_group(work, docs, embedder, chunking, batch_size)
         bar.update(len(docs))
     bar.close()
-    report.embed_seconds = time.perf_counter() - embed_started
 
+
+def _embed_group(
+    work: _Work, docs: list[Document], embedder: IndexingEmbedder, chunking: ChunkingConfig, batch_size: int
+) -> None:
+    doc_chunks = [chunk_document(doc, embedder.tokenizer, chunking) for doc in docs]
+    flat = [c for cs in doc_chunks for c in cs]
+    matrix = (
+        embedder.embed_documents([embedding_text(c) for c in flat], batch_size)
+        if flat
+        else np.zeros((0, embedder.dim), dtype=np.float32)
+    )
+    row = 0
+    for doc, cs in zip(docs, doc_chunks, strict=True):
+        work.chunks[doc.doc_id] = cs
+        work.vectors[doc.doc_id] = matrix[row : row + len(cs)]
+        row += len(cs)
+
+
+@dataclass(frozen=True)
+class _Content:
+    """The version's rows in source order: chunks, their vectors, and one record per document."""
+
+    chunks: list[Chunk]
+    matrix: np.ndarray
+    records: list[bytes]
+
+
+def _assemble(documents: list[Document], work: _Work) -> _Content:
     chunks: list[Chunk] = []
     vectors: list[np.ndarray] = []
     records: list[bytes] = []
     for doc in documents:
-        cs = per_doc_chunks[doc.doc_id]
+        cs = work.chunks[doc.doc_id]
         records.append(
             orjson.dumps({"doc_id": doc.doc_id, "hash": doc.content_hash, "first_row": len(chunks), "chunks": len(cs)})
         )
         chunks.extend(cs)
-        vectors.append(per_doc_vectors[doc.doc_id])
+        vectors.append(work.vectors[doc.doc_id])
     matrix = np.ascontiguousarray(np.concatenate(vectors), dtype=np.float32)
+    return _Content(chunks, matrix, records)
 
-    version = latest_version(out) + 1
-    build = new_build_dir(out)
-    build_hnsw(matrix, build / HNSW_FILE)
-    write_chunks(build / CHUNKS_FILE, chunks)
-    np.save(build / VECTORS_FILE, matrix, allow_pickle=False)
-    (build / DOCUMENTS_FILE).write_bytes(b"\n".join(records) + b"\n")
-    bm25_files = build_bm25([embedding_text(c) for c in chunks], build)
-    names = [HNSW_FILE, CHUNKS_FILE, VECTORS_FILE, DOCUMENTS_FILE, *bm25_files]
-    manifest = Manifest(
+
+def _write_index_files(build: Path, content: _Content) -> list[str]:
+    """HNSW graph, chunks, vectors, document records and BM25 into `build`; returns the file names."""
+    build_hnsw(content.matrix, build / HNSW_FILE)
+    write_chunks(build / CHUNKS_FILE, content.chunks)
+    np.save(build / VECTORS_FILE, content.matrix, allow_pickle=False)
+    (build / DOCUMENTS_FILE).write_bytes(b"\n".join(content.records) + b"\n")
+    bm25_files = build_bm25([embedding_text(c) for c in content.chunks], build)
+    return [HNSW_FILE, CHUNKS_FILE, VECTORS_FILE, DOCUMENTS_FILE, *bm25_files]
+
+
+def _manifest(
+    version: int,
+    build: Path,
+    names: list[str],
+    count: int,
+    embedder: IndexingEmbedder,
+    chunking: ChunkingConfig,
+    documents: int,
+    embedder_backend: str,
+) -> Manifest:
+    return Manifest(
         version=version,
         embedder_id=embedder.model_id,
         dim=embedder.dim,
-        count=len(chunks),
+        count=count,
         files={name: sha256_file(build / name) for name in names},
         hnsw={"M": DEFAULT_M, "ef_construction": DEFAULT_EF_CONSTRUCTION},
         chunking=_chunking_dict(chunking),
-        documents=len(documents),
+        documents=documents,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         bm25={"library": "bm25s", "stopwords": "en", "stemmer": "english"},
         embedder_backend=embedder_backend,
     )
+
+
+def _publish_verified(out: Path, build: Path, manifest: Manifest) -> Path:
     folder = publish(out, build, manifest)
     # Verify what was published the way the server will load it.
     read_verified_manifest(folder)
     HnswIndex.load(out)
-    report.version = version
-    report.folder = folder
-    report.published = True
-    report.chunks = len(chunks)
-    report.seconds = time.perf_counter() - started
-    return report
+    return folder

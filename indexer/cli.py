@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from indexer.build import IndexingEmbedder, IndexRootLocked, build_index, index_root_lock
+from indexer.build import BuildReport, IndexingEmbedder, IndexRootLocked, build_index, index_root_lock
 from indexer.chunking import ChunkingConfig
 from indexer.loaders import (
     DEFAULT_MAX_FILE_MB,
@@ -33,6 +34,33 @@ def _root() -> None:
     """Build ragserve indexes."""
 
 
+# The longer option declarations of `build`, named so its signature reads as a list of flags.
+_QdrantUrlOption = Annotated[
+    str, typer.Option(help="Also publish to Qdrant: http(s)://host:6333, or a local folder (local mode)")
+]
+_MaxFileMbOption = Annotated[
+    float,
+    typer.Option(min=0.0, envvar="RAGSERVE_INDEXER_MAX_FILE_MB", help="Skip files larger than this (raw MB)"),
+]
+_MaxTextCharsOption = Annotated[
+    int,
+    typer.Option(min=1, envvar="RAGSERVE_INDEXER_MAX_TEXT_CHARS", help="Skip files whose extracted text is longer"),
+]
+_ParseTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        min=0.001, envvar="RAGSERVE_INDEXER_PARSE_TIMEOUT_S", help="Skip HTML/PDF files that take longer to parse"
+    ),
+]
+_VerboseOption = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Also show third-party libraries' INFO lines on the console")
+]
+_LogFileOption = Annotated[
+    Path | None,
+    typer.Option(envvar="RAGSERVE_INDEXER_LOG_FILE", help="Also write every log line (third-party INFO too) here"),
+]
+
+
 @app.command()
 def build(
     source: Annotated[Path, typer.Argument(help="A folder of .txt/.md/.html/.pdf files, or a BEIR corpus.jsonl")],
@@ -45,9 +73,7 @@ def build(
         EmbedderSettings, "onnx_int8"
     ),
     full: Annotated[bool, typer.Option(help="Re-embed every document (ignore the published version)")] = False,
-    qdrant_url: Annotated[
-        str, typer.Option(help="Also publish to Qdrant: http(s)://host:6333, or a local folder (local mode)")
-    ] = "",
+    qdrant_url: _QdrantUrlOption = "",
     qdrant_collection: Annotated[str, typer.Option(help="Qdrant alias to publish under")] = default_of(
         QdrantSettings, "collection"
     ),
@@ -57,75 +83,110 @@ def build(
     # 16 measured faster than 64 for both backends on full SciFact (BENCHMARKS.md).
     batch_size: Annotated[int, typer.Option(min=1, help="Embedding batch size")] = 16,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
-    max_file_mb: Annotated[
-        float,
-        typer.Option(min=0.0, envvar="RAGSERVE_INDEXER_MAX_FILE_MB", help="Skip files larger than this (raw MB)"),
-    ] = DEFAULT_MAX_FILE_MB,
-    max_text_chars: Annotated[
-        int,
-        typer.Option(min=1, envvar="RAGSERVE_INDEXER_MAX_TEXT_CHARS", help="Skip files whose extracted text is longer"),
-    ] = DEFAULT_MAX_TEXT_CHARS,
-    parse_timeout_s: Annotated[
-        float,
-        typer.Option(
-            min=0.001, envvar="RAGSERVE_INDEXER_PARSE_TIMEOUT_S", help="Skip HTML/PDF files that take longer to parse"
-        ),
-    ] = DEFAULT_PARSE_TIMEOUT_S,
-    verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Also show third-party libraries' INFO lines on the console")
-    ] = False,
-    log_file: Annotated[
-        Path | None,
-        typer.Option(envvar="RAGSERVE_INDEXER_LOG_FILE", help="Also write every log line (third-party INFO too) here"),
-    ] = None,
+    max_file_mb: _MaxFileMbOption = DEFAULT_MAX_FILE_MB,
+    max_text_chars: _MaxTextCharsOption = DEFAULT_MAX_TEXT_CHARS,
+    parse_timeout_s: _ParseTimeoutOption = DEFAULT_PARSE_TIMEOUT_S,
+    verbose: _VerboseOption = False,
+    log_file: _LogFileOption = None,
 ) -> None:
     """Index SOURCE and publish a new version atomically (incremental over the published one)."""
     setup_cli_logging(verbose, log_file, own_default="WARNING")
-    target = out or IndexSettings().path
     if backend not in ("torch", "onnx"):
         typer.echo(f"error: --backend must be torch or onnx, got {backend!r}", err=True)
         raise typer.Exit(2)
-    limits = LoadLimits(int(max_file_mb * 1024 * 1024), max_text_chars, parse_timeout_s)
-    qdrant_line = ""
+    job = _BuildJob(
+        source=source,
+        target=out or IndexSettings().path,
+        embedder=embedder,
+        backend=backend,
+        device=device,
+        int8=int8,
+        incremental=not full,
+        chunk_tokens=chunk_tokens,
+        overlap_tokens=overlap_tokens,
+        batch_size=batch_size,
+        progress=progress,
+        limits=LoadLimits(int(max_file_mb * 1024 * 1024), max_text_chars, parse_timeout_s),
+    )
     try:
-        chunking = ChunkingConfig(chunk_tokens, overlap_tokens)
-        # Check the source before loading a model: a typo fails in milliseconds, not seconds.
-        if not source.exists():
-            raise SourceError(f"{source} does not exist")
-        # Also before the model: a second indexer on the same root stops at once. Held through the
-        # Qdrant publish too, which reads the version this build published.
-        with index_root_lock(target):
-            if not progress:
-                from transformers.utils import logging as hf_logging
-
-                hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # --no-progress: quiet load too
-            model = load_embedder(embedder, backend, device, int8)
-
-            def warn(item: Skipped) -> None:
-                if not item.ignored:
-                    typer.echo(f"skipped {item.source}: {item.reason}", err=True)
-
-            report = build_index(
-                source,
-                target,
-                model,
-                chunking,
-                batch_size,
-                progress,
-                on_skip=warn,
-                incremental=not full,
-                embedder_backend="onnx-int8" if backend == "onnx" and int8 else backend,
-                limits=limits,
-            )
-            if qdrant_url:
-                qdrant_line = _publish_to_qdrant(qdrant_url, qdrant_collection, qdrant_api_key, target)
+        report, qdrant_line = _run_build(job, _QdrantTarget(qdrant_url, qdrant_collection, qdrant_api_key))
     except (SourceError, RagError, ValueError, OSError, IndexRootLocked) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     if qdrant_line:
         typer.echo(qdrant_line)
+    typer.echo(_summary(report))
+
+
+@dataclass(frozen=True)
+class _BuildJob:
+    """What `build` was asked to do, checked flags in one place."""
+
+    source: Path
+    target: Path
+    embedder: str
+    backend: str
+    device: str
+    int8: bool
+    incremental: bool
+    chunk_tokens: int
+    overlap_tokens: int
+    batch_size: int
+    progress: bool
+    limits: LoadLimits
+
+    @property
+    def embedder_backend(self) -> str:
+        return "onnx-int8" if self.backend == "onnx" and self.int8 else self.backend
+
+
+@dataclass(frozen=True)
+class _QdrantTarget:
+    url: str  # empty: no Qdrant publish
+    collection: str
+    api_key: str
+
+
+def _run_build(job: _BuildJob, qdrant: _QdrantTarget) -> tuple[BuildReport, str]:
+    """Build (and publish to Qdrant when asked); returns the report and the Qdrant line, if any."""
+    chunking = ChunkingConfig(job.chunk_tokens, job.overlap_tokens)
+    # Check the source before loading a model: a typo fails in milliseconds, not seconds.
+    if not job.source.exists():
+        raise SourceError(f"{job.source} does not exist")
+    # Also before the model: a second indexer on the same root stops at once. Held through the
+    # Qdrant publish too, which reads the version this build published.
+    with index_root_lock(job.target):
+        if not job.progress:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # --no-progress: quiet load too
+        model = load_embedder(job.embedder, job.backend, job.device, job.int8)
+        report = build_index(
+            job.source,
+            job.target,
+            model,
+            chunking,
+            job.batch_size,
+            job.progress,
+            on_skip=_warn_skipped,
+            incremental=job.incremental,
+            embedder_backend=job.embedder_backend,
+            limits=job.limits,
+        )
+        qdrant_line = ""
+        if qdrant.url:
+            qdrant_line = _publish_to_qdrant(qdrant.url, qdrant.collection, qdrant.api_key, job.target)
+    return report, qdrant_line
+
+
+def _warn_skipped(item: Skipped) -> None:
+    if not item.ignored:
+        typer.echo(f"skipped {item.source}: {item.reason}", err=True)
+
+
+def _summary(report: BuildReport) -> str:
     what = f"published version {report.version}" if report.published else f"unchanged: version {report.version}"
-    typer.echo(
+    return (
         f"{what} at {report.folder}: {report.documents} documents ({report.embedded} embedded, "
         f"{report.reused} unchanged, {report.removed} removed), {report.chunks} chunks, "
         f"{sum(not s.ignored for s in report.skipped)} skipped, "

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -91,12 +95,6 @@ def prepare_models(
         raise typer.Exit(2) from None
 
 
-def _target(host: str, port: int, uds: str) -> str:
-    from ragserve.client import target_for
-
-    return target_for(host, port, uds)
-
-
 # Client access flags shared by ask, retrieve and health; each falls back to its environment variable.
 TokenFileOption = Annotated[
     Path | None,
@@ -116,125 +114,171 @@ TlsServerNameOption = Annotated[
 ]
 
 
-def _access(
-    token_file: Path | None,
-    tls: bool | None,
-    tls_ca_file: str | None,
-    tls_cert_file: str | None,
-    tls_key_file: str | None,
-    tls_server_name: str | None,
-) -> ClientSettings:
-    """Flags over the environment."""
-    overrides: dict[str, object] = {
-        key: value
-        for key, value in (
-            ("tls", tls),
-            ("tls_ca_file", tls_ca_file),
-            ("tls_cert_file", tls_cert_file),
-            ("tls_key_file", tls_key_file),
-            ("tls_server_name", tls_server_name),
-        )
-        if value is not None
-    }
-    if token_file is not None:
-        try:
-            overrides["auth_token"] = token_file.read_text().strip()
-        except OSError as exc:
-            raise ConfigError(f"cannot read the token file: {exc}") from exc
-    return ClientSettings(**overrides)  # type: ignore[arg-type]
+@dataclass(frozen=True)
+class ClientFlags:
+    """The flags every client command takes: where the server is, and how to prove who we are."""
+
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    uds: str = ""
+    token_file: Path | None = None
+    tls: bool | None = None
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_server_name: str | None = None
+
+    @property
+    def target(self) -> str:
+        from ragserve.client import target_for
+
+        return target_for(self.host, self.port, self.uds)
+
+    def access(self) -> ClientSettings:
+        """Flags over the environment."""
+        overrides: dict[str, object] = {
+            key: value
+            for key, value in (
+                ("tls", self.tls),
+                ("tls_ca_file", self.tls_ca_file),
+                ("tls_cert_file", self.tls_cert_file),
+                ("tls_key_file", self.tls_key_file),
+                ("tls_server_name", self.tls_server_name),
+            )
+            if value is not None
+        }
+        if self.token_file is not None:
+            try:
+                overrides["auth_token"] = self.token_file.read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"cannot read the token file: {exc}") from exc
+        return ClientSettings(**overrides)  # type: ignore[arg-type]
+
+
+def _flag(name: str, annotation: object) -> inspect.Parameter:
+    default = getattr(ClientFlags, name)
+    return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=annotation)
+
+
+_ADDRESS_FLAGS = [_flag("host", str), _flag("port", int), _flag("uds", str)]
+_ACCESS_FLAGS = [
+    _flag("token_file", TokenFileOption),
+    _flag("tls", TlsOption),
+    _flag("tls_ca_file", TlsCaOption),
+    _flag("tls_cert_file", TlsCertOption),
+    _flag("tls_key_file", TlsKeyOption),
+    _flag("tls_server_name", TlsServerNameOption),
+]
+
+
+def client_command(command: Callable[..., None]) -> Callable[..., None]:
+    """Give `command` the address and access flags; it receives them as one `flags: ClientFlags`.
+
+    The flags are declared once, here: typer reads the wrapper's signature, which lists the
+    address flags where `flags` stands and the access flags last.
+    """
+    own = inspect.signature(command, eval_str=True)
+    names = list(own.parameters)
+    at = names.index("flags")
+    params = list(own.parameters.values())
+    flag_names = [p.name for p in (*_ADDRESS_FLAGS, *_ACCESS_FLAGS)]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> None:
+        flags = ClientFlags(**{name: kwargs.pop(name) for name in flag_names})
+        command(**kwargs, flags=flags)
+
+    signature = own.replace(parameters=[*params[:at], *_ADDRESS_FLAGS, *params[at + 1 :], *_ACCESS_FLAGS])
+    wrapper.__signature__ = signature  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _fail(exc: Exception, code: int = 2) -> NoReturn:
+    typer.echo(f"error: {exc}", err=True)
+    raise typer.Exit(code) from None
+
+
+def _run_client(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run one client session: exit 1 when the call fails, 2 when the flags or environment are wrong."""
+    import grpc
+
+    try:
+        asyncio.run(main())
+    except grpc.aio.AioRpcError as exc:
+        typer.echo(f"error: {exc.code().name}: {exc.details()}", err=True)
+        raise typer.Exit(1) from None
+    except RagError as exc:
+        _fail(exc)
 
 
 @app.command()
+@client_command
 def ask(
     question: Annotated[str, typer.Argument(help="The question")],
-    host: str = DEFAULT_HOST,
-    port: int = DEFAULT_PORT,
-    uds: str = "",
+    flags: ClientFlags,
     top_k: int = 0,
     max_tokens: int = 0,
     context_tokens: Annotated[
         int | None, typer.Option(help="passage tokens in the prompt (0: whole passages; default: the server's)")
     ] = None,
     timeout: float = 60.0,
-    token_file: TokenFileOption = None,
-    tls: TlsOption = None,
-    tls_ca_file: TlsCaOption = None,
-    tls_cert_file: TlsCertOption = None,
-    tls_key_file: TlsKeyOption = None,
-    tls_server_name: TlsServerNameOption = None,
 ) -> None:
     """Stream an answer: citations first, then tokens as they arrive, then timings."""
-    import grpc
-
     from ragserve.client import RagClient
 
     async def run() -> None:
-        access = _access(token_file, tls, tls_ca_file, tls_cert_file, tls_key_file, tls_server_name)
-        async with RagClient(_target(host, port, uds), default_timeout_s=timeout, access=access) as client:
+        access = flags.access()
+        async with RagClient(flags.target, default_timeout_s=timeout, access=access) as client:
             started = time.perf_counter()
             async for event in client.query(
                 question, top_k=top_k, max_tokens=max_tokens, context_token_budget=context_tokens
             ):
                 kind = event.WhichOneof("event")
                 if kind == "retrieval":
-                    r = event.retrieval
-                    print(
-                        f"retrieved {len(r.passages)} passages in {r.timings.retrieval_total_ms:.1f} ms "
-                        f"(index v{r.index_version}):"
-                    )
-                    for p in r.passages:
-                        print(f"  [{p.rank}] {p.doc_id}  score={p.score:.3f}  {p.title}")
-                    print("answer: ", end="", flush=True)
+                    _print_retrieval(event.retrieval)
                 elif kind == "token":
                     print(event.token.text, end="", flush=True)
                 elif kind == "final":
-                    f = event.final
-                    t = f.timings
-                    print()
-                    print(
-                        f"-- ttft {t.ttft_ms:.0f} ms, {t.time_per_output_token_ms:.1f} ms/token, "
-                        f"total {t.total_ms:.0f} ms (client saw {1000 * (time.perf_counter() - started):.0f} ms); "
-                        f"tokens: {f.usage.prompt_tokens} prompt "
-                        f"({f.usage.prefix_cache_hit_tokens} from prefix cache; passages "
-                        f"{f.usage.context_tokens} of {f.usage.context_tokens_full}), "
-                        f"{f.usage.completion_tokens} completion; finish: {f.finish_reason}"
-                        + ("; from the answer cache" if f.answer_cache_hit else "")
-                    )
+                    _print_final(event.final, time.perf_counter() - started)
 
-    try:
-        asyncio.run(run())
-    except grpc.aio.AioRpcError as exc:
-        typer.echo(f"error: {exc.code().name}: {exc.details()}", err=True)
-        raise typer.Exit(1) from None
-    except RagError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+    _run_client(run)
+
+
+def _print_retrieval(r: Any) -> None:
+    print(f"retrieved {len(r.passages)} passages in {r.timings.retrieval_total_ms:.1f} ms (index v{r.index_version}):")
+    for p in r.passages:
+        print(f"  [{p.rank}] {p.doc_id}  score={p.score:.3f}  {p.title}")
+    print("answer: ", end="", flush=True)
+
+
+def _print_final(f: Any, client_seconds: float) -> None:
+    t = f.timings
+    print()
+    print(
+        f"-- ttft {t.ttft_ms:.0f} ms, {t.time_per_output_token_ms:.1f} ms/token, "
+        f"total {t.total_ms:.0f} ms (client saw {1000 * client_seconds:.0f} ms); "
+        f"tokens: {f.usage.prompt_tokens} prompt "
+        f"({f.usage.prefix_cache_hit_tokens} from prefix cache; passages "
+        f"{f.usage.context_tokens} of {f.usage.context_tokens_full}), "
+        f"{f.usage.completion_tokens} completion; finish: {f.finish_reason}"
+        + ("; from the answer cache" if f.answer_cache_hit else "")
+    )
 
 
 @app.command()
+@client_command
 def retrieve(
     question: Annotated[str, typer.Argument(help="The query")],
-    host: str = DEFAULT_HOST,
-    port: int = DEFAULT_PORT,
-    uds: str = "",
+    flags: ClientFlags,
     top_k: int = 0,
     dedupe: Annotated[bool, typer.Option(help="At most one passage (its best chunk) per document")] = False,
     budget_ms: Annotated[int, typer.Option(help="Retrieval+rerank budget; 0: the server's")] = 0,
-    token_file: TokenFileOption = None,
-    tls: TlsOption = None,
-    tls_ca_file: TlsCaOption = None,
-    tls_cert_file: TlsCertOption = None,
-    tls_key_file: TlsKeyOption = None,
-    tls_server_name: TlsServerNameOption = None,
 ) -> None:
     """Retrieval only: passages, scores, stage timings and reranking depth."""
-    import grpc
-
     from ragserve.client import RagClient
 
     async def run() -> None:
-        access = _access(token_file, tls, tls_ca_file, tls_cert_file, tls_key_file, tls_server_name)
-        async with RagClient(_target(host, port, uds), access=access) as client:
+        async with RagClient(flags.target, access=flags.access()) as client:
             r = await client.retrieve(question, top_k=top_k, budget_ms=budget_ms, dedupe_documents=dedupe)
             for p in r.passages:
                 print(f"[{p.rank}] {p.doc_id} ({p.chunk_id}) score={p.score:.3f}")
@@ -246,43 +290,38 @@ def retrieve(
             if r.rerank_tiers:
                 print("reranked: " + ", ".join(r.rerank_tiers))
 
-    try:
-        asyncio.run(run())
-    except grpc.aio.AioRpcError as exc:
-        typer.echo(f"error: {exc.code().name}: {exc.details()}", err=True)
-        raise typer.Exit(1) from None
-    except RagError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+    _run_client(run)
 
 
 @app.command()
+@client_command
 def health(
-    host: str = DEFAULT_HOST,
-    port: int = DEFAULT_PORT,
-    uds: str = "",
+    flags: ClientFlags,
     wait: Annotated[float, typer.Option(help="Keep probing up to this many seconds")] = 0.0,
-    token_file: TokenFileOption = None,
-    tls: TlsOption = None,
-    tls_ca_file: TlsCaOption = None,
-    tls_cert_file: TlsCertOption = None,
-    tls_key_file: TlsKeyOption = None,
-    tls_server_name: TlsServerNameOption = None,
 ) -> None:
     """Exit 0 when the service reports SERVING (usable as a readiness probe, with auth on too)."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from ragserve.client import call_metadata, channel_credentials
 
-    from ragserve.client import call_metadata, channel_credentials, channel_options
-
-    target = _target(host, port, uds)
+    target = flags.target
     try:
-        access = _access(token_file, tls, tls_ca_file, tls_cert_file, tls_key_file, tls_server_name)
+        access = flags.access()
         metadata = call_metadata(target, access)
         credentials = channel_credentials(access)
     except RagError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        _fail(exc)
+    status = _probe(target, access, credentials, metadata, wait)
+    typer.echo(status)
+    if status != "SERVING":
+        raise typer.Exit(1)
+
+
+def _probe(target: str, access: ClientSettings, credentials: Any, metadata: Any, wait: float) -> str:
+    """The service's health status; probes every half second, up to `wait` seconds, until SERVING."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from ragserve.client import channel_options
+
     options = channel_options(access)
     give_up = time.monotonic() + wait
     status = "UNKNOWN"
@@ -295,15 +334,12 @@ def health(
         while True:
             try:
                 reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0, metadata=metadata)
-                status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+                status = str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
             except grpc.RpcError as exc:
                 status = exc.code().name
             if status == "SERVING" or time.monotonic() >= give_up:
-                break
+                return status
             time.sleep(0.5)
-    typer.echo(status)
-    if status != "SERVING":
-        raise typer.Exit(1)
 
 
 @app.command("cache-flush")

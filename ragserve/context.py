@@ -90,7 +90,17 @@ def fit_context(
         for i, passage in enumerate(passages)
         for j, text in enumerate(split_sentences(passage.chunk.text))
     ]
-    question_terms = content_terms(question)
+    _score_sentences(content_terms(question), sentences)
+    chosen = _choose_sentences(sentences, len(passages), budget_tokens, count_tokens(GAP))
+    fitted = [
+        replace(passage, chunk=replace(passage.chunk, text=_quote([s for s in sentences if s.passage == i], chosen)))
+        for i, passage in enumerate(passages)
+    ]
+    return FittedContext(fitted, sum(count_tokens(p.chunk.text) for p in fitted), sum(full))
+
+
+def _score_sentences(question_terms: set[str], sentences: list[_Sentence]) -> None:
+    """Each sentence scores the idf of the question terms it holds (rarer terms weigh more)."""
     n = len(sentences)
     for term in question_terms:
         df = sum(1 for s in sentences if term in s.terms)
@@ -100,11 +110,15 @@ def fit_context(
                 if term in s.terms:
                     s.score += idf
 
+
+def _choose_sentences(
+    sentences: list[_Sentence], passages: int, budget_tokens: int, gap_tokens: int
+) -> set[tuple[int, int]]:
+    """(passage, position) of the sentences that fit in the budget, the best first."""
     # Each kept sentence can bring one gap marker, and each passage one more: charging them up
     # front keeps the assembled text within the budget.
-    gap_tokens = count_tokens(GAP)
     chosen: set[tuple[int, int]] = set()
-    used = gap_tokens * len(passages)
+    used = gap_tokens * passages
 
     def take(s: _Sentence) -> None:
         nonlocal used
@@ -114,7 +128,7 @@ def fit_context(
             used += cost
 
     # Best sentence of each passage first, in retrieval order; ties go to the earlier sentence.
-    for i in range(len(passages)):
+    for i in range(passages):
         own = [s for s in sentences if s.passage == i]
         if own:
             take(max(own, key=lambda s: (s.score, -s.position)))
@@ -122,23 +136,23 @@ def fit_context(
     for s in sorted(sentences, key=lambda s: (-s.score, s.passage, s.position)):
         if s.score > 0:
             take(s)
+    return chosen
 
-    fitted: list[Passage] = []
-    for i, passage in enumerate(passages):
-        kept = sorted(s.position for s in sentences if s.passage == i and (i, s.position) in chosen)
-        by_position = {s.position: s.text for s in sentences if s.passage == i}
-        if not kept:
-            # Not even one sentence fitted: the passage stays numbered, with nothing quoted.
-            fitted.append(replace(passage, chunk=replace(passage.chunk, text=GAP)))
-            continue
-        parts: list[str] = []
-        if kept[0] > 0:
+
+def _quote(own: list[_Sentence], chosen: set[tuple[int, int]]) -> str:
+    """One passage's kept sentences in order, a gap marker wherever text was left out."""
+    kept = sorted(s.position for s in own if (s.passage, s.position) in chosen)
+    if not kept:
+        # Not even one sentence fitted: the passage stays numbered, with nothing quoted.
+        return GAP
+    by_position = {s.position: s.text for s in own}
+    parts: list[str] = []
+    if kept[0] > 0:
+        parts.append(GAP)
+    for k, position in enumerate(kept):
+        if k and position != kept[k - 1] + 1:
             parts.append(GAP)
-        for k, position in enumerate(kept):
-            if k and position != kept[k - 1] + 1:
-                parts.append(GAP)
-            parts.append(by_position[position])
-        if kept[-1] < max(by_position):
-            parts.append(GAP)
-        fitted.append(replace(passage, chunk=replace(passage.chunk, text=" ".join(parts))))
-    return FittedContext(fitted, sum(count_tokens(p.chunk.text) for p in fitted), sum(full))
+        parts.append(by_position[position])
+    if kept[-1] < max(by_position):
+        parts.append(GAP)
+    return " ".join(parts)

@@ -63,7 +63,27 @@ def resolve_embedder_path(model: str) -> str:
     return model
 
 
-class SentenceTransformerEmbedder:
+class NamedEmbedder:
+    """What both embedders report the same way: the model's id (an alias of the default model is
+    reported as the default, so index manifests and caches agree) and its vector dimension."""
+
+    _model_id: str
+    _dim: int
+
+    def _set_identity(self, model: str, dim: int) -> None:
+        self._model_id = DEFAULT_EMBEDDER if model in _DEFAULT_ALIASES else model
+        self._dim = dim
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+
+class SentenceTransformerEmbedder(NamedEmbedder):
     """all-MiniLM-L6-v2 (or any sentence-transformers model) on torch."""
 
     def __init__(
@@ -76,21 +96,12 @@ class SentenceTransformerEmbedder:
             self._model = SentenceTransformer(path, device=device)
         except OSError as exc:
             raise ConfigError(f"cannot load embedder {model!r} (RAGSERVE_EMBEDDER_MODEL): {exc}") from exc
-        self._model_id = DEFAULT_EMBEDDER if model in _DEFAULT_ALIASES else model
         # Renamed in sentence-transformers 6; keep working with older releases too.
         get_dim = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
         dim = get_dim()
         if dim is None:
             raise ConfigError(f"embedder {model!r} does not report an embedding dimension")
-        self._dim = int(dim)
-
-    @property
-    def model_id(self) -> str:
-        return self._model_id
-
-    @property
-    def dim(self) -> int:
-        return self._dim
+        self._set_identity(model, int(dim))
 
     @property
     def tokenizer(self) -> Any:

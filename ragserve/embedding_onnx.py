@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from ragserve.config import DEFAULT_EMBEDDER, EmbedderSettings, default_home, default_of
-from ragserve.embedding import _DEFAULT_ALIASES, QueryEmbedding, fits_window, resolve_embedder_path
+from ragserve.config import EmbedderSettings, default_home, default_of
+from ragserve.embedding import NamedEmbedder, QueryEmbedding, fits_window, resolve_embedder_path
 from ragserve.errors import ConfigError
+from ragserve.onnx_export import export_bert, keyword_inputs, quantize_int8
 
 log = logging.getLogger(__name__)
 
@@ -58,57 +59,26 @@ def export_onnx(model_path: Path, folder: Path, quantize: bool) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     fp32 = folder / FP32_FILE
     if not fp32.is_file():
-        import torch
         from transformers import AutoModel
 
         log.info("exporting %s to ONNX at %s (once)", model_path, fp32)
         # Eager attention: the SDPA path exports its mask as Where/IsNaN over the full score
         # tensor, which cost ~40% of ORT's run time here and blocks ORT's attention fusion.
         bert = AutoModel.from_pretrained(str(model_path), attn_implementation="eager").eval()
-
-        class _Encoder(torch.nn.Module):
-            # Keyword call: positional order of forward() differs between transformers releases.
-            def __init__(self) -> None:
-                super().__init__()
-                self.bert = bert
-
-            def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
-                out = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-                return out.last_hidden_state
-
-        model = _Encoder().eval()
-        ids = torch.ones((2, 16), dtype=torch.long)
         tmp = folder / f".{FP32_FILE}.{os.getpid()}.tmp"
-        with torch.no_grad():
-            torch.onnx.export(
-                model,
-                (ids, torch.ones_like(ids), torch.zeros_like(ids)),
-                str(tmp),
-                input_names=["input_ids", "attention_mask", "token_type_ids"],
-                output_names=["last_hidden_state"],
-                dynamic_axes={
-                    "input_ids": {0: "batch", 1: "seq"},
-                    "attention_mask": {0: "batch", 1: "seq"},
-                    "token_type_ids": {0: "batch", 1: "seq"},
-                    "last_hidden_state": {0: "batch", 1: "seq"},
-                },
-                opset_version=17,
-                dynamo=False,
-            )
+        export_bert(keyword_inputs(bert, "last_hidden_state"), tmp, "last_hidden_state", {0: "batch", 1: "seq"})
         os.replace(tmp, fp32)  # a killed export never leaves a half-written model behind
     if quantize:
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
         log.info("quantizing %s to int8 (dynamic)", fp32)
         tmp = folder / f".{INT8_FILE}.{os.getpid()}.tmp.onnx"
         # Per-channel weight scales: per-tensor int8 cost ~0.05-0.09 cosine against fp32 here,
         # per-channel < 0.02.
-        quantize_dynamic(str(fp32), str(tmp), weight_type=QuantType.QInt8, per_channel=True)
+        quantize_int8(fp32, tmp, per_channel=True)
         os.replace(tmp, target)
     return target
 
 
-class OnnxEmbedder:
+class OnnxEmbedder(NamedEmbedder):
     """Same vectors (up to rounding / int8 error) as SentenceTransformerEmbedder, on ONNX Runtime."""
 
     def __init__(
@@ -143,18 +113,9 @@ class OnnxEmbedder:
         self._inputs = {i.name for i in self._session.get_inputs()}
         self._tokenizer = AutoTokenizer.from_pretrained(str(path))
         self._max_len = _max_seq_length(path)
-        self._model_id = DEFAULT_EMBEDDER if model in _DEFAULT_ALIASES else model
-        self._dim = int(json.loads((path / "config.json").read_text())["hidden_size"])
+        self._set_identity(model, int(json.loads((path / "config.json").read_text())["hidden_size"]))
         self.quantized = quantize
         self.onnx_path = onnx_path
-
-    @property
-    def model_id(self) -> str:
-        return self._model_id
-
-    @property
-    def dim(self) -> int:
-        return self._dim
 
     @property
     def tokenizer(self) -> Any:

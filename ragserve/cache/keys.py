@@ -19,6 +19,7 @@ import hashlib
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import ClassVar
 
 import orjson
 
@@ -33,34 +34,34 @@ def normalize_query(text: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class RetrievalKey:
-    """`scope` is every key part except the query: entries of one scope are interchangeable."""
-
+class _CacheKey:
     query: str
     scope: str
     index_version: str
     top_k: int = 0  # also in `scope`; kept readable to bound a stored entry (0: unknown)
 
+    _prefix: ClassVar[str] = ""
+
     @property
     def storage_key(self) -> str:
-        return _storage_key("r", self)
+        return _storage_key(self._prefix, self)
 
 
 @dataclass(frozen=True, slots=True)
-class AnswerKey:
+class RetrievalKey(_CacheKey):
+    """`scope` is every key part except the query: entries of one scope are interchangeable."""
+
+    _prefix: ClassVar[str] = "r"
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerKey(_CacheKey):
     """The same layout as a retrieval key; `scope` also covers the generation settings."""
 
-    query: str
-    scope: str
-    index_version: str
-    top_k: int = 0
-
-    @property
-    def storage_key(self) -> str:
-        return _storage_key("a", self)
+    _prefix: ClassVar[str] = "a"
 
 
-def _storage_key(prefix: str, key: RetrievalKey | AnswerKey) -> str:
+def _storage_key(prefix: str, key: _CacheKey) -> str:
     # The index version stays readable in the key (operators can see which version an entry is for).
     digest = hashlib.blake2b(key.query.encode(), digest_size=16).hexdigest()
     return f"{prefix}{KEY_SCHEMA}:{key.index_version}:{key.scope}:{digest}"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,77 +36,92 @@ _MAX_LINKS = 0xFFFF
 def check_hnsw_file(path: Path, count: int, dim: int) -> None:
     """Raise IndexLoadError unless every id, level and size in the file is in range for an index
     of `count` vectors of `dim` floats (the manifest's), so hnswlib can only read inside its memory."""
-
-    def bad(reason: str) -> IndexLoadError:
-        return _invalid(path, reason)
-
     size = path.stat().st_size
     if size < _HEADER.size:
-        raise bad(f"{size} bytes, shorter than its header")
+        raise _invalid(path, f"{size} bytes, shorter than its header")
     # Mapped, not read: a reload runs beside the serving version and should not double its memory.
     data = np.memmap(path, dtype=np.uint8, mode="r")
-    (
-        offset_level0,
-        _max_elements,
-        file_count,
-        per_element,
-        label_offset,
-        vector_offset,
-        max_level,
-        entry_point,
-        max_m,
-        max_m0,
-        _m,
-        _mult,
-        _ef_construction,
-    ) = _HEADER.unpack_from(data.data)
-    if file_count != count:
-        raise bad(f"holds {file_count} vectors, manifest says {count}")
-    if offset_level0 != 0 or not (1 <= max_m <= _MAX_LINKS and 1 <= max_m0 <= _MAX_LINKS):
-        raise bad(f"header out of range (offset {offset_level0}, maxM {max_m}, maxM0 {max_m0})")
-    links0_bytes = _U32 * (1 + max_m0)
-    if (vector_offset, label_offset, per_element) != (
-        links0_bytes,
-        links0_bytes + _U32 * dim,
-        links0_bytes + _U32 * dim + _LABEL_BYTES,
-    ):
-        raise bad(f"element layout does not match {dim}-dimensional vectors and maxM0 {max_m0}")
-    level0_end = _HEADER.size + count * per_element
+    header = _Header(*_HEADER.unpack_from(data.data))
+    _check_header(path, header, count, dim)
+    level0_end = _HEADER.size + count * header.per_element
     if data.size < level0_end:
-        raise bad(f"{data.size} bytes, too short for {count} elements")
+        raise _invalid(path, f"{data.size} bytes, too short for {count} elements")
     if count == 0:
         if data.size != level0_end:
-            raise bad("bytes after an empty graph")
+            raise _invalid(path, "bytes after an empty graph")
         return
-
-    level0 = data[_HEADER.size : level0_end].reshape(count, per_element)
-    link_counts = level0[:, :_U32].copy().view("<u4").ravel()
-    if int(link_counts.max()) > max_m0:
-        raise bad(f"a level-0 neighbour list is longer than maxM0 ({max_m0}) or marked deleted")
-    neighbours = level0[:, _U32:links0_bytes].copy().view("<u4")
-    used = np.arange(max_m0) < link_counts[:, None]
-    if bool((neighbours[used] >= count).any()):
-        raise bad(f"a level-0 neighbour id is out of range (>= {count})")
-    labels = level0[:, label_offset:per_element].copy().view("<u8").ravel()
-    if not np.array_equal(np.sort(labels), np.arange(count, dtype=np.uint64)):
-        raise bad("labels are not 0..count-1, one each")
-
-    levels, rows = _upper_levels(path, data[level0_end:], count, max_m)
-    if not (0 <= entry_point < count) or max_level != int(levels.max()) or levels[entry_point] != max_level:
-        raise bad(f"entry point {entry_point} at level {max_level} is not the top element")
+    _check_level0(path, header, data[_HEADER.size : level0_end].reshape(count, header.per_element), count)
+    levels, rows = _upper_levels(path, data[level0_end:], count, header.max_m)
+    entry = header.entry_point
+    if not (0 <= entry < count) or header.max_level != int(levels.max()) or levels[entry] != header.max_level:
+        raise _invalid(path, f"entry point {entry} at level {header.max_level} is not the top element")
     if rows.size:
-        row_levels = rows[:, 0].astype(np.int64)
-        upper_counts = rows[:, 1]
-        if int(upper_counts.max()) > max_m:
-            raise bad(f"an upper-level neighbour list is longer than maxM ({max_m})")
-        ids = rows[:, 2:]
-        used = np.arange(max_m) < upper_counts[:, None]
-        if bool((ids[used] >= count).any()):
-            raise bad(f"an upper-level neighbour id is out of range (>= {count})")
-        # hnswlib walks a neighbour's list at the same level: it must have that level.
-        neighbour_levels = levels[np.where(used, ids, 0)]
-        if bool((used & (neighbour_levels < row_levels[:, None])).any()):
-            raise bad("an upper-level neighbour does not reach that level")
+        _check_upper_links(path, rows, levels, header.max_m, count)
+
+
+class _Header(NamedTuple):
+    """The header fields, in file order."""
+
+    offset_level0: int
+    max_elements: int
+    file_count: int
+    per_element: int
+    label_offset: int
+    vector_offset: int
+    max_level: int
+    entry_point: int
+    max_m: int
+    max_m0: int
+    m: int
+    mult: float
+    ef_construction: int
+
+    @property
+    def links0_bytes(self) -> int:
+        return _U32 * (1 + self.max_m0)
+
+
+def _check_header(path: Path, header: _Header, count: int, dim: int) -> None:
+    """Sizes and offsets must match the manifest's count and dimension."""
+    if header.file_count != count:
+        raise _invalid(path, f"holds {header.file_count} vectors, manifest says {count}")
+    max_m, max_m0 = header.max_m, header.max_m0
+    if header.offset_level0 != 0 or not (1 <= max_m <= _MAX_LINKS and 1 <= max_m0 <= _MAX_LINKS):
+        raise _invalid(path, f"header out of range (offset {header.offset_level0}, maxM {max_m}, maxM0 {max_m0})")
+    links0 = header.links0_bytes
+    expected = (links0, links0 + _U32 * dim, links0 + _U32 * dim + _LABEL_BYTES)
+    if (header.vector_offset, header.label_offset, header.per_element) != expected:
+        raise _invalid(path, f"element layout does not match {dim}-dimensional vectors and maxM0 {max_m0}")
+
+
+def _check_level0(path: Path, header: _Header, level0: np.ndarray, count: int) -> None:
+    """Level-0 link counts, neighbour ids and labels, over the records as rows of bytes."""
+    link_counts = level0[:, :_U32].copy().view("<u4").ravel()
+    if int(link_counts.max()) > header.max_m0:
+        raise _invalid(path, f"a level-0 neighbour list is longer than maxM0 ({header.max_m0}) or marked deleted")
+    neighbours = level0[:, _U32 : header.links0_bytes].copy().view("<u4")
+    used = np.arange(header.max_m0) < link_counts[:, None]
+    if bool((neighbours[used] >= count).any()):
+        raise _invalid(path, f"a level-0 neighbour id is out of range (>= {count})")
+    labels = level0[:, header.label_offset : header.per_element].copy().view("<u8").ravel()
+    if not np.array_equal(np.sort(labels), np.arange(count, dtype=np.uint64)):
+        raise _invalid(path, "labels are not 0..count-1, one each")
+
+
+def _check_upper_links(path: Path, rows: np.ndarray, levels: np.ndarray, max_m: int, count: int) -> None:
+    """Upper-level lists (rows of level, count, max_m ids): lengths, ids, and the neighbours' levels."""
+    row_levels = rows[:, 0].astype(np.int64)
+    upper_counts = rows[:, 1]
+    if int(upper_counts.max()) > max_m:
+        raise _invalid(path, f"an upper-level neighbour list is longer than maxM ({max_m})")
+    ids = rows[:, 2:]
+    used = np.arange(max_m) < upper_counts[:, None]
+    if bool((ids[used] >= count).any()):
+        raise _invalid(path, f"an upper-level neighbour id is out of range (>= {count})")
+    # hnswlib walks a neighbour's list at the same level: it must have that level.
+    neighbour_levels = levels[np.where(used, ids, 0)]
+    if bool((used & (neighbour_levels < row_levels[:, None])).any()):
+        raise _invalid(path, "an upper-level neighbour does not reach that level")
 
 
 def _invalid(path: Path, reason: str) -> IndexLoadError:

@@ -23,6 +23,7 @@ import numpy as np
 
 from ragserve.config import RerankSettings, default_of
 from ragserve.errors import ConfigError
+from ragserve.onnx_export import export_bert, quantize_int8
 from ragserve.rerank.base import EncodedPair
 
 log = logging.getLogger(__name__)
@@ -255,7 +256,6 @@ def export_onnx(model: str, setting: str, cache_dir: Path, quantize: bool) -> Pa
     if target.is_file():
         return target
 
-    import torch
     from transformers import AutoModelForSequenceClassification
 
     try:
@@ -266,28 +266,9 @@ def export_onnx(model: str, setting: str, cache_dir: Path, quantize: bool) -> Pa
     work = Path(tempfile.mkdtemp(prefix=".export-", dir=cache_dir))
     try:
         fp32 = work / "model.onnx"
-        sample = torch.ones(2, 16, dtype=torch.long)
-        axes = {0: "batch", 1: "seq"}
-        with torch.inference_mode():
-            torch.onnx.export(
-                net,
-                (sample, torch.ones_like(sample), torch.zeros_like(sample)),
-                str(fp32),
-                input_names=["input_ids", "attention_mask", "token_type_ids"],
-                output_names=["logits"],
-                dynamic_axes={
-                    "input_ids": axes,
-                    "attention_mask": axes,
-                    "token_type_ids": axes,
-                    "logits": {0: "batch"},
-                },
-                opset_version=17,
-                dynamo=False,  # the TorchScript exporter needs no extra packages and handles BERT well
-            )
+        export_bert(net, fp32, "logits", {0: "batch"})
         if quantize:
-            from onnxruntime.quantization import QuantType, quantize_dynamic
-
-            quantize_dynamic(str(fp32), str(work / "model.int8.onnx"), weight_type=QuantType.QInt8)
+            quantize_int8(fp32, work / "model.int8.onnx", per_channel=False)
             fp32.unlink()
         # Publish the finished folder with one rename: a crash mid-export leaves no half file behind.
         if folder.exists():

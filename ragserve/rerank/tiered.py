@@ -195,45 +195,67 @@ class TieredReranker:
         depth_cap = len(items)
         for tier in self._tiers:
             want = min(tier.max_depth, depth_cap)
-            if want < MIN_DEPTH:
-                out.truncated = out.truncated or bool(out.tiers)
-                out.notes.append(f"{tier.name} skipped: fewer than {MIN_DEPTH} pairs to score")
+            pairs = self._plan_depth(tier, query, items[:want], time_left, out)
+            if pairs is None:
                 break
-            if time_left() <= 0:
-                self._cut(out, tier, f"{tier.name} skipped: reranking budget spent")
+            scored = self._score_tier(tier, pairs, time_left, out)
+            if scored is None:
                 break
-            # Tokenizing costs time too: plan first on a low estimate of each pair's length (about 4-5
-            # characters per token in English, so chars/6 rarely overshoots) and tokenize only that deep.
-            guess = [min(self._max_seq_len, (len(query) + len(p.chunk.text)) // 6 + 3) for p in items[:want]]
-            reach = self._plan(tier, guess, time_left())
-            if reach == 0:
-                self._cut(out, tier, f"{tier.name} skipped: {max(time_left(), 0.0):.1f} ms left is too little")
-                break
-            pairs = tier.encoder.encode(query, [p.chunk.text for p in items[:reach]])
-            depth = self._plan(tier, [len(p) for p in pairs], time_left())
-            if depth == 0:
-                self._cut(out, tier, f"{tier.name} skipped: {max(time_left(), 0.0):.1f} ms left is too little")
-                break
-            scores, cut = self._run(tier, pairs[:depth], time_left)
-            if len(scores) < MIN_DEPTH:
-                self._cut(out, tier, f"{tier.name} stopped: a batch no longer fit in the budget")
-                break
-            items = _reorder(items, scores)
-            out.tiers.append(f"{tier.name}:{len(scores)}")
-            if len(scores) < want:
-                out.truncated = True
-                how = " (cut mid-way)" if cut else ""
-                out.notes.append(f"{tier.name} scored {len(scores)} of {want} pairs{how}")
-                if tier is not self._tiers[-1]:
-                    # Time was short for this tier: the later, costlier tier gives way first.
-                    out.notes.append(f"{self._tiers[-1].name} skipped: {tier.name} already used the budget")
+            items = _reorder(items, scored[0])
+            if not self._combine(out, tier, scored, want):
                 break
             # The next tier reads only what this tier ranked.
-            depth_cap = len(scores)
+            depth_cap = len(scored[0])
         out.passages = items
         out.skipped = not out.tiers
         out.rerank_ms = (time.perf_counter() - started) * 1000.0
         return out
+
+    def _plan_depth(
+        self, tier: Tier, query: str, items: list[Passage], time_left: Callable[[], float], out: RerankOutcome
+    ) -> list[EncodedPair] | None:
+        """The pairs `tier` has time to score, encoded; None (with a note) when it is skipped."""
+        if len(items) < MIN_DEPTH:
+            out.truncated = out.truncated or bool(out.tiers)
+            out.notes.append(f"{tier.name} skipped: fewer than {MIN_DEPTH} pairs to score")
+            return None
+        if time_left() <= 0:
+            self._cut(out, tier, f"{tier.name} skipped: reranking budget spent")
+            return None
+        # Tokenizing costs time too: plan first on a low estimate of each pair's length (about 4-5
+        # characters per token in English, so chars/6 rarely overshoots) and tokenize only that deep.
+        guess = [min(self._max_seq_len, (len(query) + len(p.chunk.text)) // 6 + 3) for p in items]
+        reach = self._plan(tier, guess, time_left())
+        pairs = tier.encoder.encode(query, [p.chunk.text for p in items[:reach]]) if reach else []
+        depth = self._plan(tier, [len(p) for p in pairs], time_left()) if reach else 0
+        if depth == 0:
+            self._cut(out, tier, f"{tier.name} skipped: {max(time_left(), 0.0):.1f} ms left is too little")
+            return None
+        return list(pairs[:depth])
+
+    def _score_tier(
+        self, tier: Tier, pairs: list[EncodedPair], time_left: Callable[[], float], out: RerankOutcome
+    ) -> tuple[dict[int, float], bool] | None:
+        """Scores by position, and whether the budget cut the run short; None when too few were scored."""
+        scores, cut = self._run(tier, pairs, time_left)
+        if len(scores) < MIN_DEPTH:
+            self._cut(out, tier, f"{tier.name} stopped: a batch no longer fit in the budget")
+            return None
+        return scores, cut
+
+    def _combine(self, out: RerankOutcome, tier: Tier, scored: tuple[dict[int, float], bool], want: int) -> bool:
+        """Record the tier's depth; True when it scored all it wanted, so the next tier may run."""
+        scores, cut = scored
+        out.tiers.append(f"{tier.name}:{len(scores)}")
+        if len(scores) >= want:
+            return True
+        out.truncated = True
+        how = " (cut mid-way)" if cut else ""
+        out.notes.append(f"{tier.name} scored {len(scores)} of {want} pairs{how}")
+        if tier is not self._tiers[-1]:
+            # Time was short for this tier: the later, costlier tier gives way first.
+            out.notes.append(f"{self._tiers[-1].name} skipped: {tier.name} already used the budget")
+        return False
 
     @staticmethod
     def _cut(out: RerankOutcome, tier: Tier, note: str) -> None:

@@ -9,7 +9,7 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -24,7 +24,7 @@ from ragserve.generate.base import Generator
 from ragserve.index.reload import IndexReloader
 from ragserve.pipeline import RagPipeline
 from ragserve.server.auth import BearerTokenInterceptor, ClientIdentityInterceptor, check_exposure
-from ragserve.server.handlers import wrap_handler
+from ragserve.server.handlers import AroundCallInterceptor
 from ragserve.server.limiter import InFlightLimiter
 from ragserve.server.metrics_http import MetricsServer
 from ragserve.server.servicer import RagServicer
@@ -125,7 +125,7 @@ async def bind_and_start(server: grpc.aio.Server, settings: Settings) -> str:
     return address
 
 
-class SideStreamLimit(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class SideStreamLimit(AroundCallInterceptor):
     """Streams other than Query (health Watch, reflection) stay open as long as the caller likes and
     take no in-flight slot: they get a bound of their own, so they cannot pile up without limit.
 
@@ -136,20 +136,12 @@ class SideStreamLimit(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self._limiter = limiter
         self._exempt = exempt
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None or handler_call_details.method in self._exempt:
-            return handler
-        if not (handler.request_streaming or handler.response_streaming):
-            return handler
-        return wrap_handler(handler, self._admitted)
+    def applies(self, details: grpc.HandlerCallDetails, handler: grpc.RpcMethodHandler) -> bool:
+        streaming = bool(handler.request_streaming or handler.response_streaming)
+        return streaming and details.method not in self._exempt
 
     @contextlib.asynccontextmanager
-    async def _admitted(self, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+    async def around(self, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
         with contextlib.ExitStack() as slot:
             try:
                 slot.enter_context(self._limiter.admit())

@@ -5,14 +5,14 @@ from __future__ import annotations
 import contextlib
 import hmac
 import ipaddress
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
 from ragserve.config import Settings
 from ragserve.errors import ConfigError
-from ragserve.server.handlers import wrap_handler
+from ragserve.server.handlers import AroundCallInterceptor
 
 
 def is_loopback(host: str) -> bool:
@@ -64,19 +64,7 @@ def client_ids(context: grpc.aio.ServicerContext) -> set[str]:
     return {n.decode(errors="replace") if isinstance(n, bytes) else str(n) for n in names}
 
 
-def _guarded(handler: grpc.RpcMethodHandler, allowed: frozenset[str]) -> grpc.RpcMethodHandler:
-    """The same handler, refusing a caller whose certificate names none of `allowed`."""
-
-    @contextlib.asynccontextmanager
-    async def check(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
-        if not client_ids(context) & allowed:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "client certificate is not allowed")
-        yield
-
-    return wrap_handler(handler, check)
-
-
-class ClientIdentityInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class ClientIdentityInterceptor(AroundCallInterceptor):
     """mTLS pinning: every method, health and reflection included, only for certificates whose CN or
     a SAN is in RAGSERVE_TLS_ALLOWED_CLIENT_IDS (a certificate the CA signed is not enough)."""
 
@@ -85,16 +73,15 @@ class ClientIdentityInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[mis
             raise ValueError("no allowed client ids")
         self._allowed = allowed
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        return None if handler is None else _guarded(handler, self._allowed)
+    @contextlib.asynccontextmanager
+    async def around(self, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+        # The same handler, refusing a caller whose certificate names none of the allowed ids.
+        if not client_ids(context) & self._allowed:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "client certificate is not allowed")
+        yield
 
 
-class BearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class BearerTokenInterceptor(AroundCallInterceptor):
     """Every method, health and reflection included, needs `authorization: Bearer <token>`.
 
     The token is compared in constant time and never logged or echoed.
@@ -106,16 +93,13 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self._expected = f"Bearer {token}".encode()
         self._deny = _deny("missing or invalid bearer token")
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    def refuse(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         presented = b""
-        for key, value in handler_call_details.invocation_metadata or ():
+        for key, value in details.invocation_metadata or ():
             if key == "authorization":
                 presented = value.encode() if isinstance(value, str) else value
                 break
-        if hmac.compare_digest(presented, self._expected):
-            return await continuation(handler_call_details)
-        return self._deny
+        return None if hmac.compare_digest(presented, self._expected) else self._deny
+
+    def applies(self, details: grpc.HandlerCallDetails, handler: grpc.RpcMethodHandler) -> bool:
+        return False  # an admitted call runs as it is

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -22,21 +22,9 @@ def wrap_handler(handler: grpc.RpcMethodHandler, around: AroundCall) -> grpc.Rpc
     """
     codec = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
     if handler.unary_unary is not None:
-        inner_uu = handler.unary_unary
-
-        async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            async with around(context):
-                return await inner_uu(request, context)
-
-        return grpc.unary_unary_rpc_method_handler(unary_unary, **codec)
+        return grpc.unary_unary_rpc_method_handler(_one_response(handler.unary_unary, around), **codec)
     if handler.stream_unary is not None:
-        inner_su = handler.stream_unary
-
-        async def stream_unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            async with around(context):
-                return await inner_su(requests, context)
-
-        return grpc.stream_unary_rpc_method_handler(stream_unary, **codec)
+        return grpc.stream_unary_rpc_method_handler(_one_response(handler.stream_unary, around), **codec)
     inner = handler.unary_stream or handler.stream_stream
 
     async def streaming(request_or_requests: Any, context: grpc.aio.ServicerContext) -> None:
@@ -51,3 +39,44 @@ def wrap_handler(handler: grpc.RpcMethodHandler, around: AroundCall) -> grpc.Rpc
     if handler.unary_stream is not None:
         return grpc.unary_stream_rpc_method_handler(streaming, **codec)
     return grpc.stream_stream_rpc_method_handler(streaming, **codec)
+
+
+def _one_response(inner: Callable[..., Any], around: AroundCall) -> Callable[..., Any]:
+    """A method with one response (unary or client-streaming request), run inside `around`."""
+
+    async def call(request_or_requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with around(context):
+            return await inner(request_or_requests, context)
+
+    return call
+
+
+Continuation = Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]]
+
+
+class AroundCallInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """The shape every ragserve interceptor shares; subclasses fill in one or more of three steps.
+
+    `refuse` answers from the call's details before the method is looked up (None lets it through);
+    `applies` picks the methods to wrap; `around` runs around each call of those.
+    """
+
+    def refuse(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        return None
+
+    def applies(self, details: grpc.HandlerCallDetails, handler: grpc.RpcMethodHandler) -> bool:
+        return True
+
+    def around(self, context: grpc.aio.ServicerContext) -> AbstractAsyncContextManager[None]:
+        raise NotImplementedError
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler:
+        refusal = self.refuse(handler_call_details)
+        if refusal is not None:
+            return refusal
+        handler = await continuation(handler_call_details)
+        if handler is None or not self.applies(handler_call_details, handler):
+            return handler
+        return wrap_handler(handler, self.around)
