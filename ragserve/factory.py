@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 from ragserve.cache.base import AnswerCache, CacheStore, RetrievalCache
 from ragserve.cache.integrity import MIN_KEY_BYTES, EntrySeal
 from ragserve.config import CacheSettings, EmbedderSettings, Settings
-from ragserve.embedding import Embedder, SentenceTransformerEmbedder
+from ragserve.embed.base import Embedder
+from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import ConfigError
 from ragserve.generate.base import Generator
 from ragserve.index.base import SearchIndex
@@ -20,7 +21,7 @@ from ragserve.pipeline import RagPipeline
 from ragserve.rerank.base import Reranker
 
 if TYPE_CHECKING:
-    from ragserve.embedding_onnx import OnnxEmbedder
+    from ragserve.embed.onnx_backend import OnnxEmbedder
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ def make_embedder(cfg: EmbedderSettings, *, indexing: bool = False) -> OnnxEmbed
     of backend for both. ONNX Runtime's idle threads spin only when indexing (throughput); in the
     server they would steal the cores the reranker and the generator need between queries."""
     if cfg.backend == "onnx" and cfg.device == "cpu":
-        from ragserve.embedding_onnx import OnnxEmbedder
+        from ragserve.embed.onnx_backend import OnnxEmbedder
 
         return OnnxEmbedder(cfg.model, quantize=cfg.onnx_int8, threads=cfg.threads, spin=indexing)
     if cfg.backend == "onnx":

@@ -22,7 +22,7 @@ from ragserve.cache.base import AnswerCache, RetrievalCache
 from ragserve.cache.pipeline_caches import PipelineCaches, cache_scope
 from ragserve.config import QdrantSettings, RetrievalSettings, Settings, default_of
 from ragserve.context import fit_context
-from ragserve.embedding import Embedder
+from ragserve.embed.base import Embedder
 from ragserve.errors import ConfigError
 from ragserve.generate.answer import AnswerRun, stream_answer
 from ragserve.generate.base import Generator

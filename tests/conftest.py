@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from indexer.build import build_index
-from ragserve.embedding import SentenceTransformerEmbedder
+from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_DOCS = REPO / "indexer" / "sample_docs"

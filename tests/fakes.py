@@ -17,7 +17,7 @@ import grpc
 import numpy as np
 
 from ragserve.cache.base import CacheBackendError
-from ragserve.embedding import QueryEmbedding
+from ragserve.embed.base import QueryEmbedding
 from ragserve.index.base import SearchIndex
 from ragserve.prompt import Prompt
 from ragserve.rerank.base import EncodedPair

@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 
 from ragserve.cache.base import CacheStore
-from ragserve.embedding import Embedder
+from ragserve.embed.base import Embedder
 from ragserve.generate.base import Generator
 from ragserve.prompt import Prompt
 from ragserve.rerank.base import CrossEncoder

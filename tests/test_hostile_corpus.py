@@ -19,7 +19,7 @@ import pytest
 from indexer.build import build_index
 from ragserve.budget import Deadline
 from ragserve.config import GeneratorSettings, default_generator_path
-from ragserve.embedding import SentenceTransformerEmbedder
+from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.index.hnsw import HnswIndex
 from ragserve.pipeline import RagPipeline
 from ragserve.prompt import Prompt, canonical

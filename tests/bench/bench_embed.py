@@ -38,10 +38,10 @@ from ragserve.index.hnsw import read_chunks
 
 def make(backend: str) -> Any:
     if backend == "torch":
-        from ragserve.embedding import SentenceTransformerEmbedder
+        from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 
         return SentenceTransformerEmbedder()
-    from ragserve.embedding_onnx import OnnxEmbedder
+    from ragserve.embed.onnx_backend import OnnxEmbedder
 
     return OnnxEmbedder(quantize=backend == "onnx-int8", threads=0, spin=True)
 

@@ -62,7 +62,7 @@ def measure(index: hnswlib.Index, queries: np.ndarray, truth: np.ndarray, ef: in
 
 
 def chunks_mode(args: argparse.Namespace) -> None:
-    from ragserve.embedding import SentenceTransformerEmbedder
+    from ragserve.embed.torch_backend import SentenceTransformerEmbedder
     from ragserve.index.format import VECTORS_FILE, resolve_current
 
     data = np.load(resolve_current(args.index) / VECTORS_FILE).astype(np.float32)

@@ -7,7 +7,7 @@ import pytest
 
 from ragserve.cache.keys import retrieval_key
 from ragserve.cache.semantic import SemanticIndex, meaning_change
-from ragserve.embedding import SentenceTransformerEmbedder
+from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 
 THRESHOLD = 0.95
 

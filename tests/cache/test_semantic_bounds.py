@@ -18,7 +18,7 @@ from ragserve.cache.keys import retrieval_key
 from ragserve.cache.layer import StoreBackedCache
 from ragserve.cache.memory import MemoryStore
 from ragserve.cache.semantic import SemanticIndex
-from ragserve.embedding import SentenceTransformerEmbedder
+from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.index.hnsw import HnswIndex
 from ragserve.pipeline import RagPipeline
 from ragserve.types import RetrievalResult, RetrieveParams
@@ -152,7 +152,7 @@ def test_long_queries_sharing_a_prefix_never_hit_semantically(embedder, sample_i
 def test_onnx_embedder_reports_the_window_from_its_own_tokenization(tokens: int, fits: bool) -> None:
     """The ONNX path counts the attention mask it builds anyway (an ONNX session fake stands in for
     the exported model, so no export is needed here)."""
-    from ragserve.embedding_onnx import OnnxEmbedder
+    from ragserve.embed.onnx_backend import OnnxEmbedder
 
     class FakeTokenizer:
         def __call__(self, texts: list[str], **kw: object) -> dict[str, np.ndarray]:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from indexer.qdrant_publish import publish_folder_to_qdrant
-from ragserve.embedding import SentenceTransformerEmbedder
+from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import IndexLoadError
 from ragserve.index.base import LexicalSearch, SearchIndex
 from ragserve.index.format import CHUNKS_FILE, VECTORS_FILE, read_verified_manifest, resolve_current

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from indexer.build import build_index
-from ragserve.embedding import SentenceTransformerEmbedder
+from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import IndexLoadError
 from ragserve.index.format import CHUNKS_FILE, CURRENT, HNSW_FILE, MANIFEST, resolve_current
 from ragserve.index.hnsw import HnswIndex

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from indexer.build import build_index
-from ragserve.embedding import SentenceTransformerEmbedder
+from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.index.format import CURRENT, VECTORS_FILE, resolve_current
 from ragserve.index.hnsw import HnswIndex
 from tests.index.conftest import write_docs

@@ -25,7 +25,7 @@ from ragserve.config import (
     Settings,
     TransportSettings,
 )
-from ragserve.embedding import SentenceTransformerEmbedder
+from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.index.base import SearchIndex
 from ragserve.index.format import (
     CHUNKS_FILE,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ragserve.embedding import resolve_embedder_path
+from ragserve.embed.base import resolve_embedder_path
 from ragserve.rerank.cross_encoder import RANDOM_HEAD_MARKER
 
 SHAPES = {"minilm-l2-random": 2, "minilm-l6-random": 6}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ragserve.budget import Deadline
-from ragserve.embedding import SentenceTransformerEmbedder
+from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.index.hnsw import HnswIndex
 from ragserve.pipeline import RagPipeline
 from ragserve.rerank.cross_encoder import OnnxCrossEncoder

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ragserve.config import EmbedderSettings, default_home, default_of
-from ragserve.embedding import NamedEmbedder, QueryEmbedding, fits_window, resolve_embedder_path
+from ragserve.embed.base import NamedEmbedder, QueryEmbedding, fits_window, resolve_embedder_path
 from ragserve.errors import ConfigError
 from ragserve.onnx_export import export_bert, keyword_inputs, quantize_int8
 

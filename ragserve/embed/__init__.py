@@ -1,0 +1,1 @@
+"""Embedders: the Protocol and shared parts (base), torch (torch_backend), ONNX Runtime (onnx_backend)."""
