@@ -56,6 +56,12 @@ def term_index(term: str) -> int:
     return zlib.crc32(term.encode()) & 0x7FFFFFFF
 
 
+def query_term_indices(query: str) -> list[int]:
+    """The sparse-vector indices of a query's BM25 terms (each counted once: the IDF modifier and
+    the stored document weights do the scoring)."""
+    return sorted({term_index(t) for t in bm25_terms([query])[0]})
+
+
 def version_collection(name: str, version: int) -> str:
     return f"{name}_v{version:06d}"
 
@@ -287,11 +293,9 @@ class QdrantIndex(PublishedMeta):
     def search_lexical(self, query: str, k: int) -> list[ScoredChunk]:
         from qdrant_client import models
 
-        terms = bm25_terms([query])[0]
-        k = min(k, self.count)
-        if k <= 0 or not terms:
+        indices, k = query_term_indices(query), min(k, self.count)
+        if k <= 0 or not indices:
             return []
-        indices = sorted({term_index(t) for t in terms})
         result = self._query(
             query=models.SparseVector(indices=indices, values=[1.0] * len(indices)),
             using=SPARSE,

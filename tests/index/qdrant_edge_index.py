@@ -19,7 +19,6 @@ import numpy as np
 
 from ragserve.errors import IndexLoadError
 from ragserve.index.base import ScoredChunk
-from ragserve.index.bm25 import bm25_terms
 from ragserve.index.qdrant_index import (
     BM25_B,
     BM25_K1,
@@ -29,7 +28,7 @@ from ragserve.index.qdrant_index import (
     _chunk_of,
     point_batches,
     published_identity,
-    term_index,
+    query_term_indices,
 )
 from ragserve.types import Chunk
 
@@ -103,11 +102,9 @@ class EdgeIndex(PublishedMeta):
     def search_lexical(self, query: str, k: int) -> list[ScoredChunk]:
         import qdrant_edge as qe
 
-        terms = bm25_terms([query])[0]
-        k = min(k, self.count)
-        if k <= 0 or not terms:
+        indices, k = query_term_indices(query), min(k, self.count)
+        if k <= 0 or not indices:
             return []
-        indices = sorted({term_index(t) for t in terms})
         sparse = qe.SparseVector(indices=indices, values=[1.0] * len(indices))
         request = qe.QueryRequest(limit=k, query=qe.Query.Nearest(sparse, using=SPARSE), with_payload=True)
         return [ScoredChunk(_chunk_of(p.payload), float(p.score)) for p in self._shard.query(request) if p.score > 0]
