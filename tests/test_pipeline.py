@@ -89,6 +89,27 @@ def test_client_deadline_bounds_generation(pipeline_factory) -> None:
         asyncio.run(run())
 
 
+def test_time_the_consumer_holds_an_event_counts_against_the_client_deadline(pipeline_factory) -> None:
+    """The deadline is an absolute end: a consumer that holds the retrieval event for 0.6 s of a
+    1 s deadline leaves the engine 0.4 s, not another full second."""
+    pipeline = pipeline_factory(FakeGenerator(words=["w"] * 20, delay_s=0.1))
+    params = RetrieveParams("anything", top_k=2, budget_ms=70)
+
+    async def run() -> float:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        events = pipeline.query(params, GenerateParams(16, 0.0), Deadline(70, client_timeout_s=1.0), "r3")
+        try:
+            async for event in events:
+                if isinstance(event, RetrievalResult):
+                    await asyncio.sleep(0.6)
+        except DeadlineExpired:
+            return loop.time() - started
+        raise AssertionError("the deadline did not end the stream")
+
+    assert asyncio.run(run()) < 1.4  # ends at about 1.0 s; with the old relative timeout about 1.6 s
+
+
 def test_stream_pulls_only_as_fast_as_the_reader(pipeline_factory) -> None:
     """A slow reader leaves the engine's output unpulled: nothing piles up between them."""
     # Many chunks, produced as fast as they are asked for.

@@ -111,3 +111,36 @@ def test_writes_are_bounded_and_never_raise() -> None:
         await cache.close()
 
     asyncio.run(body())
+
+
+class FakeSlowStore(FakeFlakyStore):
+    """Answers every get after `delay_s`: a store slower than the caller's budget, not a broken one."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+
+    async def get(self, key: str) -> bytes | None:
+        await asyncio.sleep(self.delay_s)
+        return await super().get(key)
+
+
+def test_a_lookup_waits_no_longer_than_the_budget_left_and_does_not_blame_the_store() -> None:
+    store = FakeSlowStore(delay_s=0.5)
+    cache = StoreBackedCache(store, ttl_s=60, breaker=CircuitBreaker(1, cooldown_s=5.0, clock=FakeClock()))
+    key = retrieval_key("q", 3, "1", ("e",))
+    over_budget = CACHE_REQUESTS.labels("fake", "budget")
+
+    async def body() -> None:
+        cache.put(key, CachedRetrieval((), "1", (), "q"))
+        await cache.drain()
+        before = over_budget._value.get()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await cache.get(key, timeout_s=0.02) is None  # the budget left: 20 ms
+        assert loop.time() - started < 0.3
+        assert over_budget._value.get() == before + 1
+        assert cache.breaker.state is BreakerState.CLOSED  # slower than the budget is not a failure
+        assert await cache.get(key) is not None  # no budget given: the store's own pace
+
+    asyncio.run(body())
