@@ -1,7 +1,7 @@
 """Hybrid retrieval: dense and BM25 candidate lists fused (RRF or weighted), optional dedupe to documents.
 
-Pure functions over the index Protocols, so the pipeline makes one call and every backend
-(hnswlib, Qdrant) gets the same fusion.
+Pure functions over the index Protocols, so every backend (hnswlib, Qdrant) gets the same fusion.
+How far a search looks is decided in one place, `plan_breadth`; `hybrid_search` only follows it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Process wiring: load the parts, bind, serve health and reflection, shut down gracefully."""
+"""Process wiring: bind, serve health and reflection, build the pipeline (which starts and stops its
+own parts), hot reload, shut down gracefully."""
 
 from __future__ import annotations
 
