@@ -121,7 +121,7 @@ class RagPipeline:
     async def retrieve(self, params: RetrieveParams, deadline: Deadline) -> RetrievalResult:
         timings = StageTimings()
         index = self.index  # one version for the whole request, even if a reload swaps it
-        key = self.caches.retrieval_key(params, index.version, index.identity)
+        key = self.caches.passages_key(params, index.version, index.identity)
         with StageTimer("cache") as t:
             hit = await self.caches.lookup(key, deadline.budget_left_ms() / 1000.0)
         timings.cache_ms = t.ms

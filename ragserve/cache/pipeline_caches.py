@@ -96,22 +96,28 @@ class PipelineCaches:
             index_identity,
         )
 
-    async def lookup(self, key: RetrievalKey, timeout_s: float | None) -> CacheHit | None:
-        if self.passages is None:
+    def passages_key(self, params: RetrieveParams, index_version: str, index_identity: str) -> RetrievalKey | None:
+        """The retrieval cache's key for this request; None without a retrieval cache (no hashing)."""
+        return None if self.passages is None else self.retrieval_key(params, index_version, index_identity)
+
+    async def lookup(self, key: RetrievalKey | None, timeout_s: float | None) -> CacheHit | None:
+        if self.passages is None or key is None:
             return None
         return await _or_miss(self.passages.get(key, timeout_s), "retrieval cache")
 
     def semantic_enabled(self) -> bool:
         return self.passages is not None and self.passages.semantic_enabled
 
-    async def lookup_similar(self, key: RetrievalKey, vector: np.ndarray, timeout_s: float | None) -> CacheHit | None:
-        if self.passages is None:
+    async def lookup_similar(
+        self, key: RetrievalKey | None, vector: np.ndarray, timeout_s: float | None
+    ) -> CacheHit | None:
+        if self.passages is None or key is None:
             return None
         return await _or_miss(self.passages.get_similar(key, vector, timeout_s), "retrieval cache")
 
-    def store(self, key: RetrievalKey, result: RetrievalResult, vector: np.ndarray | None) -> None:
+    def store(self, key: RetrievalKey | None, result: RetrievalResult, vector: np.ndarray | None) -> None:
         """`vector`: None when the query must never be matched semantically."""
-        if self.passages is None:
+        if self.passages is None or key is None:
             return
         entry = CachedRetrieval(
             tuple(result.passages),
