@@ -56,8 +56,9 @@ class GeneratorSettings(BaseSettings):
     # KV cache block size in tokens (0: 32 on CPU, vLLM's default on CUDA). Only full blocks are
     # prefix-cached; the CPU backend needs a multiple of 16 and is fastest on multiples of 32.
     block_size: int = Field(default=0, ge=0)
-    # Prompt-lookup (n-gram) speculative decoding (drafts copied from the prompt). auto: off, since
-    # on the CPU engine it made TTFT 1.8x slower for the same answers (BENCHMARKS.md); ngram: on.
+    # Prompt-lookup (n-gram) speculative decoding (drafts copied from the prompt). auto: on for CPU
+    # hosts of up to 4 CPUs, with the engine on a server thread, where it was measured to pay
+    # (BENCHMARKS.md); off elsewhere (GPU and bigger hosts: not measured). ngram: on; off: off.
     speculative: Literal["auto", "ngram", "off"] = "auto"
     speculative_tokens: int = Field(default=4, ge=1, le=16)
     prompt_lookup_max: int = Field(default=4, ge=1)

@@ -90,13 +90,27 @@ def cpu_list(cpus: tuple[int, ...]) -> str:
     return ",".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
 
 
-def resolve_speculative(settings: GeneratorSettings) -> tuple[dict[str, object] | None, EngineChoice]:
+def _speculation_off_why(settings: GeneratorSettings, host: HostCpu) -> str:
+    """Why speculation stays off, or "" where `auto` turns it on."""
+    if settings.speculative == "off":
+        return "set by RAGSERVE_GENERATOR_SPECULATIVE"
+    if settings.speculative == "ngram":
+        return ""
+    if settings.device != "cpu":
+        return "GPU: not measured there; RAGSERVE_GENERATOR_SPECULATIVE=ngram turns it on"
+    if len(host.cpus) > ALL_CORES_UP_TO:
+        return f"not measured on CPU hosts of more than {ALL_CORES_UP_TO} CPUs"
+    if settings.engine_layout == "process":
+        # BENCHMARKS.md: beside a busy-polling engine-core process the first token got slower.
+        return "measured slower with the engine-core process (RAGSERVE_GENERATOR_ENGINE_LAYOUT=process)"
+    return ""
+
+
+def resolve_speculative(settings: GeneratorSettings, host: HostCpu) -> tuple[dict[str, object] | None, EngineChoice]:
     # prompt_lookup_min <= prompt_lookup_max is checked by GeneratorSettings.
-    if settings.speculative != "ngram":
-        # Measured on the CPU engine (BENCHMARKS.md): same answers, but TTFT p50 425 -> 778 ms and no
-        # faster answers on SQuAD-style questions, so it stays opt-in. Not measured on a GPU.
-        why = "set by RAGSERVE_GENERATOR_SPECULATIVE" if settings.speculative == "off" else "measured slower on CPU"
-        return None, EngineChoice("speculative", "off", why)
+    off_why = _speculation_off_why(settings, host)
+    if off_why:
+        return None, EngineChoice("speculative", "off", off_why)
     config: dict[str, object] = {
         "method": "ngram",
         "num_speculative_tokens": settings.speculative_tokens,
@@ -104,12 +118,16 @@ def resolve_speculative(settings: GeneratorSettings) -> tuple[dict[str, object] 
         "prompt_lookup_min": settings.prompt_lookup_min,
     }
     value = f"ngram k={settings.speculative_tokens} lookup {settings.prompt_lookup_min}-{settings.prompt_lookup_max}"
-    return config, EngineChoice("speculative", value, "set by RAGSERVE_GENERATOR_SPECULATIVE")
+    if settings.speculative == "ngram":
+        why = "set by RAGSERVE_GENERATOR_SPECULATIVE"
+    else:
+        why = "a small CPU host: answers copy from the passages, and drafts copied from the prompt pay"
+    return config, EngineChoice("speculative", value, why)
 
 
 def resolve_engine(settings: GeneratorSettings, host: HostCpu) -> ResolvedEngine:
     choices: list[EngineChoice] = []
-    speculative, speculative_choice = resolve_speculative(settings)
+    speculative, speculative_choice = resolve_speculative(settings, host)
     if settings.device != "cpu":
         dtype, block = settings.dtype, settings.block_size or None
         dtype_why = "GPU: vLLM's choice" if dtype == "auto" else "set by RAGSERVE_GENERATOR_DTYPE"
@@ -152,14 +170,15 @@ def resolve_engine(settings: GeneratorSettings, host: HostCpu) -> ResolvedEngine
         why = "only full KV blocks are prefix-cached: at most 31 tokens of a repeated prefix are computed again"
     choices.append(EngineChoice("block_size", str(block), why))
     choices.append(speculative_choice)
-    layout, layout_why = resolve_cpu_layout(settings, speculative is not None)
+    layout, layout_why = resolve_cpu_layout(settings, host, speculative is not None)
     choices.append(EngineChoice("engine_layout", layout, layout_why))
     return ResolvedEngine(dtype, bind, block, tuple(choices), speculative, layout)
 
 
-def resolve_cpu_layout(settings: GeneratorSettings, speculative: bool) -> tuple[str, str]:
+def resolve_cpu_layout(settings: GeneratorSettings, host: HostCpu, speculative: bool) -> tuple[str, str]:
     if settings.engine_layout != "auto":
         return settings.engine_layout, "set by RAGSERVE_GENERATOR_ENGINE_LAYOUT"
-    if speculative:
-        return "thread", "speculation on CPU: a separate engine-core process cost most of its gain"
+    if speculative and len(host.cpus) <= ALL_CORES_UP_TO:
+        # Measured on two cores only; on bigger hosts vLLM's process keeps its NUMA-aware binding.
+        return "thread", "speculation on a small CPU host: a separate engine-core process cost most of its gain"
     return "process", "vLLM's own layout (AsyncLLM)"

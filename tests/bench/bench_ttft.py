@@ -22,6 +22,10 @@ Configurations (`--configs` picks some, by name):
   +context-N         + RAGSERVE_CONTEXT_TOKEN_BUDGET=N, for each N in `--context-budgets`
   new-defaults       no overrides: whatever the server now resolves from the host
   spec-off           new-defaults without speculative decoding (its gain and cost, side by side)
+  spec-on            prompt-lookup speculation asked for (the engine layout left to the host: on a CPU,
+                     the engine on a server thread)
+  spec-on-process    speculation with vLLM's engine-core process (the layout where it measured slower)
+  spec-off-thread    plain decoding with the engine on a server thread (the layout's own effect)
 
 `--workload summary` asks every question as a request for a summary in other words: answers that
 do not copy from the passages, where prompt-lookup drafts are rarely accepted.
@@ -143,6 +147,9 @@ def configurations(context_budgets: list[int]) -> dict[str, dict[str, str]]:
     configs["new-defaults"] = {}
     # The new defaults but plain decoding: speculation's cost or gain, side by side.
     configs["spec-off"] = {"RAGSERVE_GENERATOR_SPECULATIVE": "off"}
+    configs["spec-on"] = {"RAGSERVE_GENERATOR_SPECULATIVE": "ngram"}
+    configs["spec-on-process"] = {**configs["spec-on"], "RAGSERVE_GENERATOR_ENGINE_LAYOUT": "process"}
+    configs["spec-off-thread"] = {**configs["spec-off"], "RAGSERVE_GENERATOR_ENGINE_LAYOUT": "thread"}
     return configs
 
 
@@ -401,7 +408,7 @@ async def drive(name: str, target: str, qs: list[Question], args: argparse.Names
             f"[{name}] repeat {min(args.repeats, len(qs))}: TTFT p50 {percentile(repeat_ttft, 50):.0f} ms", flush=True
         )
 
-        if args.retrieve_under_load and name == "new-defaults":
+        if args.retrieve_under_load and name in args.load_configs.split(","):
             t0 = time.perf_counter()
             result["retrieve_under_load"], result["retrieve_samples"] = await retrieve_under_load(
                 client, qs, args, reranker=bool(info.rerank_tiers)
@@ -419,19 +426,24 @@ def share(flags: list[bool | None]) -> tuple[float, int]:
 
 
 def same_answers(runs: dict[str, dict[str, Any]]) -> list[str]:
-    """Greedy answers with and without speculation (new-defaults vs spec-off), question by question."""
-    if "new-defaults" not in runs or "spec-off" not in runs:
+    """Greedy answers of each other configuration against spec-off (plain decoding), question by question."""
+    if "spec-off" not in runs:
         return []
 
     def cold(run: dict[str, Any]) -> dict[str, str]:
         return {a.qid: a.answer for a in run.get("answers", []) if a.phase == "cold" and a.ok}
 
-    on, off = cold(runs["new-defaults"]), cold(runs["spec-off"])
-    both = sorted(set(on) & set(off))
-    differ = [qid for qid in both if on[qid] != off[qid]]
-    lines = ["", f"Greedy answers identical with and without speculation: {len(both) - len(differ)}/{len(both)}."]
-    for qid in differ[:10]:
-        lines += [f"- `{qid}` on: {on[qid][:160]!r}", f"  off: {off[qid][:160]!r}"]
+    off = cold(runs["spec-off"])
+    lines: list[str] = []
+    for name in ("new-defaults", "spec-on", "spec-on-process", "spec-off-thread"):
+        if name not in runs:
+            continue
+        on = cold(runs[name])
+        both = sorted(set(on) & set(off))
+        differ = [qid for qid in both if on[qid] != off[qid]]
+        lines += ["", f"Greedy answers identical, {name} vs spec-off: {len(both) - len(differ)}/{len(both)}."]
+        for qid in differ[:10]:
+            lines += [f"- `{qid}` {name}: {on[qid][:160]!r}", f"  spec-off: {off[qid][:160]!r}"]
     return lines
 
 
@@ -623,12 +635,13 @@ def markdown(meta: dict[str, Any], runs: dict[str, dict[str, Any]]) -> str:
         *(f"- `{p}`" for p in ABSTAIN_PATTERNS),
     ]
 
-    load_rows = [row for run in runs.values() for row in run.get("retrieve_under_load", [])]
+    load_rows = [(name, row) for name, run in runs.items() for row in run.get("retrieve_under_load", [])]
     if load_rows:
-        header = ["concurrency", "seconds", "n", "cache hits left out", "errors", "p50", "p95", "p99", "max"]
+        header = ["config", "concurrency", "seconds", "n", "cache hits left out", "errors", "p50", "p95", "p99", "max"]
         header += ["> 75 ms", "tier1 depth", "tier2 depth", "rerank skipped", "background Queries done", "load avg"]
         rows = [
             [
+                name,
                 str(row["concurrency"]),
                 f"{row['seconds']:.0f}",
                 str(row["n"]),
@@ -644,11 +657,11 @@ def markdown(meta: dict[str, Any], runs: dict[str, dict[str, Any]]) -> str:
                 str(row["background_queries_completed"]),
                 row["load_avg"],
             ]
-            for row in load_rows
+            for name, row in load_rows
         ]
         out += [
             "",
-            "## Retrieve under load (new-defaults; server-side retrieval_total_ms, retrieval-cache misses only)",
+            "## Retrieve under load (server-side retrieval_total_ms, retrieval-cache misses only)",
             "",
             "One Query stream generating at all times. Acceptance: p99 <= 75 ms at concurrency 1 and 4.",
             "",
@@ -758,8 +771,16 @@ def main() -> None:
     parser.add_argument(
         "--retrieve-under-load",
         action="store_true",
-        help="new-defaults: Retrieve at --load-concurrency while one Query stream runs",
+        help="the --load-configs servers: Retrieve at --load-concurrency while one Query stream runs",
     )
+    parser.add_argument(
+        "--config",
+        dest="extra_config",
+        action="append",
+        default=[],
+        help="one more configuration, NAME:RAGSERVE_X=V[,RAGSERVE_Y=W] (may be repeated; list it in --configs)",
+    )
+    parser.add_argument("--load-configs", default="new-defaults", help="comma-separated configuration names")
     parser.add_argument("--load-concurrency", default="1,4")
     parser.add_argument("--load-seconds", type=float, default=60.0, help="per concurrency level")
     parser.add_argument(
@@ -772,6 +793,12 @@ def main() -> None:
     args.load_concurrency = [int(c) for c in args.load_concurrency.split(",")]
 
     all_configs = configurations([int(b) for b in args.context_budgets.split(",") if b])
+    for extra in args.extra_config:
+        name, _, assignments = extra.partition(":")
+        pairs = [item.partition("=") for item in assignments.split(",") if item]
+        if not name or any(not key.startswith("RAGSERVE_") or not sep for key, sep, _ in pairs):
+            parser.error(f"--config {extra!r}: expected NAME:RAGSERVE_X=V[,RAGSERVE_Y=W]")
+        all_configs[name] = {key: value for key, _, value in pairs}
     names = args.configs.split(",") if args.configs else list(all_configs)
     unknown = [n for n in names if n not in all_configs]
     if unknown:

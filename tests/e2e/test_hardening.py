@@ -225,6 +225,23 @@ def test_sigterm_drains_in_flight_streams_and_exits_zero(disposable_server: Live
     assert server.process.returncode == 0, server.log_tail()
 
 
+@pytest.fixture
+def process_layout_server(sample_index: Path, tmp_path: Path) -> Iterator[LiveServer]:
+    """A full server whose engine core runs in a process of its own (what the engine-failure test
+    kills; with the engine on a server thread, tests/generate covers a failing engine)."""
+    env = {
+        "RAGSERVE_HEALTH_PROBE_INTERVAL_S": "0.5",
+        "RAGSERVE_GENERATOR_ENGINE_LAYOUT": "process",
+        "RAGSERVE_GENERATOR_SPECULATIVE": "off",
+    }
+    server = spawn_server(sample_index, tmp_path / "server.log", env)
+    try:
+        wait_serving(server)
+        yield server
+    finally:
+        server.stop()
+
+
 def _engine_core(server: LiveServer) -> psutil.Process:
     for child in psutil.Process(server.process.pid).children(recursive=True):
         if "EngineCore" in " ".join([child.name(), *child.cmdline()]):
@@ -233,8 +250,8 @@ def _engine_core(server: LiveServer) -> psutil.Process:
 
 
 # 6. Engine failure
-def test_dead_engine_fails_streams_and_health_but_not_retrieve(disposable_server: LiveServer) -> None:
-    server = disposable_server
+def test_dead_engine_fails_streams_and_health_but_not_retrieve(process_layout_server: LiveServer) -> None:
+    server = process_layout_server
     channel, stub = _stub(server.target)
     with channel:
         stream = stub.Query(pb.QueryRequest(query=LONG_QUESTION, max_tokens=600), timeout=120)

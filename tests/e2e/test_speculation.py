@@ -1,13 +1,14 @@
 """Prompt-lookup speculation with the engine on a server thread, over real gRPC with the real engine.
 
-The shared live server decodes plainly with vLLM's engine-core process; this module starts one with
-RAGSERVE_GENERATOR_SPECULATIVE=ngram, which (layout "auto") puts the engine on a server thread.
-Greedy answers must match token for token, and streaming, cancellation and deadlines must behave
-as they do without speculation.
+This module starts two servers with speculation set explicitly (the default depends on the host):
+one decoding plainly with vLLM's engine-core process, and one with RAGSERVE_GENERATOR_SPECULATIVE=ngram,
+which (layout "auto") puts the engine on a server thread. Greedy answers must match token for
+token, and streaming, cancellation and deadlines must behave as they do without speculation.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,16 +28,24 @@ QUESTIONS = [
 LONG_QUESTION = "Describe every step of the TLS 1.3 handshake in detail."
 
 
-@pytest.fixture(scope="module")
-def speculating_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    log = tmp_path_factory.mktemp("speculating-server") / "server.log"
-    server = spawn_server(sample_index, log, {"RAGSERVE_GENERATOR_SPECULATIVE": "ngram"})
+def _serving(sample_index: Path, folder: Path, speculative: str) -> Iterator[LiveServer]:
+    server = spawn_server(sample_index, folder / "server.log", {"RAGSERVE_GENERATOR_SPECULATIVE": speculative})
     try:
         wait_serving(server)
         yield server
     finally:
         code = server.stop()
     assert code == 0, f"server exited with {code} on SIGTERM:\n{server.log_tail()}"
+
+
+@pytest.fixture(scope="module")
+def speculating_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    yield from _serving(sample_index, tmp_path_factory.mktemp("speculating-server"), "ngram")
+
+
+@pytest.fixture(scope="module")
+def plain_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    yield from _serving(sample_index, tmp_path_factory.mktemp("plain-server"), "off")
 
 
 def _answer(target: str, question: str) -> tuple[list[str], pb.FinalEvent]:
@@ -48,20 +57,27 @@ def _answer(target: str, question: str) -> tuple[list[str], pb.FinalEvent]:
     return [e.token.text for e in events if e.WhichOneof("event") == "token"], events[-1].final
 
 
-def test_info_names_the_thread_layout(speculating_server: LiveServer) -> None:
-    with grpc.insecure_channel(speculating_server.target) as channel:
+def _settings(server: LiveServer) -> dict[str, str]:
+    with grpc.insecure_channel(server.target) as channel:
         info = pb_grpc.RagServiceStub(channel).Info(pb.InfoRequest(), timeout=5)
-    settings = {s.name: s.value for s in info.generator_settings}
-    assert settings["speculative"].startswith("ngram")
-    assert settings["engine_layout"] == "thread"
+    return {s.name: s.value for s in info.generator_settings}
+
+
+def test_info_names_each_layout(speculating_server: LiveServer, plain_server: LiveServer) -> None:
+    speculating = _settings(speculating_server)
+    assert speculating["speculative"].startswith("ngram")
+    small_host = len(os.sched_getaffinity(0)) <= 4
+    assert speculating["engine_layout"] == ("thread" if small_host else "process")
+    plain = _settings(plain_server)
+    assert (plain["speculative"], plain["engine_layout"]) == ("off", "process")
 
 
 def test_greedy_answers_match_plain_decoding_and_drafts_are_accepted(
-    speculating_server: LiveServer, live_server: LiveServer
+    speculating_server: LiveServer, plain_server: LiveServer
 ) -> None:
     drafted = accepted = 0
     for question in QUESTIONS:
-        plain_tokens, plain_final = _answer(live_server.target, question)
+        plain_tokens, plain_final = _answer(plain_server.target, question)
         spec_tokens, spec_final = _answer(speculating_server.target, question)
         # The same text, streamed as deltas in order: nothing repeated or lost when a step accepts
         # several tokens at once.

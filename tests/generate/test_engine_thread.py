@@ -197,3 +197,28 @@ def test_health_call_runs_on_the_engine_thread() -> None:
         assert asyncio.run(engine.call(lambda e: threading.current_thread().name)) == "vllm-engine"
     finally:
         engine.shutdown()
+
+
+def test_the_generator_reports_a_failed_engine_thread_as_unavailable_and_unhealthy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """VllmGenerator over the thread layout, with the fake engine in place of vLLM's."""
+    from ragserve.config import GeneratorSettings
+    from ragserve.errors import Unavailable
+    from ragserve.generate.vllm_engine import VllmGenerator
+    from ragserve.prompt import build_prompt
+    from ragserve.types import GenerateParams
+
+    generator = VllmGenerator(GeneratorSettings(engine_layout="thread", model="/srv/models/unused"))
+    monkeypatch.setattr(generator, "render", lambda prompt: "one two three four")
+    generator._engine = _started(FakeSyncEngine(fail_on_step=1))
+
+    async def answer() -> str:
+        return "".join([c.text async for c in generator.stream(build_prompt("q", []), GenerateParams(8, 0.0), "r")])
+
+    with pytest.raises(Unavailable, match="engine died"):
+        asyncio.run(answer())
+    with pytest.raises(Unavailable, match="dead"):
+        asyncio.run(generator.check_health())
+    with pytest.raises(Unavailable, match="not running"):
+        asyncio.run(answer())

@@ -81,10 +81,20 @@ def test_unreadable_cpuinfo_means_the_safe_choice(tmp_path: Path) -> None:
     assert resolve_engine(GeneratorSettings(), host).dtype == "float32"
 
 
-def test_speculation_is_opt_in() -> None:
-    assert resolve_engine(GeneratorSettings(), ZEN3).speculative_config is None
+def test_speculation_is_on_by_default_only_where_it_was_measured_to_pay() -> None:
+    small_cpu = resolve_engine(GeneratorSettings(), ZEN3)
+    assert small_cpu.speculative_config is not None and small_cpu.engine_layout == "thread"
+    assert _choice(small_cpu, "speculative").startswith("ngram")
     assert resolve_engine(GeneratorSettings(device="cuda"), ZEN3).speculative_config is None
-    asked = resolve_engine(GeneratorSettings(speculative="ngram", speculative_tokens=3), ZEN3)
+    assert resolve_engine(GeneratorSettings(), BIG_HOST).speculative_config is None
+    beside_core_process = resolve_engine(GeneratorSettings(engine_layout="process"), ZEN3)
+    assert beside_core_process.speculative_config is None
+    assert "engine-core process" in next(c.reason for c in beside_core_process.choices if c.name == "speculative")
+    assert resolve_engine(GeneratorSettings(speculative="off"), ZEN3).speculative_config is None
+
+
+def test_speculation_settings_are_passed_as_asked() -> None:
+    asked = resolve_engine(GeneratorSettings(speculative="ngram", speculative_tokens=3), BIG_HOST)
     assert asked.speculative_config == {
         "method": "ngram",
         "num_speculative_tokens": 3,
@@ -100,11 +110,12 @@ def test_lookup_window_must_be_ordered() -> None:
 
 
 def test_engine_layout_follows_speculation_on_cpu_only() -> None:
-    plain = resolve_engine(GeneratorSettings(), ZEN3)
+    plain = resolve_engine(GeneratorSettings(speculative="off"), ZEN3)
     assert plain.engine_layout == "process"
     speculating = resolve_engine(GeneratorSettings(speculative="ngram"), ZEN3)
     assert speculating.engine_layout == "thread"
     assert "engine-core process" in next(c.reason for c in speculating.choices if c.name == "engine_layout")
     gpu = resolve_engine(GeneratorSettings(device="cuda", speculative="ngram"), ZEN3)
     assert gpu.engine_layout == "process"
+    assert resolve_engine(GeneratorSettings(speculative="ngram"), BIG_HOST).engine_layout == "process"
     assert resolve_engine(GeneratorSettings(engine_layout="thread"), ZEN3).engine_layout == "thread"
