@@ -150,14 +150,18 @@ def resolve_engine(settings: GeneratorSettings, host: HostCpu) -> ResolvedEngine
         dtype, why = "float32", "no native bf16 on this CPU (no avx512_bf16/amx_bf16): vLLM's bf16 would be emulated"
     choices.append(EngineChoice("dtype", dtype, why))
 
-    if settings.cpu_omp_threads_bind:
+    layout, layout_why = resolve_cpu_layout(settings, host, speculative is not None)
+    if layout == "thread":
+        # vLLM binds OpenMP threads when it starts a worker process; on a server thread there is none.
+        bind, why = "", f"engine on a server thread: torch's own OpenMP threads ({len(host.cpus)} CPUs), not pinned"
+    elif settings.cpu_omp_threads_bind:
         bind, why = settings.cpu_omp_threads_bind, "set by RAGSERVE_GENERATOR_CPU_OMP_THREADS_BIND"
     elif len(host.cpus) <= ALL_CORES_UP_TO:
         bind = cpu_list(host.cpus)
         why = f"all {len(host.cpus)} usable CPUs: vLLM's auto binding would idle one for a server that mostly waits"
     else:
         bind, why = "", f"vLLM's auto binding ({len(host.cpus)} CPUs: one per NUMA node stays with the server)"
-    choices.append(EngineChoice("omp_threads_bind", bind or "auto", why))
+    choices.append(EngineChoice("omp_threads_bind", bind or ("none" if layout == "thread" else "auto"), why))
 
     if settings.block_size:
         if settings.block_size % 16:
@@ -170,7 +174,6 @@ def resolve_engine(settings: GeneratorSettings, host: HostCpu) -> ResolvedEngine
         why = "only full KV blocks are prefix-cached: at most 31 tokens of a repeated prefix are computed again"
     choices.append(EngineChoice("block_size", str(block), why))
     choices.append(speculative_choice)
-    layout, layout_why = resolve_cpu_layout(settings, host, speculative is not None)
     choices.append(EngineChoice("engine_layout", layout, layout_why))
     return ResolvedEngine(dtype, bind, block, tuple(choices), speculative, layout)
 

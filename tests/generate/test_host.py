@@ -23,11 +23,18 @@ def _choice(resolved, name: str) -> str:
 
 
 def test_avx2_host_gets_float32_all_cores_and_small_blocks() -> None:
-    resolved = resolve_engine(GeneratorSettings(), ZEN3)
+    resolved = resolve_engine(GeneratorSettings(speculative="off"), ZEN3)
     assert resolved.dtype == "float32"
     assert resolved.omp_threads_bind == "0-1"
     assert resolved.block_size == 32
     assert "emulated" in resolved.summary()
+
+
+def test_no_binding_is_claimed_for_an_engine_on_a_server_thread() -> None:
+    resolved = resolve_engine(GeneratorSettings(), ZEN3)
+    assert resolved.engine_layout == "thread"
+    assert resolved.omp_threads_bind == ""
+    assert _choice(resolved, "omp_threads_bind") == "none"
 
 
 def test_native_bf16_host_keeps_bf16() -> None:
