@@ -222,3 +222,18 @@ def test_the_generator_reports_a_failed_engine_thread_as_unavailable_and_unhealt
         asyncio.run(generator.check_health())
     with pytest.raises(Unavailable, match="not running"):
         asyncio.run(answer())
+
+
+def test_in_process_env_leaves_llvmlite_scannable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's CPU worker reads vars() of every module-level object at start-up; llvmlite's library
+    handle (loaded by numba, which bm25s imports) must then give a real dict."""
+    import os
+
+    import llvmlite.binding.ffi as ffi
+
+    from ragserve.generate.engine_thread import in_process_engine_env
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # restored after the test
+    in_process_engine_env()
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert isinstance(vars(ffi.lib), dict) and vars(ffi.lib).get("kernel") is None
