@@ -10,8 +10,12 @@ server's default ONNX int8 query embedder, or the tuned one a version ships).
     python tests/bench/bench_tune_quality.py split --data ../shared/data/scifact --out OUT
     # 2. tune (see README, "Tuning retrieval to the corpus"), timed here
     python tests/bench/bench_tune_quality.py tune --index ROOT --out OUT -- --epochs 1
-    # 3. DEV nDCG@10 / recall@100 of a published version (or of each version folder given)
+    # 3. DEV nDCG@10 / recall@100 of a published version (what the server would serve: its own
+    #    tuned query embedder and fitted weight, if it ships them)
     python tests/bench/bench_tune_quality.py eval --data ../shared/data/scifact --index ROOT --label untuned
+    # 4. server-side Retrieve latency over gRPC (a real `ragserve serve`, retrieval only, cache off,
+    #    the default 70 ms budget), DEV queries at concurrency 1 and 4
+    python tests/bench/bench_tune_quality.py latency --data ../shared/data/scifact --index ROOT
 """
 
 from __future__ import annotations
@@ -94,8 +98,8 @@ def cmd_eval(args: argparse.Namespace) -> None:
     _, dev, qrels = dev_split(args.data)
     index = HnswIndex.load(args.index)
     embedder = _query_embedder(index)
-    fitted = index.manifest.tuning.get("fusion_dense_weight") if hasattr(index.manifest, "tuning") else None
-    weight = args.dense_weight if args.dense_weight is not None else float(fitted or 0.4)
+    fitted = index.fusion_dense_weight  # what the server would use for this version
+    weight = args.dense_weight if args.dense_weight is not None else (fitted if fitted is not None else 0.4)
     started = time.perf_counter()
     lists = search_candidates(index, embedder, dev)  # type: ignore[arg-type]
     fused = score_runs(lists.fused_documents(weight), qrels)
@@ -120,6 +124,58 @@ def cmd_eval(args: argparse.Namespace) -> None:
             handle.write(json.dumps(row) + "\n")
 
 
+async def _timed_retrieves(target: str, texts: list[str], concurrency: int) -> list[float]:
+    import asyncio
+
+    import grpc
+
+    from ragserve.v1 import rag_pb2 as pb
+    from ragserve.v1 import rag_pb2_grpc as pb_grpc
+
+    server_ms: list[float] = []
+    queue = list(texts)
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = pb_grpc.RagServiceStub(channel)
+
+        async def worker() -> None:
+            while queue:
+                text = queue.pop()
+                reply = await stub.Retrieve(pb.RetrieveRequest(query=text, top_k=10, dedupe_documents=True), timeout=10)
+                server_ms.append(reply.timings.retrieval_total_ms)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return server_ms
+
+
+def cmd_latency(args: argparse.Namespace) -> None:
+    import asyncio
+
+    import numpy as np
+
+    from tests.bench.bench_quality import Server
+
+    _, dev, _ = dev_split(args.data)
+    texts = list(dev.values())
+    env = {"RAGSERVE_RETRIEVAL_BUDGET_MS": "70"}  # the default budget, not bench_quality's 10 s
+    server = Server(args.index, env, Path(f"/tmp/bench_tune_latency_{args.label or 'index'}.log"))
+    try:
+        asyncio.run(server.wait_ready())
+        asyncio.run(_timed_retrieves(server.target, texts[:20], 1))  # warm-up
+        for concurrency in (1, 4):
+            ms = np.asarray(asyncio.run(_timed_retrieves(server.target, texts, concurrency)))
+            row = {
+                "label": args.label,
+                "concurrency": concurrency,
+                "requests": int(ms.size),
+                "server_p50_ms": round(float(np.percentile(ms, 50)), 1),
+                "server_p99_ms": round(float(np.percentile(ms, 99)), 1),
+                "cpu": cpu_name(),
+            }
+            print(json.dumps(row), flush=True)
+    finally:
+        server.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -136,8 +192,12 @@ def main() -> None:
     ep.add_argument("--label", default="")
     ep.add_argument("--dense-weight", type=float, default=None, help="default: the version's fitted weight, or 0.4")
     ep.add_argument("--json", type=Path, help="append the result row here")
+    lp = sub.add_parser("latency", help="server-side Retrieve p50/p99 over gRPC at concurrency 1 and 4")
+    lp.add_argument("--data", type=Path, required=True)
+    lp.add_argument("--index", type=Path, required=True)
+    lp.add_argument("--label", default="")
     args = ap.parse_args()
-    {"split": cmd_split, "tune": cmd_tune, "eval": cmd_eval}[args.cmd](args)
+    {"split": cmd_split, "tune": cmd_tune, "eval": cmd_eval, "latency": cmd_latency}[args.cmd](args)
 
 
 if __name__ == "__main__":
