@@ -134,19 +134,18 @@ def search_candidates(
     index: SearchIndex, embedder: Embedder, queries: dict[str, str], k: int = CANDIDATES
 ) -> CandidateLists:
     """Dense and BM25 lists for every query, as deep as the server's hybrid search takes them for
-    `top_k=k, dedupe_documents=true` (`plan_breadth`, default settings). Queries embedded 64 at a time."""
+    `top_k=k, dedupe_documents=true` (`plan_breadth`, default settings)."""
     breadth = plan_breadth(RetrievalOptions(mode="hybrid"), "hybrid", k, _EF_SEARCH, dedupe=True)
     candidates, ef = breadth.candidates, breadth.ef
-    ids = list(queries)
     dense: dict[str, list[ScoredChunk]] = {}
     lexical: dict[str, list[ScoredChunk]] = {}
     has_lexical = isinstance(index, LexicalSearch) and index.lexical_available
-    for start in range(0, len(ids), 64):
-        batch = ids[start : start + 64]
-        vectors = np.asarray(embedder.embed_queries([queries[q] for q in batch]), dtype=np.float32)
-        for qid, vector in zip(batch, vectors, strict=True):
-            dense[qid] = index.search(vector, candidates, ef)
-            lexical[qid] = index.search_lexical(queries[qid], candidates) if has_lexical else []  # type: ignore[attr-defined]
+    for qid, text in queries.items():
+        # One query at a time, as the server embeds them: int8 dynamic quantization scales the
+        # activations over the whole batch, so a batched query vector differs slightly.
+        vector = np.asarray(embedder.embed_query(text).vector, dtype=np.float32)
+        dense[qid] = index.search(vector, candidates, ef)
+        lexical[qid] = index.search_lexical(text, candidates) if has_lexical else []  # type: ignore[attr-defined]
     return CandidateLists(dense, lexical)
 
 
