@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ragserve.cache.base import AnswerCache, CacheStore, RetrievalCache
 from ragserve.cache.integrity import MIN_KEY_BYTES, EntrySeal
 from ragserve.config import CacheSettings, EmbedderSettings, Settings
-from ragserve.embed.base import Embedder
+from ragserve.embed.base import Embedder, embedder_for
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import ConfigError
 from ragserve.generate.base import Generator
@@ -49,7 +49,7 @@ def make_index(settings: Settings) -> SearchIndex:
             settings.qdrant.api_key or None,
             timeout_s=settings.qdrant.timeout_s,
         )
-    return HnswIndex.load(settings.index.path)
+    return HnswIndex.load(settings.index.path, embedder_threads=settings.embedder.threads)
 
 
 def make_index_watch(settings: Settings, target: ServedIndex) -> IndexWatch:
@@ -58,7 +58,7 @@ def make_index_watch(settings: Settings, target: ServedIndex) -> IndexWatch:
         from ragserve.index.qdrant_index import QdrantWatch
 
         return QdrantWatch(target, settings.qdrant.collection)
-    return FolderWatch(settings.index.path)
+    return FolderWatch(settings.index.path, embedder_threads=settings.embedder.threads)
 
 
 def make_retrieval_options(settings: Settings) -> RetrievalOptions:
@@ -68,6 +68,7 @@ def make_retrieval_options(settings: Settings) -> RetrievalOptions:
         rrf_k=settings.retrieval.rrf_k,
         dense_weight=settings.retrieval.fusion_dense_weight,
         candidates=settings.retrieval.fusion_candidates,
+        weight_from_index=settings.retrieval.fusion_weight_from_index,
     )
 
 
@@ -164,8 +165,10 @@ def make_answer_cache(settings: Settings | CacheSettings) -> AnswerCache | None:
     )
 
 
-def check_compatible(embedder: Embedder, index: SearchIndex) -> None:
-    """An index is only meaningful with the embedder that built it."""
+def check_compatible(configured: Embedder, index: SearchIndex) -> None:
+    """An index is only meaningful with the embedder that built it: its own tuned one if it ships
+    one (checked when it was loaded), else the configured one."""
+    embedder = embedder_for(index, configured)
     if index.embedder_id != embedder.model_id or index.dim != embedder.dim:
         raise ConfigError(
             f"index was built with embedder {index.embedder_id!r} (dim {index.dim}) but the server "
@@ -236,6 +239,10 @@ def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipelin
     index = make_index(settings)
     check_compatible(embedder, index)
     log.info("index version %s loaded: %d chunks from %s", index.version, index.count, settings.index.path)
+    if embedder_for(index, embedder) is not embedder:
+        log.info(
+            "index version %s ships its own tuned query embedder %s: queries use it", index.version, index.embedder_id
+        )
     reranker = make_reranker(settings)
     generator = make_generator(settings) if with_generator else None
     executor = ThreadPoolExecutor(max_workers=settings.limits.model_threads, thread_name_prefix="ragserve-model")

@@ -22,7 +22,7 @@ from ragserve.cache.base import AnswerCache, RetrievalCache
 from ragserve.cache.pipeline_caches import PipelineCaches, cache_scope
 from ragserve.config import QdrantSettings, RetrievalSettings, Settings, default_of
 from ragserve.context import fit_context
-from ragserve.embed.base import Embedder
+from ragserve.embed.base import Embedder, embedder_for
 from ragserve.errors import ConfigError
 from ragserve.generate.answer import AnswerRun, stream_answer
 from ragserve.generate.base import Generator
@@ -85,12 +85,15 @@ class RagPipeline:
         return self.caches.answers
 
     def swap_index(self, index: SearchIndex) -> None:
-        """From the next request on (atomic under the GIL); calls in flight keep the one they read."""
+        """From the next request on (atomic under the GIL); calls in flight keep the one they read.
+        A version that ships its own tuned query embedder carries it (`embedder_for`), so the
+        embedder swaps with it in the same assignment."""
         self.index = index
 
     async def astart(self) -> None:
         """Warm every part before traffic: the embedder, the engine, the reranker, the cache pools."""
-        await self._off_loop(lambda: self.embedder.embed_queries(["warm-up"]))
+        embedder = embedder_for(self.index, self.embedder)
+        await self._off_loop(lambda: embedder.embed_queries(["warm-up"]))
         if self.generator is not None:
             await self.generator.start()
         if self.reranker is not None:
@@ -129,8 +132,9 @@ class RagPipeline:
             timings.retrieval_total_ms = deadline.elapsed_ms()
             return hit.result(index.identity, timings)
         check_client(deadline, "embedding")
+        embedder = embedder_for(index, self.embedder)  # a tuned version embeds with its own model
         with StageTimer("embed") as t:
-            embedded = await self._off_loop(lambda: self.embedder.embed_query(params.query))
+            embedded = await self._off_loop(lambda: embedder.embed_query(params.query))
         timings.embed_ms = t.ms
         # A query longer than the embedder's window is embedded by its prefix alone: any two sharing
         # that prefix score a cosine near 1, so such a query is never matched or offered semantically.

@@ -17,7 +17,7 @@ import numpy as np
 from ragserve.budget import Deadline, StageTimer
 from ragserve.errors import DeadlineExpired, Unavailable
 from ragserve.index.base import ScoredChunk, SearchIndex
-from ragserve.index.fusion import RetrievalOptions, effective_mode, hybrid_search, plan_breadth
+from ragserve.index.fusion import RetrievalOptions, effective_mode, hybrid_search, options_for_index, plan_breadth
 from ragserve.prompt import stable_order
 from ragserve.rerank.base import Reranker, RerankOutcome
 from ragserve.types import Degraded, Passage, RetrievalResult, RetrieveParams, StageTimings
@@ -63,16 +63,15 @@ class SearchStage:
         self, params: RetrieveParams, index: SearchIndex, vector: np.ndarray, deadline: Deadline, timings: StageTimings
     ) -> RetrievalResult:
         check_client(deadline, "search")
-        mode = effective_mode(index, self.options)
+        options = options_for_index(self.options, index)  # a tuned version's fitted weight
+        mode = effective_mode(index, options)
         # The reranker reorders a deeper candidate list than the caller asked for.
         k = params.top_k if self.reranker is None else max(params.top_k, self.reranker.candidates)
         narrow = deadline.budget_left_ms() < _MIN_BUDGET_FOR_FULL_SEARCH_MS
-        breadth = plan_breadth(self.options, mode, k, self.ef_search, params.dedupe_documents, narrow)
+        breadth = plan_breadth(options, mode, k, self.ef_search, params.dedupe_documents, narrow)
         with StageTimer("search") as t:
             hits = await self._search(
-                lambda: hybrid_search(
-                    index, params.query, vector, breadth, self.options, mode, params.dedupe_documents
-                ),
+                lambda: hybrid_search(index, params.query, vector, breadth, options, mode, params.dedupe_documents),
                 deadline,
             )
         timings.search_ms = t.ms

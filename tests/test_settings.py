@@ -124,6 +124,7 @@ def test_every_former_variable_is_still_read() -> None:
         ("RAGSERVE_EMBEDDER_THREADS", "3", "embedder.threads", 3),
         ("RAGSERVE_RETRIEVAL_MODE", "bm25", "retrieval.retrieval_mode", "bm25"),
         ("RAGSERVE_FUSION_DENSE_WEIGHT", "0.7", "retrieval.fusion_dense_weight", 0.7),
+        ("RAGSERVE_FUSION_WEIGHT_FROM_INDEX", "false", "retrieval.fusion_weight_from_index", False),
         ("RAGSERVE_HNSW_EF_SEARCH", "128", "retrieval.hnsw_ef_search", 128),
         ("RAGSERVE_DEFAULT_TOP_K", "7", "requests.default_top_k", 7),
         ("RAGSERVE_MAX_BUDGET_MS", "900", "requests.max_budget_ms", 900),

@@ -90,9 +90,6 @@ class OnnxEmbedder(NamedEmbedder):
         threads: int,
         spin: bool,
     ) -> None:
-        import onnxruntime as ort
-        from transformers import AutoTokenizer
-
         path = Path(resolve_embedder_path(model))
         if not (path / "config.json").is_file():
             raise ConfigError(f"ONNX embedder needs a local model folder, got {model!r}")
@@ -101,6 +98,24 @@ class OnnxEmbedder(NamedEmbedder):
             onnx_path = export_onnx(path, folder, quantize)
         except Exception as exc:  # export failures come from many libraries; report one clear error
             raise ConfigError(f"cannot export embedder {model!r} to ONNX: {exc}") from exc
+        self._open(onnx_path, path, threads, spin)
+        self._set_identity(model, int(json.loads((path / "config.json").read_text())["hidden_size"]))
+        self.quantized = quantize
+
+    @classmethod
+    def from_export(cls, onnx_path: Path, model_dir: Path, model_id: str, *, threads: int, spin: bool) -> OnnxEmbedder:
+        """An already exported model (`model_dir`: its config and tokenizer files), as a tuned
+        index version ships it; reported under `model_id`."""
+        embedder = cls.__new__(cls)
+        embedder._open(onnx_path, model_dir, threads, spin)
+        embedder._set_identity(model_id, int(json.loads((model_dir / "config.json").read_text())["hidden_size"]))
+        embedder.quantized = True
+        return embedder
+
+    def _open(self, onnx_path: Path, model_dir: Path, threads: int, spin: bool) -> None:
+        import onnxruntime as ort
+        from transformers import AutoTokenizer
+
         options = ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
@@ -111,15 +126,21 @@ class OnnxEmbedder(NamedEmbedder):
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
         self._inputs = {i.name for i in self._session.get_inputs()}
-        self._tokenizer = AutoTokenizer.from_pretrained(str(path))
-        self._max_len = _max_seq_length(path)
-        self._set_identity(model, int(json.loads((path / "config.json").read_text())["hidden_size"]))
-        self.quantized = quantize
+        self._tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self._max_len = _max_seq_length(model_dir)
         self.onnx_path = onnx_path
+
+    @property
+    def max_seq_length(self) -> int:
+        return self._max_len
 
     @property
     def tokenizer(self) -> Any:
         return self._tokenizer
+
+    def output_width(self) -> int:
+        """The width of the vectors the model really makes (one short run; also warms the session)."""
+        return int(self._run(["dimension check"]).shape[1])
 
     def _run(self, texts: list[str]) -> np.ndarray:
         return self._run_counted(texts)[0]

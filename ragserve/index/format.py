@@ -49,6 +49,13 @@ class Manifest:
     # BM25 settings when the version has a lexical index (files under bm25/, listed in `files`).
     bm25: dict[str, Any] = field(default_factory=dict)
     embedder_backend: str = ""
+    # A version whose corpus was re-embedded with a tuned bi-encoder ships that model (ONNX int8 and
+    # its tokenizer, every file listed in `files`): {"dir", "onnx", "base", "max_seq_length"}. The
+    # server embeds queries for this version with it (ragserve/embed/tuned.py). Empty: the
+    # configured embedder, as before.
+    tuned_embedder: dict[str, Any] = field(default_factory=dict)
+    # What the tuner did and fitted (method, fusion_dense_weight, times, held-back scores).
+    tuning: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -98,6 +105,8 @@ _FIELD_TYPES: dict[str, type] = {
     "format": int,
     "bm25": dict,
     "embedder_backend": str,
+    "tuned_embedder": dict,
+    "tuning": dict,
 }
 _REQUIRED_FIELDS = ("version", "embedder_id", "dim", "count", "files")
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")

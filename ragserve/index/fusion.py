@@ -7,7 +7,7 @@ How far a search looks is decided in one place, `plan_breadth`; `hybrid_search` 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -33,13 +33,25 @@ class RetrievalOptions:
     candidates: int = default_of(RetrievalSettings, "fusion_candidates")
     # When deduplicating to documents, look this many times deeper so enough distinct documents remain.
     dedupe_depth_factor: int = 3
+    # Serve a version with the dense weight fitted for it, if it records one (`options_for_index`).
+    weight_from_index: bool = default_of(RetrievalSettings, "fusion_weight_from_index")
 
     def cache_tag(self, dedupe: bool) -> str:
-        """Everything here that changes a result list, for cache keys."""
+        """Everything here that changes a result list, for cache keys. (A version's fitted weight
+        is in its identity, which every key holds; switching its use off is named here.)"""
         return (
             f"mode={self.mode},fusion={self.fusion},rrf_k={self.rrf_k},w={self.dense_weight},"
-            f"n={self.candidates},dedupe={int(dedupe)}"
+            f"n={self.candidates},dedupe={int(dedupe)}{'' if self.weight_from_index else ',w_index=0'}"
         )
+
+
+def options_for_index(options: RetrievalOptions, index: object) -> RetrievalOptions:
+    """The options one version is searched with: its fitted dense weight (`index.fusion_dense_weight`,
+    from a tuned version's manifest) replaces the configured one unless that is switched off."""
+    weight = getattr(index, "fusion_dense_weight", None)
+    if not options.weight_from_index or not isinstance(weight, float) or weight == options.dense_weight:
+        return options
+    return replace(options, dense_weight=weight)
 
 
 def rrf(lists: Sequence[Sequence[ScoredChunk]], k: int) -> list[ScoredChunk]:

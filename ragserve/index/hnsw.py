@@ -9,6 +9,9 @@ import hnswlib
 import numpy as np
 import orjson
 
+from ragserve.config import EmbedderSettings, default_of
+from ragserve.embed.base import Embedder
+from ragserve.embed.tuned import fitted_weight, load_tuned_embedder
 from ragserve.errors import IndexLoadError
 from ragserve.index.base import ScoredChunk
 from ragserve.index.bm25 import BM25_DIR, Bm25Index
@@ -28,6 +31,7 @@ from ragserve.types import Chunk
 # breadth (ef) comes from settings per request.
 DEFAULT_M = 32
 DEFAULT_EF_CONSTRUCTION = 200
+_EMBEDDER_THREADS: int = default_of(EmbedderSettings, "threads")
 
 
 def chunk_to_json(chunk: Chunk) -> bytes:
@@ -84,8 +88,12 @@ class HnswIndex:
         index: hnswlib.Index,
         chunks: list[Chunk],
         bm25: Bm25Index | None = None,
+        embedder: Embedder | None = None,
     ) -> None:
         self.folder = folder
+        # The version's own (tuned) query embedder, or None: the configured one serves it.
+        self.embedder = embedder
+        self._fusion_weight = fitted_weight(folder, manifest)
         self.manifest = manifest
         self._index = index
         self._chunks = chunks
@@ -94,7 +102,9 @@ class HnswIndex:
         self._lock = threading.Lock()
 
     @classmethod
-    def load(cls, root: Path) -> HnswIndex:
+    def load(cls, root: Path, embedder_threads: int = _EMBEDDER_THREADS) -> HnswIndex:
+        """The published version, verified; a tuned query embedder it ships is loaded with it
+        (on `embedder_threads` ONNX Runtime threads)."""
         folder = resolve_current(root)
         manifest, identity = read_verified_version(folder)
         require_listed(folder, manifest, HNSW_FILE, CHUNKS_FILE)
@@ -117,7 +127,18 @@ class HnswIndex:
                 f"index at {folder}: HNSW holds {index.get_current_count()} vectors, manifest says {manifest.count}"
             )
         bm25 = Bm25Index.load(folder, manifest.count) if manifest.bm25 else None
-        return cls(folder, manifest, identity, index, chunks, bm25)
+        embedder = load_tuned_embedder(folder, manifest, embedder_threads)
+        return cls(folder, manifest, identity, index, chunks, bm25, embedder)
+
+    @property
+    def fusion_dense_weight(self) -> float | None:
+        """The dense weight fitted for this version by `indexer tune` (None: not tuned)."""
+        return self._fusion_weight
+
+    @property
+    def chunks(self) -> list[Chunk]:
+        """Row i of the version (the docstore); do not modify."""
+        return self._chunks
 
     @property
     def version(self) -> str:

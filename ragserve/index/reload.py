@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from ragserve.config import IndexSettings, default_of
+from ragserve.config import EmbedderSettings, IndexSettings, default_of
 from ragserve.errors import IndexLoadError, RagError
 from ragserve.index.base import SearchIndex
 from ragserve.index.format import CURRENT, manifest_identity, read_manifest_bytes
@@ -79,8 +79,9 @@ class ServedIndex(Protocol):
 class FolderWatch:
     """An index root: CURRENT links to the published version's folder."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, embedder_threads: int = default_of(EmbedderSettings, "threads")) -> None:
         self.root = root
+        self._embedder_threads = embedder_threads  # for a tuned query embedder a version ships
 
     def published(self) -> str | None:
         return published_marker(self.root)
@@ -88,7 +89,7 @@ class FolderWatch:
     def load(self) -> SearchIndex:
         from ragserve.index.hnsw import HnswIndex  # the folder format's only reader
 
-        return HnswIndex.load(self.root)
+        return HnswIndex.load(self.root, embedder_threads=self._embedder_threads)
 
     def served(self, index: SearchIndex) -> str | None:
         folder = getattr(index, "folder", None)

@@ -1,0 +1,193 @@
+"""Fine-tune the bi-encoder: MultipleNegativesRankingLoss (in-batch negatives + mined hard ones).
+
+Resumable: every `checkpoint_every` steps (and at the end of each epoch) the model, optimizer,
+scheduler and step are written to `<work>/checkpoint` (a new folder renamed into place, so a kill
+never leaves half a checkpoint). A restart with the same examples and options continues from the
+last checkpoint; the per-epoch shuffle is seeded, so the remaining batches are the ones it would
+have seen. Memory stays bounded by the batch: examples are short texts, one batch is in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT = "checkpoint"
+FINAL = "final"
+_STATE = "trainer_state.pt"
+_META = "meta.json"
+
+
+@dataclass(frozen=True)
+class Example:
+    """One query (or title), one relevant passage, and passages the index ranks high but are not relevant."""
+
+    anchor: str
+    positive: str
+    negatives: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    epochs: int = 2  # the CLI default; 2 beat 1 on SciFact (BENCHMARKS.md)
+    batch_size: int = 16
+    lr: float = 2e-5
+    warmup: float = 0.1
+    checkpoint_every: int = 20
+    seed: int = 13
+    max_seq_length: int = 256
+
+
+def _batches(examples: list[Example], opts: TrainOptions, epoch: int) -> list[list[Example]]:
+    """The epoch's batches in a seeded order. Every example of a batch has the same number of
+    negatives (the fewest among them), as the loss needs equal columns."""
+    order = np.random.default_rng(opts.seed + epoch).permutation(len(examples))
+    batches = []
+    for start in range(0, len(order), opts.batch_size):
+        batch = [examples[int(i)] for i in order[start : start + opts.batch_size]]
+        if len(batch) > 1:  # a batch of one has no in-batch negatives
+            batches.append(batch)
+    return batches
+
+
+def _columns(batch: list[Example]) -> list[list[str]]:
+    width = min(len(e.negatives) for e in batch)
+    cols = [[e.anchor for e in batch], [e.positive for e in batch]]
+    cols += [[e.negatives[j] for e in batch] for j in range(width)]
+    return cols
+
+
+def _save_checkpoint(work: Path, model: Any, optimizer: Any, scheduler: Any, step: int) -> None:
+    import torch
+
+    tmp = work / f".{CHECKPOINT}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save(str(tmp))
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": step}, tmp / _STATE)
+    old = work / f".{CHECKPOINT}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if (work / CHECKPOINT).exists():
+        (work / CHECKPOINT).rename(old)
+    tmp.rename(work / CHECKPOINT)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _resume_state(work: Path, fingerprint: str) -> dict[str, Any] | None:
+    """The saved trainer state when the checkpoint belongs to this run (same examples and options)."""
+    import torch
+
+    meta = work / _META
+    state = work / CHECKPOINT / _STATE
+    if not state.is_file() or not meta.is_file() or json.loads(meta.read_text()).get("fingerprint") != fingerprint:
+        return None
+    loaded: dict[str, Any] = torch.load(state, weights_only=False)
+    return loaded
+
+
+def train(
+    base_model: str,
+    examples: list[Example],
+    opts: TrainOptions,
+    work: Path,
+    fingerprint: str,
+    progress: bool = True,
+    on_step: Callable[[int], None] | None = None,
+) -> Path:
+    """Train (or continue training) and return the folder of the final sentence-transformers model."""
+    if len(examples) < 2:
+        raise ValueError(f"need at least 2 training examples, got {len(examples)}")
+    work.mkdir(parents=True, exist_ok=True)
+    final = work / FINAL
+    if final.is_dir() and _meta_matches(work, fingerprint, done=True):
+        log.info("already trained: %s", final)
+        return final
+    state = _resume_state(work, fingerprint)
+    model, optimizer, scheduler, total = _setup(base_model if state is None else str(work / CHECKPOINT), examples, opts)
+    step = 0
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step = int(state["step"])
+    else:
+        (work / _META).write_text(json.dumps({"fingerprint": fingerprint, "done": False, "options": asdict(opts)}))
+    _run_steps(model, optimizer, scheduler, examples, opts, work, step, total, progress, on_step)
+    tmp = work / f".{FINAL}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save(str(tmp))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    (work / _META).write_text(json.dumps({"fingerprint": fingerprint, "done": True, "options": asdict(opts)}))
+    return final
+
+
+def _meta_matches(work: Path, fingerprint: str, done: bool) -> bool:
+    meta = work / _META
+    if not meta.is_file():
+        return False
+    data = json.loads(meta.read_text())
+    return bool(data.get("fingerprint") == fingerprint and data.get("done") == done)
+
+
+def _setup(model_path: str, examples: list[Example], opts: TrainOptions) -> tuple[Any, Any, Any, int]:
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from transformers import get_linear_schedule_with_warmup
+
+    torch.manual_seed(opts.seed)
+    model = SentenceTransformer(model_path, device="cpu")
+    model.max_seq_length = opts.max_seq_length
+    steps_per_epoch = len(_batches(examples, opts, 0))
+    total = steps_per_epoch * opts.epochs
+    optimizer = torch.optim.AdamW(model.parameters(), lr=opts.lr)
+    scheduler = get_linear_schedule_with_warmup(optimizer, math.ceil(total * opts.warmup), total)  # type: ignore[no-untyped-call]
+    return model, optimizer, scheduler, total
+
+
+def _run_steps(
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    examples: list[Example],
+    opts: TrainOptions,
+    work: Path,
+    step: int,
+    total: int,
+    progress: bool,
+    on_step: Callable[[int], None] | None,
+) -> None:
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    loss_fn = MultipleNegativesRankingLoss(model)
+    model.train()
+    bar = tqdm(total=total, initial=step, unit="step", desc="tune", disable=not progress)
+    steps_per_epoch = max(1, total // max(1, opts.epochs))
+    while step < total:
+        epoch, offset = divmod(step, steps_per_epoch)
+        batch = _batches(examples, opts, epoch)[offset]
+        features = [model.preprocess(col) for col in _columns(batch)]
+        loss = loss_fn(features, None)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(loss):.3f}", epoch=epoch + 1)
+        if step % opts.checkpoint_every == 0 or step % steps_per_epoch == 0:
+            _save_checkpoint(work, model, optimizer, scheduler, step)
+        if on_step is not None:
+            on_step(step)
+    bar.close()
+    model.eval()

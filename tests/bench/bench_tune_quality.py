@@ -1,0 +1,204 @@
+"""Tuning retrieval to the corpus: untuned fused order vs tuned variants on held-back DEV queries.
+
+A deterministic split of the BEIR queries (salted sha256 of the query id): 25% are DEV and are
+never given to the tuner; the rest are TRAIN (the tuner itself holds back part of TRAIN to fit the
+fusion weight). Measured in-process with the project's own index, fusion and query-embedder code
+(`indexer/tune_eval.py`: the same order as Retrieve with top_k=100, dedupe_documents=true, the
+server's default ONNX int8 query embedder, or the tuned one a version ships).
+
+    # 1. write the TRAIN queries/qrels the tuner may see (DEV left out)
+    python tests/bench/bench_tune_quality.py split --data ../shared/data/scifact --out OUT
+    # 2. tune (see README, "Tuning retrieval to the corpus"), timed here
+    python tests/bench/bench_tune_quality.py tune --index ROOT --out OUT -- --epochs 1
+    # 3. DEV nDCG@10 / recall@100 of a published version (what the server would serve: its own
+    #    tuned query embedder and fitted weight, if it ships them)
+    python tests/bench/bench_tune_quality.py eval --data ../shared/data/scifact --index ROOT --label untuned
+    # 4. server-side Retrieve latency over gRPC (a real `ragserve serve`, retrieval only, cache off,
+    #    the default 70 ms budget), DEV queries at concurrency 1 and 4
+    python tests/bench/bench_tune_quality.py latency --data ../shared/data/scifact --index ROOT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
+
+from indexer.tune_eval import hash_split, score_runs, search_candidates
+from tests.bench.bench_quality import load_qrels, load_queries
+
+DEV_FRACTION = 0.25
+DEV_SALT = "ragserve-bench-dev"
+
+
+def dev_split(data: Path) -> tuple[dict[str, str], dict[str, str], dict[str, dict[str, int]]]:
+    """(TRAIN queries, DEV queries, qrels), judged queries only."""
+    queries = load_queries(data)
+    qrels = load_qrels(data)
+    judged = [q for q in queries if q in qrels]
+    train, dev = hash_split(judged, DEV_FRACTION, DEV_SALT)
+    return {q: queries[q] for q in train}, {q: queries[q] for q in dev}, qrels
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def cmd_split(args: argparse.Namespace) -> None:
+    train, dev, qrels = dev_split(args.data)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "train_queries.jsonl").open("w") as handle:
+        for qid, text in train.items():
+            handle.write(json.dumps({"_id": qid, "text": text}) + "\n")
+    with (out / "train_qrels.tsv").open("w") as handle:
+        handle.write("query-id\tcorpus-id\tscore\n")
+        for qid in train:
+            for doc, rel in qrels[qid].items():
+                handle.write(f"{qid}\t{doc}\t{rel}\n")
+    (out / "dev_ids.txt").write_text("\n".join(dev) + "\n")
+    print(f"TRAIN {len(train)} queries -> {out}/train_queries.jsonl, train_qrels.tsv; DEV {len(dev)} held back")
+
+
+def cmd_tune(args: argparse.Namespace) -> None:
+    out: Path = args.out
+    cmd = [
+        sys.executable, "-m", "indexer", "tune", "--index", str(args.index),
+        "--queries", str(out / "train_queries.jsonl"), "--qrels", str(out / "train_qrels.tsv"), *args.extra,
+    ]  # fmt: skip
+    print("$", " ".join(cmd), flush=True)
+    started = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    print(f"tune command wall time: {time.perf_counter() - started:.1f} s on {cpu_name()}", flush=True)
+
+
+def _query_embedder(index: object) -> object:
+    from ragserve.config import EmbedderSettings
+    from ragserve.factory import make_embedder
+
+    tuned = getattr(index, "embedder", None)
+    return tuned if tuned is not None else make_embedder(EmbedderSettings())
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    from ragserve.index.hnsw import HnswIndex
+
+    _, dev, qrels = dev_split(args.data)
+    index = HnswIndex.load(args.index)
+    embedder = _query_embedder(index)
+    fitted = index.fusion_dense_weight  # what the server would use for this version
+    weight = args.dense_weight if args.dense_weight is not None else (fitted if fitted is not None else 0.4)
+    started = time.perf_counter()
+    lists = search_candidates(index, embedder, dev)  # type: ignore[arg-type]
+    fused = score_runs(lists.fused_documents(weight), qrels)
+    dense = score_runs(lists.dense_documents(), qrels)
+    row = {
+        "label": args.label,
+        "index_version": index.version,
+        "embedder": index.embedder_id,
+        "dense_weight": weight,
+        "dev_queries": fused.queries,
+        "fused_ndcg10": round(fused.ndcg10, 4),
+        "fused_recall100": round(fused.recall100, 4),
+        "dense_ndcg10": round(dense.ndcg10, 4),
+        "dense_recall100": round(dense.recall100, 4),
+        "seconds": round(time.perf_counter() - started, 1),
+        "cpu": cpu_name(),
+        "measured": "in-process (indexer/tune_eval.py), Retrieve order top_k=100 dedupe_documents=true",
+    }
+    print(json.dumps(row), flush=True)
+    if args.json:
+        with args.json.open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
+
+
+async def _timed_retrieves(target: str, texts: list[str], concurrency: int) -> list[float]:
+    import asyncio
+
+    import grpc
+
+    from ragserve.v1 import rag_pb2 as pb
+    from ragserve.v1 import rag_pb2_grpc as pb_grpc
+
+    server_ms: list[float] = []
+    queue = list(texts)
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = pb_grpc.RagServiceStub(channel)
+
+        async def worker() -> None:
+            while queue:
+                text = queue.pop()
+                reply = await stub.Retrieve(pb.RetrieveRequest(query=text, top_k=10, dedupe_documents=True), timeout=10)
+                server_ms.append(reply.timings.retrieval_total_ms)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return server_ms
+
+
+def cmd_latency(args: argparse.Namespace) -> None:
+    import asyncio
+
+    import numpy as np
+
+    from tests.bench.bench_quality import Server
+
+    _, dev, _ = dev_split(args.data)
+    texts = list(dev.values())
+    env = {"RAGSERVE_RETRIEVAL_BUDGET_MS": "70"}  # the default budget, not bench_quality's 10 s
+    server = Server(args.index, env, Path(f"/tmp/bench_tune_latency_{args.label or 'index'}.log"))
+    try:
+        asyncio.run(server.wait_ready())
+        asyncio.run(_timed_retrieves(server.target, texts[:20], 1))  # warm-up
+        for concurrency in (1, 4):
+            ms = np.asarray(asyncio.run(_timed_retrieves(server.target, texts, concurrency)))
+            row = {
+                "label": args.label,
+                "concurrency": concurrency,
+                "requests": int(ms.size),
+                "server_p50_ms": round(float(np.percentile(ms, 50)), 1),
+                "server_p99_ms": round(float(np.percentile(ms, 99)), 1),
+                "cpu": cpu_name(),
+            }
+            print(json.dumps(row), flush=True)
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sp = sub.add_parser("split", help="write the TRAIN queries and qrels (DEV left out)")
+    sp.add_argument("--data", type=Path, required=True)
+    sp.add_argument("--out", type=Path, required=True)
+    tp = sub.add_parser("tune", help="run `python -m indexer tune` on the TRAIN files, timed")
+    tp.add_argument("--index", type=Path, required=True)
+    tp.add_argument("--out", type=Path, required=True, help="the folder `split` wrote")
+    tp.add_argument("extra", nargs="*", help="more options for the tune command (after --)")
+    ep = sub.add_parser("eval", help="DEV nDCG@10 / recall@100 of a published index")
+    ep.add_argument("--data", type=Path, required=True)
+    ep.add_argument("--index", type=Path, required=True)
+    ep.add_argument("--label", default="")
+    ep.add_argument("--dense-weight", type=float, default=None, help="default: the version's fitted weight, or 0.4")
+    ep.add_argument("--json", type=Path, help="append the result row here")
+    lp = sub.add_parser("latency", help="server-side Retrieve p50/p99 over gRPC at concurrency 1 and 4")
+    lp.add_argument("--data", type=Path, required=True)
+    lp.add_argument("--index", type=Path, required=True)
+    lp.add_argument("--label", default="")
+    args = ap.parse_args()
+    {"split": cmd_split, "tune": cmd_tune, "eval": cmd_eval, "latency": cmd_latency}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""The tuning command's parts: BEIR input checks, the deterministic split, hard-negative mining,
+resumable training (on a fake tiny model), the CLI's refusals; and (slow) a whole labelled run
+with the real MiniLM on the sample documents."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from indexer.cli import app
+from indexer.tune_eval import CandidateLists, TuneInputError, hash_split, load_qrels, load_queries, ndcg_at
+from indexer.tune_train import CHECKPOINT, Example, TrainOptions, train
+from ragserve.index.base import ScoredChunk
+from ragserve.types import Chunk
+from tests.index.tuned_fake import save_fake_tuned_model
+
+
+def test_hash_split_is_deterministic_and_independent_of_order() -> None:
+    ids = [str(i) for i in range(400)]
+    kept, held = hash_split(ids, 0.25, "salt")
+    assert (kept, held) == hash_split(list(reversed(ids)), 0.25, "salt")
+    assert set(kept).isdisjoint(held) and len(kept) + len(held) == 400
+    assert 70 < len(held) < 130
+    # An id's side does not depend on which other ids exist.
+    assert set(hash_split(ids[:100], 0.25, "salt")[1]) == {q for q in held if int(q) < 100}
+    assert hash_split(ids, 0.25, "other")[1] != held
+
+
+def test_beir_inputs_are_checked_with_clear_errors(tmp_path: Path) -> None:
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text('{"_id": "1", "text": "a claim"}\n\n{"_id": 2, "text": "another"}\n')
+    assert load_queries(queries) == {"1": "a claim", "2": "another"}
+    queries.write_text('{"_id": "1"}\n')
+    with pytest.raises(TuneInputError, match=r"queries\.jsonl:1: not a BEIR query record"):
+        load_queries(queries)
+    qrels = tmp_path / "qrels.tsv"
+    qrels.write_text("query-id\tcorpus-id\tscore\n1\td1\t1\n1\td2\t0\n2\td3\t2\n")
+    assert load_qrels(qrels) == {"1": {"d1": 1}, "2": {"d3": 2}}
+    qrels.write_text("query-id\tcorpus-id\tscore\n1 d1 1\n")
+    with pytest.raises(TuneInputError, match=r"qrels\.tsv:2: expected"):
+        load_qrels(qrels)
+    with pytest.raises(TuneInputError, match="cannot read"):
+        load_queries(tmp_path / "missing.jsonl")
+
+
+def test_ndcg_of_a_perfect_and_an_empty_ranking() -> None:
+    assert ndcg_at(["a", "b"], {"a": 1, "b": 1}) == pytest.approx(1.0)
+    assert ndcg_at(["x"], {"a": 1}) == 0.0
+
+
+def _hit(doc: str, score: float, n: int = 0) -> ScoredChunk:
+    return ScoredChunk(Chunk(f"{doc}#{n}", doc, f"text of {doc} {n}", title=""), score)
+
+
+def test_mined_hard_negatives_skip_known_positives_and_repeat_documents() -> None:
+    from indexer.tune import mine_examples
+
+    dense = {"q": [_hit("pos", 0.9), _hit("n1", 0.8), _hit("n1", 0.7, 1), _hit("n2", 0.6), _hit("n3", 0.5)]}
+    lists = CandidateLists(dense, {"q": []})
+    examples = mine_examples(lists, {"q": "query"}, {"q": {"pos": 1}}, {"pos": "positive text"}, 1.0, 2)
+    assert examples == [Example("query", "positive text", ("text of n1 0", "text of n2 0"))]
+
+
+def _examples(n: int) -> list[Example]:
+    return [Example(f"question {i}", f"answer number {i}", (f"distractor {i}",)) for i in range(n)]
+
+
+@pytest.mark.slow
+def test_training_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
+    model = save_fake_tuned_model(tmp_path / "tiny")
+    opts = TrainOptions(epochs=2, batch_size=4, checkpoint_every=1)
+    seen: list[int] = []
+
+    def crash_at_3(step: int) -> None:
+        seen.append(step)
+        if step == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(str(model), _examples(8), opts, tmp_path / "work", "fp", progress=False, on_step=crash_at_3)
+    assert (tmp_path / "work" / CHECKPOINT).is_dir()
+    final = train(str(model), _examples(8), opts, tmp_path / "work", "fp", progress=False, on_step=seen.append)
+    assert seen == [1, 2, 3, 4]  # 2 epochs x 2 batches; the second run went on from step 3
+    assert (final / "config.json").is_file()
+    # Other examples (another fingerprint) start over instead of reusing the checkpoint.
+    seen.clear()
+    train(str(model), _examples(8), opts, tmp_path / "work", "other", progress=False, on_step=seen.append)
+    assert seen == [1, 2, 3, 4]
+
+
+def test_cli_refuses_queries_without_qrels_and_a_missing_index(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["tune", "--index", str(tmp_path), "--queries", str(tmp_path / "q.jsonl")])
+    assert result.exit_code == 2 and "give both --queries and --qrels" in result.output
+    result = runner.invoke(app, ["tune", "--index", str(tmp_path / "none"), "--no-progress"])
+    assert result.exit_code == 2 and "no published index" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_labelled_and_label_free_runs_publish_versions_the_server_loads(tmp_path: Path, sample_index: Path) -> None:
+    """The real MiniLM on the sample documents: questions written for a few documents as labels
+    (forced past the held-back check: a handful of queries says little), then a label-free run."""
+    import shutil
+
+    from indexer.tune import TuneJob, run_tune
+    from ragserve.embed.base import embedder_for
+    from ragserve.embed.tuned import TUNED_ONNX
+    from ragserve.index.hnsw import HnswIndex
+
+    root = tmp_path / "idx"
+    shutil.copytree(sample_index, root, symlinks=True)
+    questions = {
+        "bloom-filters.txt": "how can a set answer maybe with no false negatives",
+        "raft-consensus.md": "how do servers elect a leader and replicate a log",
+        "photosynthesis.md": "how do plants turn light into sugar",
+        "plate-tectonics.txt": "why do continents drift and cause earthquakes",
+        "tcp-three-way-handshake.md": "how does a connection start with syn and ack",
+        "linux-oom-killer.txt": "which process does the kernel kill when memory runs out",
+    }
+    (tmp_path / "q.jsonl").write_text(
+        "".join(f'{{"_id": "{i}", "text": "{q}"}}\n' for i, q in enumerate(questions.values()))
+    )
+    (tmp_path / "qrels.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"{i}\t{doc}\t1\n" for i, doc in enumerate(questions))
+    )
+    opts = TrainOptions(epochs=1, batch_size=4)
+    job = TuneJob(root, tmp_path / "q.jsonl", tmp_path / "qrels.tsv", force=True, progress=False, train=opts)
+    report = run_tune(job, say=lambda _: None)
+    assert report.published and report.version == 2 and report.examples >= 4
+    assert report.fit_after is not None and report.weight_after in (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+    index = HnswIndex.load(root)
+    assert index.embedder is not None and TUNED_ONNX in index.manifest.files
+    assert index.fusion_dense_weight == report.weight_after
+    assert index.manifest.tuning["method"] == "labels" and not (root / ".tune").exists()
+    hits = index.search(
+        embedder_for(index, index.embedder).embed_query("leader election and log replication").vector, 3, 64
+    )
+    assert "raft-consensus.md" in {h.chunk.doc_id for h in hits}
+    free = run_tune(TuneJob(root, max_pairs=16, progress=False, train=opts), say=lambda _: None)
+    assert free.published and free.method == "corpus" and free.fit_after is None
+    assert HnswIndex.load(root).manifest.tuning["method"] == "corpus"
