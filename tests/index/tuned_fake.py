@@ -12,7 +12,8 @@ from ragserve.embed.base import resolve_embedder_path
 
 def save_fake_tuned_model(folder: Path, hidden: int = 32, seed: int = 0) -> Path:
     import torch
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     torch.manual_seed(seed)
@@ -28,7 +29,7 @@ def save_fake_tuned_model(folder: Path, hidden: int = 32, seed: int = 0) -> Path
     )
     BertModel(config).save_pretrained(raw)
     tokenizer.save_pretrained(raw)
-    transformer = models.Transformer(str(raw), max_seq_length=128)
-    pooling = models.Pooling(hidden, pooling_mode="mean")
-    SentenceTransformer(modules=[transformer, pooling, models.Normalize()], device="cpu").save(str(folder))
+    transformer = Transformer(str(raw), max_seq_length=128)
+    pooling = Pooling(hidden, pooling_mode="mean")
+    SentenceTransformer(modules=[transformer, pooling, Normalize()], device="cpu").save(str(folder))
     return folder
