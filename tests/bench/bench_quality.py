@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import socket
 import subprocess
@@ -26,42 +25,20 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from indexer.tune_eval import load_qrels as read_qrels
+from indexer.tune_eval import load_queries as read_queries
+from indexer.tune_eval import ndcg_at, recall_at
+
 # --- BEIR helpers (also imported by the other bench scripts) ------------------------------------
 
 
 def load_queries(data: Path) -> dict[str, str]:
-    out = {}
-    with (data / "queries.jsonl").open() as handle:
-        for line in handle:
-            if line.strip():
-                rec = json.loads(line)
-                out[str(rec["_id"])] = rec["text"]
-    return out
+    return read_queries(data / "queries.jsonl")
 
 
 def load_qrels(data: Path) -> dict[str, dict[str, int]]:
-    qrels: dict[str, dict[str, int]] = {}
     path = data / "qrels.tsv"
-    if not path.exists():
-        path = data / "qrels" / "test.tsv"
-    with path.open() as handle:
-        next(handle)  # header
-        for line in handle:
-            parts = line.rstrip("\n").split("\t")
-            if len(parts) >= 3 and int(parts[2]) > 0:
-                qrels.setdefault(parts[0], {})[parts[1]] = int(parts[2])
-    return qrels
-
-
-def ndcg_at(ranked: list[str], relevant: dict[str, int], k: int = 10) -> float:
-    dcg = sum(relevant.get(doc, 0) / math.log2(i + 2) for i, doc in enumerate(ranked[:k]))
-    ideal = sorted(relevant.values(), reverse=True)[:k]
-    idcg = sum(rel / math.log2(i + 2) for i, rel in enumerate(ideal))
-    return dcg / idcg if idcg else 0.0
-
-
-def recall_at(ranked: list[str], relevant: dict[str, int], k: int = 100) -> float:
-    return len(set(ranked[:k]) & set(relevant)) / len(relevant) if relevant else 0.0
+    return read_qrels(path if path.exists() else data / "qrels" / "test.tsv")
 
 
 def evaluate(runs: dict[str, list[str]], qrels: dict[str, dict[str, int]], ids: Iterable[str]) -> dict[str, float]:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -113,26 +114,39 @@ LIVE_ENV = {
 }
 
 
-@pytest.fixture(scope="session")
-def live_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    server = spawn_server(sample_index, log, LIVE_ENV)
+def serving(index: Path, log: Path, env: dict[str, str]) -> Iterator[LiveServer]:
+    """A fixture's body: a server until the fixture ends, which must then exit 0 on SIGTERM."""
+    server = spawn_server(index, log, env)
     try:
         wait_serving(server)
         yield server
     finally:
         code = server.stop()
     assert code == 0, f"server exited with {code} on SIGTERM:\n{server.log_tail()}"
+
+
+def wait_engine_idle(stub: Any, limit_s: float) -> float:
+    """Seconds until the engine holds no request, polling Info; fails past `limit_s`."""
+    from ragserve.v1 import rag_pb2 as pb
+
+    started = time.perf_counter()
+    while True:
+        info = stub.Info(pb.InfoRequest(), timeout=5)
+        elapsed = time.perf_counter() - started
+        if info.generator_unfinished_requests == 0:
+            return elapsed
+        if elapsed > limit_s:
+            pytest.fail(f"engine still holds {info.generator_unfinished_requests} request(s) after {elapsed:.3f} s")
+        time.sleep(0.01)
+
+
+@pytest.fixture(scope="session")
+def live_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    yield from serving(sample_index, tmp_path_factory.mktemp("server") / "server.log", LIVE_ENV)
 
 
 @pytest.fixture(scope="session")
 def retrieval_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """Retrieval-only (no generator): starts in seconds; for input, auth and transport tests."""
     log = tmp_path_factory.mktemp("retrieval-server") / "server.log"
-    server = spawn_server(sample_index, log, {"RAGSERVE_GENERATION_ENABLED": "false"})
-    try:
-        wait_serving(server)
-        yield server
-    finally:
-        code = server.stop()
-    assert code == 0, f"server exited with {code} on SIGTERM:\n{server.log_tail()}"
+    yield from serving(sample_index, log, {"RAGSERVE_GENERATION_ENABLED": "false"})

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
-from tests.e2e.conftest import LiveServer, spawn_server, wait_serving
+from tests.e2e.conftest import LiveServer, spawn_server, wait_engine_idle, wait_serving
 
 LONG_QUESTION = "Describe every step of the TLS 1.3 handshake in detail."
 
@@ -25,19 +25,6 @@ LONG_QUESTION = "Describe every step of the TLS 1.3 handshake in detail."
 def _stub(target: str) -> tuple[grpc.Channel, pb_grpc.RagServiceStub]:
     channel = grpc.insecure_channel(target)
     return channel, pb_grpc.RagServiceStub(channel)
-
-
-def _wait_engine_idle(stub: pb_grpc.RagServiceStub, limit_s: float) -> float:
-    """Seconds until the engine holds no request, polling Info; fails past `limit_s`."""
-    started = time.perf_counter()
-    while True:
-        info = stub.Info(pb.InfoRequest(), timeout=5)
-        elapsed = time.perf_counter() - started
-        if info.generator_unfinished_requests == 0:
-            return elapsed
-        if elapsed > limit_s:
-            pytest.fail(f"engine still holds {info.generator_unfinished_requests} request(s) after {elapsed:.3f} s")
-        time.sleep(0.01)
 
 
 # 1. Cancellation
@@ -53,7 +40,7 @@ def test_cancel_mid_stream_aborts_the_engine_request(live_server: LiveServer) ->
                     break
         assert stub.Info(pb.InfoRequest(), timeout=5).generator_unfinished_requests == 1
         call.cancel()
-        assert _wait_engine_idle(stub, limit_s=0.25) <= 0.25
+        assert wait_engine_idle(stub, limit_s=0.25) <= 0.25
 
 
 # 2. Deadlines
@@ -67,7 +54,7 @@ def test_client_deadline_ends_a_stalled_call_and_frees_the_engine(live_server: L
         elapsed = time.perf_counter() - started
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert elapsed <= 0.25, f"DEADLINE_EXCEEDED after {elapsed:.3f} s"
-        _wait_engine_idle(stub, limit_s=1.0)
+        wait_engine_idle(stub, limit_s=1.0)
 
 
 # 3. Overload
@@ -92,7 +79,7 @@ def test_overload_is_rejected_fast_with_pushback(live_server: LiveServer) -> Non
         assert elapsed < 0.25, f"rejection took {elapsed * 1000:.1f} ms"
         trailers = dict(info.value.trailing_metadata() or ())
         assert int(trailers["grpc-retry-pushback-ms"]) > 0
-        _wait_engine_idle(stub, limit_s=2.0)
+        wait_engine_idle(stub, limit_s=2.0)
         # Capacity comes back once the streams are gone.
         assert stub.Retrieve(pb.RetrieveRequest(query="one more"), timeout=5).passages
 

@@ -18,7 +18,7 @@ import pytest
 
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
-from tests.e2e.conftest import LiveServer, spawn_server, wait_serving
+from tests.e2e.conftest import LiveServer, serving, wait_engine_idle
 
 QUESTIONS = [
     "How many bits per element does a Bloom filter need for a 1 percent false positive rate?",
@@ -29,13 +29,7 @@ LONG_QUESTION = "Describe every step of the TLS 1.3 handshake in detail."
 
 
 def _serving(sample_index: Path, folder: Path, speculative: str) -> Iterator[LiveServer]:
-    server = spawn_server(sample_index, folder / "server.log", {"RAGSERVE_GENERATOR_SPECULATIVE": speculative})
-    try:
-        wait_serving(server)
-        yield server
-    finally:
-        code = server.stop()
-    assert code == 0, f"server exited with {code} on SIGTERM:\n{server.log_tail()}"
+    yield from serving(sample_index, folder / "server.log", {"RAGSERVE_GENERATOR_SPECULATIVE": speculative})
 
 
 @pytest.fixture(scope="module")
@@ -92,18 +86,6 @@ def test_greedy_answers_match_plain_decoding_and_drafts_are_accepted(
     assert drafted > 0 and 0 < accepted <= drafted
 
 
-def _wait_engine_idle(stub: pb_grpc.RagServiceStub, limit_s: float) -> float:
-    started = time.perf_counter()
-    while True:
-        info = stub.Info(pb.InfoRequest(), timeout=5)
-        elapsed = time.perf_counter() - started
-        if info.generator_unfinished_requests == 0:
-            return elapsed
-        if elapsed > limit_s:
-            pytest.fail(f"engine still holds {info.generator_unfinished_requests} request(s) after {elapsed:.3f} s")
-        time.sleep(0.01)
-
-
 def test_cancel_mid_stream_aborts_the_engine_request(speculating_server: LiveServer) -> None:
     with grpc.insecure_channel(speculating_server.target) as channel:
         stub = pb_grpc.RagServiceStub(channel)
@@ -117,7 +99,7 @@ def test_cancel_mid_stream_aborts_the_engine_request(speculating_server: LiveSer
         assert stub.Info(pb.InfoRequest(), timeout=5).generator_unfinished_requests == 1
         call.cancel()
         # The abort waits for the engine step in progress (tens of ms) on the engine thread.
-        assert _wait_engine_idle(stub, limit_s=0.5) <= 0.5
+        assert wait_engine_idle(stub, limit_s=0.5) <= 0.5
 
 
 def test_client_deadline_ends_the_call_and_frees_the_engine(speculating_server: LiveServer) -> None:
@@ -130,7 +112,7 @@ def test_client_deadline_ends_the_call_and_frees_the_engine(speculating_server: 
         elapsed = time.perf_counter() - started
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert elapsed <= 0.7, f"DEADLINE_EXCEEDED after {elapsed:.3f} s"
-        _wait_engine_idle(stub, limit_s=1.0)
+        wait_engine_idle(stub, limit_s=1.0)
         # The engine thread still serves the next caller.
         tokens, final = _answer(speculating_server.target, QUESTIONS[0])
         assert tokens and final.usage.completion_tokens > 0
