@@ -140,6 +140,20 @@ def wait_engine_idle(stub: Any, limit_s: float) -> float:
         time.sleep(0.01)
 
 
+def cancel_mid_stream(stub: Any, question: str, after_tokens: int = 3) -> None:
+    """Start a long Query, read `after_tokens` tokens, check the engine holds it, then cancel."""
+    from ragserve.v1 import rag_pb2 as pb
+
+    call = stub.Query(pb.QueryRequest(query=question, max_tokens=600, temperature=0.0), timeout=120)
+    tokens = 0
+    for event in call:
+        tokens += event.WhichOneof("event") == "token"
+        if tokens == after_tokens:
+            break
+    assert stub.Info(pb.InfoRequest(), timeout=5).generator_unfinished_requests == 1
+    call.cancel()
+
+
 @pytest.fixture(scope="session")
 def live_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     yield from serving(sample_index, tmp_path_factory.mktemp("server") / "server.log", LIVE_ENV)

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
-from tests.e2e.conftest import LiveServer, spawn_server, wait_engine_idle, wait_serving
+from tests.e2e.conftest import LiveServer, cancel_mid_stream, spawn_server, wait_engine_idle, wait_serving
 
 LONG_QUESTION = "Describe every step of the TLS 1.3 handshake in detail."
 
@@ -31,15 +31,7 @@ def _stub(target: str) -> tuple[grpc.Channel, pb_grpc.RagServiceStub]:
 def test_cancel_mid_stream_aborts_the_engine_request(live_server: LiveServer) -> None:
     channel, stub = _stub(live_server.target)
     with channel:
-        call = stub.Query(pb.QueryRequest(query=LONG_QUESTION, max_tokens=600, temperature=0.0), timeout=120)
-        tokens = 0
-        for event in call:
-            if event.WhichOneof("event") == "token":
-                tokens += 1
-                if tokens == 3:
-                    break
-        assert stub.Info(pb.InfoRequest(), timeout=5).generator_unfinished_requests == 1
-        call.cancel()
+        cancel_mid_stream(stub, LONG_QUESTION)
         assert wait_engine_idle(stub, limit_s=0.25) <= 0.25
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
-from tests.e2e.conftest import LiveServer, serving, wait_engine_idle
+from tests.e2e.conftest import LiveServer, cancel_mid_stream, serving, wait_engine_idle
 
 QUESTIONS = [
     "How many bits per element does a Bloom filter need for a 1 percent false positive rate?",
@@ -89,15 +89,7 @@ def test_greedy_answers_match_plain_decoding_and_drafts_are_accepted(
 def test_cancel_mid_stream_aborts_the_engine_request(speculating_server: LiveServer) -> None:
     with grpc.insecure_channel(speculating_server.target) as channel:
         stub = pb_grpc.RagServiceStub(channel)
-        call = stub.Query(pb.QueryRequest(query=LONG_QUESTION, max_tokens=600, temperature=0.0), timeout=120)
-        tokens = 0
-        for event in call:
-            if event.WhichOneof("event") == "token":
-                tokens += 1
-                if tokens == 3:
-                    break
-        assert stub.Info(pb.InfoRequest(), timeout=5).generator_unfinished_requests == 1
-        call.cancel()
+        cancel_mid_stream(stub, LONG_QUESTION)
         # The abort waits for the engine step in progress (tens of ms) on the engine thread.
         assert wait_engine_idle(stub, limit_s=0.5) <= 0.5
 
