@@ -227,6 +227,9 @@ def tune(
     batch_size: Annotated[int, typer.Option(min=2, help="Pairs per step (the in-batch negatives)")] = 16,
     lr: Annotated[float, typer.Option(min=1e-7, max=1e-2, help="AdamW learning rate")] = 2e-5,
     hard_negatives: Annotated[int, typer.Option(min=0, help="Mined hard negatives per pair")] = 1,
+    positive: Annotated[
+        str, typer.Option(help="With labels, a relevant document's chunk to learn: best (ranked highest) or first")
+    ] = "best",
     fit_fraction: Annotated[float, typer.Option(min=0.05, max=0.5, help="Labelled queries held back to fit")] = 0.2,
     max_pairs: Annotated[int, typer.Option(min=4, help="Without labels: documents sampled for pairs")] = 1000,
     checkpoint_every: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps (and each epoch)")] = 20,
@@ -248,12 +251,16 @@ def tune(
     if (queries is None) != (qrels is None):
         typer.echo("error: give both --queries and --qrels (labelled), or neither (pairs from the corpus)", err=True)
         raise typer.Exit(2)
+    if positive not in ("best", "first"):
+        typer.echo(f"error: --positive must be best or first, not {positive!r}", err=True)
+        raise typer.Exit(2)
     job = TuneJob(
         root=index or IndexSettings().path,
         queries=queries,
         qrels=qrels,
         work=work,
         hard_negatives=hard_negatives,
+        positive_chunk="first" if positive == "first" else "best",  # checked above
         fit_fraction=fit_fraction,
         max_pairs=max_pairs,
         force=force,

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -55,6 +55,9 @@ class TuneJob:
     hard_negatives: int = 1
     fit_fraction: float = 0.2
     max_pairs: int = 1000  # label-free: documents sampled for (title, body) pairs
+    # Which chunk of a relevant document is the positive: the one the index ranks highest for the
+    # query ("best": the chunk that holds the evidence, as served), or always the first.
+    positive_chunk: Literal["best", "first"] = "best"
     force: bool = False  # publish even if the held-back queries did not improve
     progress: bool = True
     train: TrainOptions = field(default_factory=TrainOptions)
@@ -129,22 +132,29 @@ def mine_examples(
     positives: dict[str, str],
     weight: float,
     hard_negatives: int,
+    best_chunk: Callable[[Chunk], str] | None = None,
 ) -> list[Example]:
     """(query, positive text, the top fused chunks of other documents) for every judged pair;
-    `positives`: doc id -> the text to learn as relevant."""
+    `positives`: doc id -> the text to learn as relevant. With `best_chunk`, a relevant document
+    found in the query's fused list is learnt from its highest-ranked chunk (as that function
+    renders it) instead: a claim's evidence is often not in an abstract's first chunk."""
     examples = []
     for qid, text in queries.items():
         relevant = qrels.get(qid, {})
         negatives: list[str] = []
         seen: set[str] = set()
+        found: dict[str, str] = {}
         for hit in weighted(lists.dense[qid], lists.lexical.get(qid, []), weight):
             doc = hit.chunk.doc_id
-            if len(negatives) >= hard_negatives:
-                break
-            if doc not in relevant and doc not in seen:
+            if doc in relevant:
+                if best_chunk is not None:
+                    found.setdefault(doc, best_chunk(hit.chunk))
+            elif doc not in seen and len(negatives) < hard_negatives:
                 seen.add(doc)
                 negatives.append(embedding_text(hit.chunk))
-        examples += [Example(text, positives[d], tuple(negatives)) for d in relevant if d in positives]
+        examples += [
+            Example(text, found.get(d, positives[d]), tuple(negatives)) for d in relevant if d in positives
+        ]
     return examples
 
 
@@ -163,7 +173,9 @@ def _build_examples(
         first = _first_chunks(index)
         positives = {d: embedding_text(c) for d, c in first.items()}
         lists = search_candidates(index, embedder, labels.train)
-        return mine_examples(lists, labels.train, labels.qrels, positives, weight, job.hard_negatives), labels
+        best = embedding_text if job.positive_chunk == "best" else None
+        examples = mine_examples(lists, labels.train, labels.qrels, positives, weight, job.hard_negatives, best)
+        return examples, labels
     queries, qrels, first = _corpus_pairs(index, job.max_pairs, job.train.seed)
     lists = search_candidates(index, embedder, queries)
     positives = {d: first[d].text for d in queries}  # the body alone: the title is the query
@@ -240,6 +252,7 @@ def _tuning_record(report: TuneReport, job: TuneJob) -> dict[str, Any]:
         "method": report.method,
         "examples": report.examples,
         "hard_negatives": job.hard_negatives,
+        "positive_chunk": job.positive_chunk,
         "epochs": job.train.epochs,
         "batch_size": job.train.batch_size,
         "lr": job.train.lr,

@@ -1,0 +1,43 @@
+"""How a tuned cross-encoder's score and the fused retrieval score combine into the final order.
+
+One function, used by the tuner when it fits the weight and by the server when it reranks, so
+the order served is the order that was measured. The cross-encoder logit goes through a sigmoid
+and the fused scores are min-max normalized over all candidates handed to the reranker, so both
+sit in 0..1 whatever the fusion method; `ce_weight` 0 is the fused order, 1 the cross-encoder's.
+Only the scored prefix is reordered: a budget-cut depth leaves the rest in fused order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def normalized_fused(fused: Sequence[float]) -> np.ndarray:
+    """Min-max over the candidate list (all equal: all 1)."""
+    values = np.asarray(fused, dtype=np.float64)
+    if values.size == 0:
+        return values
+    lo, hi = float(values.min()), float(values.max())
+    if hi - lo <= 1e-12:
+        return np.ones_like(values)
+    return (values - lo) / (hi - lo)
+
+
+def blend(
+    ce_logits: Sequence[float] | np.ndarray, fused_normalized: Sequence[float] | np.ndarray, ce_weight: float
+) -> np.ndarray:
+    """The final score of each scored candidate (ce_logits[i] belongs to fused_normalized[i])."""
+    ce = np.asarray(ce_logits, dtype=np.float64)
+    fused = np.asarray(fused_normalized, dtype=np.float64)[: ce.size]
+    return ce_weight / (1.0 + np.exp(-ce)) + (1.0 - ce_weight) * fused
+
+
+def blended_order(ce_logits: Sequence[float], fused: Sequence[float], ce_weight: float) -> list[int]:
+    """Candidate positions in their final order: the first len(ce_logits) by blended score (ties
+    keep the fused order), then the unscored rest as they were."""
+    depth = len(ce_logits)
+    scores = blend(ce_logits, normalized_fused(fused), ce_weight)
+    head = sorted(range(depth), key=lambda i: (-scores[i], i))
+    return head + list(range(depth, len(fused)))
