@@ -69,12 +69,13 @@ def _columns(batch: list[Example]) -> list[list[str]]:
     return cols
 
 
-def _save_checkpoint(work: Path, model: Any, optimizer: Any, scheduler: Any, step: int) -> None:
+def save_checkpoint(work: Path, save_model: Callable[[Path], None], optimizer: Any, scheduler: Any, step: int) -> None:
+    """Model (written by `save_model` into a folder), optimizer, scheduler and step, replaced whole."""
     import torch
 
     tmp = work / f".{CHECKPOINT}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save(str(tmp))
+    save_model(tmp)
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": step}, tmp / _STATE)
     old = work / f".{CHECKPOINT}.old"
     shutil.rmtree(old, ignore_errors=True)
@@ -84,7 +85,7 @@ def _save_checkpoint(work: Path, model: Any, optimizer: Any, scheduler: Any, ste
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _resume_state(work: Path, fingerprint: str) -> dict[str, Any] | None:
+def resume_state(work: Path, fingerprint: str) -> dict[str, Any] | None:
     """The saved trainer state when the checkpoint belongs to this run (same examples and options)."""
     import torch
 
@@ -110,10 +111,10 @@ def train(
         raise ValueError(f"need at least 2 training examples, got {len(examples)}")
     work.mkdir(parents=True, exist_ok=True)
     final = work / FINAL
-    if final.is_dir() and _meta_matches(work, fingerprint, done=True):
+    if final.is_dir() and meta_matches(work, fingerprint, done=True):
         log.info("already trained: %s", final)
         return final
-    state = _resume_state(work, fingerprint)
+    state = resume_state(work, fingerprint)
     model, optimizer, scheduler, total = _setup(base_model if state is None else str(work / CHECKPOINT), examples, opts)
     step = 0
     if state is not None:
@@ -121,18 +122,28 @@ def train(
         scheduler.load_state_dict(state["scheduler"])
         step = int(state["step"])
     else:
-        (work / _META).write_text(json.dumps({"fingerprint": fingerprint, "done": False, "options": asdict(opts)}))
+        write_meta(work, fingerprint, False, asdict(opts))
     _run_steps(model, optimizer, scheduler, examples, opts, work, step, total, progress, on_step)
+    return save_final(work, lambda folder: model.save(str(folder)), fingerprint, asdict(opts))
+
+
+def save_final(work: Path, save_model: Callable[[Path], None], fingerprint: str, options: dict[str, Any]) -> Path:
+    """The trained model in `<work>/final` (renamed into place) and the run marked done."""
+    final = work / FINAL
     tmp = work / f".{FINAL}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save(str(tmp))
+    save_model(tmp)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
-    (work / _META).write_text(json.dumps({"fingerprint": fingerprint, "done": True, "options": asdict(opts)}))
+    write_meta(work, fingerprint, True, options)
     return final
 
 
-def _meta_matches(work: Path, fingerprint: str, done: bool) -> bool:
+def write_meta(work: Path, fingerprint: str, done: bool, options: dict[str, Any]) -> None:
+    (work / _META).write_text(json.dumps({"fingerprint": fingerprint, "done": done, "options": options}))
+
+
+def meta_matches(work: Path, fingerprint: str, done: bool) -> bool:
     meta = work / _META
     if not meta.is_file():
         return False
@@ -186,7 +197,7 @@ def _run_steps(
         bar.update(1)
         bar.set_postfix(loss=f"{float(loss):.3f}", epoch=epoch + 1)
         if step % opts.checkpoint_every == 0 or step % steps_per_epoch == 0:
-            _save_checkpoint(work, model, optimizer, scheduler, step)
+            save_checkpoint(work, lambda folder: model.save(str(folder)), optimizer, scheduler, step)
         if on_step is not None:
             on_step(step)
     bar.close()

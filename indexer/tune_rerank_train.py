@@ -1,0 +1,131 @@
+"""Train a cross-encoder for one corpus: listwise softmax loss over (1 relevant + n hard negative) groups.
+
+The model starts from the bundled bi-encoder's first `layers` transformer layers with a fresh
+one-logit head (no cross-encoder weights can be had offline). What makes it learn on a few hundred
+queries (a plain 3e-5 run stayed at ln(group size)):
+- every text in a group has the same form (chunk text, as the server scores it), so the only
+  signal is relevance, not formatting;
+- the fresh head (pooler + classifier) gets a learning rate 10-30x the encoder's;
+- short training with warm-up, then a linear decay.
+Resumable with the bi-encoder tuner's checkpoint helpers (tune_train.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from indexer.tune_train import CHECKPOINT, FINAL, meta_matches, resume_state, save_checkpoint, save_final, write_meta
+
+
+@dataclass(frozen=True)
+class RerankGroup:
+    """A query, one relevant passage and passages the index ranks high that are not relevant."""
+
+    query: str
+    positive: str
+    negatives: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RerankTrainOptions:
+    layers: int = 2  # the tier-1 shape: deep enough to rank, cheap enough to score ~10 pairs in budget
+    epochs: int = 2
+    groups_per_step: int = 4
+    lr: float = 1e-4
+    head_lr: float = 2e-3
+    warmup: float = 0.1
+    max_seq_len: int = 256
+    checkpoint_every: int = 50
+    seed: int = 13
+
+
+def _steps(groups: list[RerankGroup], opts: RerankTrainOptions, epoch: int) -> list[list[RerankGroup]]:
+    order = np.random.default_rng(opts.seed + epoch).permutation(len(groups))
+    per = opts.groups_per_step
+    return [[groups[int(i)] for i in order[s : s + per]] for s in range(0, len(order), per)]
+
+
+def _setup(model_path: str, steps: int, opts: RerankTrainOptions) -> tuple[Any, Any, Any, Any]:
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
+
+    torch.manual_seed(opts.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1, num_hidden_layers=opts.layers)
+    head = [p for n, p in model.named_parameters() if n.startswith(("classifier.", "bert.pooler."))]
+    body = [p for n, p in model.named_parameters() if not n.startswith(("classifier.", "bert.pooler."))]
+    optimizer = torch.optim.AdamW([{"params": body, "lr": opts.lr}, {"params": head, "lr": opts.head_lr}])
+    scheduler = get_linear_schedule_with_warmup(optimizer, math.ceil(steps * opts.warmup), steps)  # type: ignore[no-untyped-call]
+    return model, tokenizer, optimizer, scheduler
+
+
+def _group_loss(model: Any, tokenizer: Any, batch: list[RerankGroup], max_seq_len: int) -> Any:
+    import torch
+
+    width = min(len(g.negatives) for g in batch) + 1  # equal group sizes: one softmax per row
+    queries = [g.query for g in batch for _ in range(width)]
+    texts = [t for g in batch for t in (g.positive, *g.negatives[: width - 1])]
+    enc = tokenizer(
+        queries, texts, truncation="longest_first", max_length=max_seq_len, padding=True, return_tensors="pt"
+    )
+    logits = model(**enc).logits.view(len(batch), width)
+    return torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long))
+
+
+def train_cross_encoder(
+    base_model: str,
+    groups: list[RerankGroup],
+    opts: RerankTrainOptions,
+    work: Path,
+    fingerprint: str,
+    progress: bool = True,
+) -> Path:
+    """Train (or continue) and return the folder of the final HF model with its tokenizer."""
+    if len(groups) < 2:
+        raise ValueError(f"need at least 2 training groups, got {len(groups)}")
+    if any(not g.negatives for g in groups):
+        raise ValueError("every training group needs at least one negative")
+    work.mkdir(parents=True, exist_ok=True)
+    if (work / FINAL).is_dir() and meta_matches(work, fingerprint, done=True):
+        return work / FINAL
+    per_epoch = len(_steps(groups, opts, 0))
+    total = per_epoch * opts.epochs
+    state = resume_state(work, fingerprint)
+    model, tokenizer, optimizer, scheduler = _setup(
+        base_model if state is None else str(work / CHECKPOINT), total, opts
+    )
+    step = 0
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step = int(state["step"])
+    else:
+        write_meta(work, fingerprint, False, asdict(opts))
+
+    def save(folder: Path) -> None:
+        model.save_pretrained(str(folder))
+        tokenizer.save_pretrained(str(folder))
+
+    model.train()
+    bar = tqdm(total=total, initial=step, unit="step", desc="tune reranker", disable=not progress)
+    while step < total:
+        epoch, offset = divmod(step, per_epoch)
+        loss = _group_loss(model, tokenizer, _steps(groups, opts, epoch)[offset], opts.max_seq_len)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(loss):.3f}", epoch=epoch + 1)
+        if step % opts.checkpoint_every == 0 or step % per_epoch == 0:
+            save_checkpoint(work, save, optimizer, scheduler, step)
+    bar.close()
+    model.eval()
+    return save_final(work, save, fingerprint, asdict(opts))
