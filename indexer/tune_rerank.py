@@ -21,11 +21,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from ragserve.rerank.tuned import TUNED_RERANKER_DIR, TUNED_RERANKER_ONNX, load_tuned_reranker
 
 from indexer.build import index_root_lock
 from indexer.tune import FIT_SALT
-from indexer.tune_eval import CandidateLists, Qrels, TuneInputError, hash_split, load_qrels, load_queries, ndcg_at
-from indexer.tune_eval import search_candidates
+from indexer.tune_eval import (
+    CandidateLists,
+    Qrels,
+    TuneInputError,
+    hash_split,
+    load_qrels,
+    load_queries,
+    ndcg_at,
+    search_candidates,
+)
 from indexer.tune_rerank_train import RerankGroup, RerankTrainOptions, train_cross_encoder
 from ragserve.config import RerankSettings, RetrievalSettings, default_of
 from ragserve.embed.base import embedder_for, resolve_embedder_path
@@ -34,7 +43,6 @@ from ragserve.index.fusion import dedupe_documents, weighted
 from ragserve.index.hnsw import HnswIndex
 from ragserve.onnx_export import export_bert, quantize_int8
 from ragserve.rerank.blend import blended_order
-from ragserve.rerank.tuned import TUNED_RERANKER_DIR, TUNED_RERANKER_ONNX, load_tuned_reranker
 from ragserve.types import Chunk
 
 DEPTHS = (5, 10, 20)
