@@ -275,6 +275,59 @@ def tune(
     typer.echo(_tune_summary(report))
 
 
+@app.command("tune-reranker")
+def tune_reranker(
+    queries: Annotated[Path, typer.Option(help="BEIR queries.jsonl")],
+    qrels: Annotated[Path, typer.Option(help="BEIR qrels TSV: query-id, corpus-id, score")],
+    index: Annotated[Path | None, typer.Option(help="Index root (default: RAGSERVE_INDEX_PATH)")] = None,
+    layers: Annotated[int, typer.Option(min=1, max=6, help="Transformer layers of the cross-encoder")] = 2,
+    epochs: Annotated[int, typer.Option(min=1, help="Passes over the training groups")] = 2,
+    negatives: Annotated[int, typer.Option(min=1, help="Hard negatives per relevant chunk")] = 7,
+    lr: Annotated[float, typer.Option(min=1e-7, max=1e-2, help="Encoder learning rate")] = 1e-4,
+    head_lr: Annotated[float, typer.Option(min=1e-7, max=1e-1, help="Learning rate of the fresh head")] = 2e-3,
+    fit_fraction: Annotated[float, typer.Option(min=0.05, max=0.5, help="Labelled queries held back to fit")] = 0.2,
+    work: Annotated[Path | None, typer.Option(help="Checkpoint folder (default: INDEX/.tune-reranker)")] = None,
+    progress: Annotated[bool, typer.Option(help="Show progress bars")] = True,
+    verbose: _VerboseOption = False,
+    log_file: _LogFileOption = None,
+) -> None:
+    """Train a cross-encoder on the index's corpus and publish a version that ships it.
+
+    The blend weight with the fused order is fitted on held-back queries; the server reranks with
+    it by default (RAGSERVE_RERANK_MODE=auto) only if it beat the fused order there. Resumable."""
+    from indexer.tune_eval import TuneInputError
+    from indexer.tune_rerank import RerankTuneJob, run_tune_reranker
+    from indexer.tune_rerank_train import RerankTrainOptions
+
+    setup_cli_logging(verbose, log_file, own_default="WARNING")
+    job = RerankTuneJob(
+        root=index or IndexSettings().path,
+        queries=queries,
+        qrels=qrels,
+        negatives=negatives,
+        fit_fraction=fit_fraction,
+        work=work,
+        progress=progress,
+        train=RerankTrainOptions(layers=layers, epochs=epochs, lr=lr, head_lr=head_lr),
+    )
+    try:
+        report = run_tune_reranker(job, say=typer.echo)
+    except (TuneInputError, RagError, ValueError, OSError, IndexRootLocked) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    depths = ", ".join(f"depth {d} {v:.4f}" for d, v in report.by_depth.items())
+    verdict = (
+        "beats the fused order: on by default"
+        if report.beats_fused
+        else "does not beat the fused order: off by default"
+    )
+    typer.echo(
+        f"published version {report.version} at {report.folder}: {report.groups} groups, training "
+        f"{report.train_seconds:.0f} s, total {report.seconds:.0f} s; held-back {report.fit_queries} queries "
+        f"nDCG@10 fused {report.fused:.4f}, blended (ce_weight {report.ce_weight}) {depths}; {verdict}"
+    )
+
+
 def _tune_summary(report: Any) -> str:
     fit = ""
     if report.fit_after is not None:

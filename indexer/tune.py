@@ -152,9 +152,7 @@ def mine_examples(
             elif doc not in seen and len(negatives) < hard_negatives:
                 seen.add(doc)
                 negatives.append(embedding_text(hit.chunk))
-        examples += [
-            Example(text, found.get(d, positives[d]), tuple(negatives)) for d in relevant if d in positives
-        ]
+        examples += [Example(text, found.get(d, positives[d]), tuple(negatives)) for d in relevant if d in positives]
     return examples
 
 

@@ -13,6 +13,7 @@ Resumable with the bi-encoder tuner's checkpoint helpers (tune_train.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,7 @@ def train_cross_encoder(
     work: Path,
     fingerprint: str,
     progress: bool = True,
+    on_step: Callable[[int], None] | None = None,
 ) -> Path:
     """Train (or continue) and return the folder of the final HF model with its tokenizer."""
     if len(groups) < 2:
@@ -126,6 +128,8 @@ def train_cross_encoder(
         bar.set_postfix(loss=f"{float(loss):.3f}", epoch=epoch + 1)
         if step % opts.checkpoint_every == 0 or step % per_epoch == 0:
             save_checkpoint(work, save, optimizer, scheduler, step)
+        if on_step is not None:
+            on_step(step)
     bar.close()
     model.eval()
     return save_final(work, save, fingerprint, asdict(opts))

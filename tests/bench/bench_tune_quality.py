@@ -26,6 +26,7 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
@@ -75,7 +76,7 @@ def cmd_split(args: argparse.Namespace) -> None:
 def cmd_tune(args: argparse.Namespace) -> None:
     out: Path = args.out
     cmd = [
-        sys.executable, "-m", "indexer", "tune", "--index", str(args.index),
+        sys.executable, "-m", "indexer", "tune-reranker" if args.reranker else "tune", "--index", str(args.index),
         "--queries", str(out / "train_queries.jsonl"), "--qrels", str(out / "train_qrels.tsv"), *args.extra,
     ]  # fmt: skip
     print("$", " ".join(cmd), flush=True)
@@ -118,13 +119,62 @@ def cmd_eval(args: argparse.Namespace) -> None:
         "cpu": cpu_name(),
         "measured": "in-process (indexer/tune_eval.py), Retrieve order top_k=100 dedupe_documents=true",
     }
-    print(json.dumps(row), flush=True)
+    rows = [row, *_reranked_rows(index, lists, dev, qrels, weight, row)]
+    for r in rows:
+        print(json.dumps(r), flush=True)
     if args.json:
         with args.json.open("a") as handle:
-            handle.write(json.dumps(row) + "\n")
+            handle.writelines(json.dumps(r) + "\n" for r in rows)
 
 
-async def _timed_retrieves(target: str, texts: list[str], concurrency: int) -> list[float]:
+def _reranked_rows(
+    index: object, lists: object, dev: dict[str, str], qrels: dict[str, dict[str, int]], weight: float, base: dict
+) -> list[dict]:
+    """With the version's tuned cross-encoder: DEV nDCG@10 at fixed depths 5/10/20, blended with
+    the fused score at its fitted weight (and the cross-encoder alone), as the server orders them."""
+    from indexer.tune_rerank import DEPTHS, score_blends
+
+    tuned = getattr(index, "tuned_reranker", None)
+    if tuned is None:
+        return []
+    encoder = tuned.encoder
+
+    def score(query: str, texts: list[str]) -> object:
+        import numpy as np
+
+        parts = [encoder.score(encoder.encode(query, texts[i : i + 8])) for i in range(0, len(texts), 8)]
+        return np.concatenate(parts)
+
+    started = time.perf_counter()
+    dev_judged = {q: t for q, t in dev.items() if q in qrels}
+    grid = score_blends(score, lists, dev_judged, qrels, weight, ce_weights=(0.0, tuned.ce_weight, 1.0))  # type: ignore[arg-type]
+    seconds = round(time.perf_counter() - started, 1)
+    rows = []
+    for depth in DEPTHS:
+        for ce_weight, how in ((tuned.ce_weight, "blended (fitted)"), (1.0, "cross-encoder alone")):
+            rows.append(
+                {
+                    **base,
+                    "label": f"{base['label']} + reranker depth {depth} {how}",
+                    "reranker": tuned.model_id,
+                    "ce_weight": ce_weight,
+                    "depth": depth,
+                    "fused_ndcg10": round(grid[(depth, ce_weight)], 4),
+                    "beats_fused_on_fit": tuned.beats_fused,
+                    "seconds": seconds,
+                }
+            )
+    return rows
+
+
+@dataclass
+class _Served:
+    server_ms: list[float] = field(default_factory=list)
+    documents: dict[str, list[str]] = field(default_factory=dict)  # query id -> served order
+    depths: list[int] = field(default_factory=list)  # pairs the reranker scored, per request
+
+
+async def _timed_retrieves(target: str, queries: dict[str, str], concurrency: int) -> _Served:
     import asyncio
 
     import grpc
@@ -132,19 +182,21 @@ async def _timed_retrieves(target: str, texts: list[str], concurrency: int) -> l
     from ragserve.v1 import rag_pb2 as pb
     from ragserve.v1 import rag_pb2_grpc as pb_grpc
 
-    server_ms: list[float] = []
-    queue = list(texts)
+    served = _Served()
+    queue = list(queries.items())
     async with grpc.aio.insecure_channel(target) as channel:
         stub = pb_grpc.RagServiceStub(channel)
 
         async def worker() -> None:
             while queue:
-                text = queue.pop()
+                qid, text = queue.pop()
                 reply = await stub.Retrieve(pb.RetrieveRequest(query=text, top_k=10, dedupe_documents=True), timeout=10)
-                server_ms.append(reply.timings.retrieval_total_ms)
+                served.server_ms.append(reply.timings.retrieval_total_ms)
+                served.documents[qid] = [p.doc_id for p in reply.passages]
+                served.depths.append(sum(int(t.split(":")[1]) for t in reply.rerank_tiers))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return server_ms
+    return served
 
 
 def cmd_latency(args: argparse.Namespace) -> None:
@@ -154,21 +206,27 @@ def cmd_latency(args: argparse.Namespace) -> None:
 
     from tests.bench.bench_quality import Server
 
-    _, dev, _ = dev_split(args.data)
-    texts = list(dev.values())
-    env = {"RAGSERVE_RETRIEVAL_BUDGET_MS": "70"}  # the default budget, not bench_quality's 10 s
+    _, dev, qrels = dev_split(args.data)
+    # The default budget, not bench_quality's 10 s; any RAGSERVE_* override after it (--env).
+    env = {"RAGSERVE_RETRIEVAL_BUDGET_MS": "70", **dict(kv.split("=", 1) for kv in args.env)}
     server = Server(args.index, env, Path(f"/tmp/bench_tune_latency_{args.label or 'index'}.log"))
     try:
         asyncio.run(server.wait_ready())
-        asyncio.run(_timed_retrieves(server.target, texts[:20], 1))  # warm-up
+        asyncio.run(_timed_retrieves(server.target, dict(list(dev.items())[:20]), 1))  # warm-up
         for concurrency in (1, 4):
-            ms = np.asarray(asyncio.run(_timed_retrieves(server.target, texts, concurrency)))
+            served = asyncio.run(_timed_retrieves(server.target, dev, concurrency))
+            ms = np.asarray(served.server_ms)
             row = {
                 "label": args.label,
+                "env": args.env,
                 "concurrency": concurrency,
                 "requests": int(ms.size),
                 "server_p50_ms": round(float(np.percentile(ms, 50)), 1),
+                "server_p95_ms": round(float(np.percentile(ms, 95)), 1),
                 "server_p99_ms": round(float(np.percentile(ms, 99)), 1),
+                "ndcg10_as_served": round(score_runs(served.documents, qrels).ndcg10, 4),
+                "rerank_depth_mean": round(float(np.mean(served.depths)), 1),
+                "rerank_depth_p10": int(np.percentile(served.depths, 10)),
                 "cpu": cpu_name(),
             }
             print(json.dumps(row), flush=True)
@@ -185,6 +243,7 @@ def main() -> None:
     tp = sub.add_parser("tune", help="run `python -m indexer tune` on the TRAIN files, timed")
     tp.add_argument("--index", type=Path, required=True)
     tp.add_argument("--out", type=Path, required=True, help="the folder `split` wrote")
+    tp.add_argument("--reranker", action="store_true", help="run `indexer tune-reranker` instead")
     tp.add_argument("extra", nargs="*", help="more options for the tune command (after --)")
     ep = sub.add_parser("eval", help="DEV nDCG@10 / recall@100 of a published index")
     ep.add_argument("--data", type=Path, required=True)
@@ -196,6 +255,7 @@ def main() -> None:
     lp.add_argument("--data", type=Path, required=True)
     lp.add_argument("--index", type=Path, required=True)
     lp.add_argument("--label", default="")
+    lp.add_argument("--env", action="append", default=[], help="RAGSERVE_X=V for the server (repeatable)")
     args = ap.parse_args()
     {"split": cmd_split, "tune": cmd_tune, "eval": cmd_eval, "latency": cmd_latency}[args.cmd](args)
 

@@ -1,0 +1,91 @@
+"""The cross-encoder tuner's parts: group mining in the served chunk form, the blend fit over
+depths and weights, and resumable training (on a fake tiny model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from indexer.tune_eval import CandidateLists
+from indexer.tune_rerank import fit_ce_weight, mine_groups, score_blends
+from indexer.tune_rerank_train import RerankGroup, RerankTrainOptions, train_cross_encoder
+from indexer.tune_train import CHECKPOINT
+from ragserve.index.base import ScoredChunk
+from ragserve.types import Chunk
+from tests.index.tuned_fake import save_fake_tuned_model
+
+
+class _FakeIndexChunks:
+    """Only what mining reads of an index: its chunks, in row order."""
+
+    def __init__(self, chunks: list[Chunk]) -> None:
+        self.chunks = chunks
+
+
+def _chunk(doc: str, n: int = 0) -> Chunk:
+    return Chunk(f"{doc}#{n}", doc, f"text of {doc} {n}", title=f"title {doc}")
+
+
+def test_groups_learn_the_relevant_documents_best_ranked_chunk_against_sampled_hard_negatives() -> None:
+    dense = [
+        ScoredChunk(_chunk(d, n), s) for d, n, s in [("n1", 0, 0.9), ("pos", 1, 0.8), ("n2", 0, 0.7), ("n3", 0, 0.6)]
+    ]
+    dense += [ScoredChunk(_chunk(f"x{i}"), 0.5 - i / 100) for i in range(10)]
+    lists = CandidateLists({"q": dense}, {"q": []})
+    index = _FakeIndexChunks([_chunk("pos", 0), _chunk("pos", 1), _chunk("gone", 0)])
+    qrels = {"q": {"pos": 1, "gone": 1}}
+    groups = mine_groups(index, lists, {"q": "query"}, qrels, 1.0, 3, seed=1)  # type: ignore[arg-type]
+    # The chunk the index ranked (chunk 1), not the first; a relevant document the search missed
+    # is learnt from its first chunk. Both share one set of negatives, none of them relevant.
+    assert [g.positive for g in groups] == ["text of pos 1", "text of gone 0"]
+    negatives = groups[0].negatives
+    assert len(negatives) == 3 and groups[1].negatives == negatives
+    assert not any("pos" in n or "gone" in n for n in negatives)
+    assert all(n.startswith("text of ") for n in negatives)  # chunk text, as the server scores it
+    assert mine_groups(index, lists, {"q": "query"}, qrels, 1.0, 3, seed=1) == groups  # type: ignore[arg-type]
+
+
+def test_blend_fit_scores_every_depth_and_weight_and_prefers_the_fused_order_on_ties() -> None:
+    # The fused order puts the relevant document third; the fake scorer knows it is best.
+    dense = [ScoredChunk(_chunk(d), s) for d, s in [("a", 0.9), ("b", 0.8), ("rel", 0.7), ("c", 0.1)]]
+    lists = CandidateLists({"q": dense}, {"q": []})
+
+    def fake_scores(query: str, texts: object) -> np.ndarray:
+        return np.array([5.0 if "rel" in t else -5.0 for t in texts])  # type: ignore[attr-defined]
+
+    grid = score_blends(
+        fake_scores, lists, {"q": "query"}, {"q": {"rel": 1}}, 1.0, depths=(2, 3), ce_weights=(0.0, 0.5)
+    )
+    assert grid[(2, 0.0)] == grid[(3, 0.0)] == grid[(2, 0.5)] == pytest.approx(0.5)  # depth 2 never sees it
+    assert grid[(3, 0.5)] == pytest.approx(1.0)
+    assert fit_ce_weight(grid, depths=(2, 3)) == 0.5
+    flat = dict.fromkeys(grid, 0.7)
+    assert fit_ce_weight(flat, depths=(2, 3)) == 0.0
+
+
+def _groups(n: int) -> list[RerankGroup]:
+    return [RerankGroup(f"question {i}", f"answer number {i}", (f"distractor {i}", f"other {i}")) for i in range(n)]
+
+
+@pytest.mark.slow
+def test_reranker_training_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
+    save_fake_tuned_model(tmp_path / "tiny")
+    raw = tmp_path / ".tiny-raw"  # the fake's plain BERT folder: a cross-encoder starts from it
+    opts = RerankTrainOptions(layers=1, epochs=2, groups_per_step=4, checkpoint_every=1, max_seq_len=32)
+    seen: list[int] = []
+
+    def crash_at_3(step: int) -> None:
+        seen.append(step)
+        if step == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_cross_encoder(str(raw), _groups(8), opts, tmp_path / "work", "fp", progress=False, on_step=crash_at_3)
+    assert (tmp_path / "work" / CHECKPOINT).is_dir()
+    final = train_cross_encoder(str(raw), _groups(8), opts, tmp_path / "work", "fp", False, seen.append)
+    assert seen == [1, 2, 3, 4]
+    assert (final / "config.json").is_file() and (final / "tokenizer.json").is_file()
+    with pytest.raises(ValueError, match="at least one negative"):
+        train_cross_encoder(str(raw), [RerankGroup("q", "p", ())] * 2, opts, tmp_path / "w2", "fp", False)
