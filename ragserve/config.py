@@ -143,9 +143,12 @@ class RerankSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="RAGSERVE_RERANK_", extra="forbid", frozen=True)
 
-    # off: fused order only (the default: no cross-encoder weights ship with the project);
-    # one-tier: tier 1 only; two-tier: tier 1 over the candidates, tier 2 over tier 1's best.
-    mode: Literal["off", "one-tier", "two-tier"] = "off"
+    # auto (default): the serving version's tuned cross-encoder (`indexer tune-reranker`) when it
+    # ships one that beat the fused order, else fused order only; tuned: the version's tuned
+    # cross-encoder whenever it ships one (for measuring); off: fused order only; one-tier: tier 1
+    # only; two-tier: tier 1 over the candidates, tier 2 over tier 1's best. The last two use the
+    # configured models and ignore a version's tuned one.
+    mode: Literal["auto", "tuned", "off", "one-tier", "two-tier"] = "auto"
     tier1_model: str = "cross-encoder/ms-marco-MiniLM-L-2-v2"
     tier2_model: str = "cross-encoder/ms-marco-MiniLM-L-6-v2"
     # Most pairs each tier may score; the budget usually decides fewer.

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from ragserve.cache.base import AnswerCache, CacheStore, RetrievalCache
 from ragserve.cache.integrity import MIN_KEY_BYTES, EntrySeal
-from ragserve.config import CacheSettings, EmbedderSettings, Settings
+from ragserve.config import CacheSettings, EmbedderSettings, RerankSettings, Settings
 from ragserve.embed.base import Embedder, embedder_for
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import ConfigError
@@ -18,10 +18,13 @@ from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch, IndexWatch, ServedIndex
 from ragserve.pipeline import RagPipeline
-from ragserve.rerank.base import Reranker
+from ragserve.rerank.base import Reranker, RerankerSource
+from ragserve.rerank.per_version import SameReranker, VersionRerankers
 
 if TYPE_CHECKING:
     from ragserve.embed.onnx_backend import OnnxEmbedder
+    from ragserve.rerank.tiered import TieredReranker
+    from ragserve.rerank.tuned import TunedCrossEncoder
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +52,10 @@ def make_index(settings: Settings) -> SearchIndex:
             settings.qdrant.api_key or None,
             timeout_s=settings.qdrant.timeout_s,
         )
-    return HnswIndex.load(settings.index.path, embedder_threads=settings.embedder.threads)
+    threads, cpus = rerank_threads(settings.rerank)
+    return HnswIndex.load(
+        settings.index.path, embedder_threads=settings.embedder.threads, reranker_threads=threads, reranker_cpus=cpus
+    )
 
 
 def make_index_watch(settings: Settings, target: ServedIndex) -> IndexWatch:
@@ -58,7 +64,10 @@ def make_index_watch(settings: Settings, target: ServedIndex) -> IndexWatch:
         from ragserve.index.qdrant_index import QdrantWatch
 
         return QdrantWatch(target, settings.qdrant.collection)
-    return FolderWatch(settings.index.path, embedder_threads=settings.embedder.threads)
+    threads, cpus = rerank_threads(settings.rerank)
+    return FolderWatch(
+        settings.index.path, embedder_threads=settings.embedder.threads, reranker_threads=threads, reranker_cpus=cpus
+    )
 
 
 def make_retrieval_options(settings: Settings) -> RetrievalOptions:
@@ -190,8 +199,15 @@ def parse_cpus(spec: str, setting: str) -> frozenset[int] | None:
     return frozenset(cpus)
 
 
+def rerank_threads(cfg: RerankSettings) -> tuple[int, frozenset[int] | None]:
+    """ONNX Runtime threads per reranker call and the CPUs they are pinned to (RAGSERVE_RERANK_*)."""
+    cpus = parse_cpus(cfg.cpus, "RAGSERVE_RERANK_CPUS")
+    return cfg.threads or (len(cpus) if cpus else 0), cpus
+
+
 def make_reranker(settings: Settings) -> Reranker | None:
-    """The cross-encoder tiers from RAGSERVE_RERANK_*; None when the mode is off.
+    """The configured cross-encoder tiers from RAGSERVE_RERANK_*; None unless the mode is one-tier
+    or two-tier (auto and tuned use a version's own model: `make_rerankers`).
 
     A configured model that cannot be loaded stops start-up with a message naming the model and
     the setting: serving a fused order while claiming a reranker would mislead.
@@ -200,10 +216,9 @@ def make_reranker(settings: Settings) -> Reranker | None:
     from ragserve.rerank.tiered import Tier, TieredReranker
 
     cfg = settings.rerank
-    if cfg.mode == "off":
+    if cfg.mode not in ("one-tier", "two-tier"):
         return None
-    cpus = parse_cpus(cfg.cpus, "RAGSERVE_RERANK_CPUS")
-    threads = cfg.threads or (len(cpus) if cpus else 0)
+    threads, cpus = rerank_threads(cfg)
     wanted = [("tier1", cfg.tier1_model, "RAGSERVE_RERANK_TIER1_MODEL", cfg.tier1_max_depth)]
     if cfg.mode == "two-tier":
         wanted.append(("tier2", cfg.tier2_model, "RAGSERVE_RERANK_TIER2_MODEL", cfg.tier2_max_depth))
@@ -233,6 +248,31 @@ def make_reranker(settings: Settings) -> Reranker | None:
     )
 
 
+def make_tuned_reranker(cfg: RerankSettings, tuned: TunedCrossEncoder) -> TieredReranker:
+    """One tier, "tier1", over a version's tuned cross-encoder: RAGSERVE_RERANK_* limits, the
+    version's blend weight and sequence length."""
+    from ragserve.rerank.tiered import Tier, TieredReranker
+
+    tier = Tier("tier1", tuned.encoder, cfg.tier1_max_depth, cfg.batch_size, ce_weight=tuned.ce_weight)
+    return TieredReranker(
+        [tier], cfg.candidates, cfg.depth_policy, reserve_ms=cfg.reserve_ms, max_seq_len=tuned.max_seq_len
+    )
+
+
+def make_rerankers(settings: Settings) -> RerankerSource:
+    """Which reranker serves each index version: a version's tuned cross-encoder (auto, tuned) or
+    the configured tiers (off, one-tier, two-tier)."""
+    cfg = settings.rerank
+    if cfg.mode in ("auto", "tuned"):
+        tag = f"version's tuned cross-encoder ({cfg.mode}) max_depth={cfg.tier1_max_depth}"
+        if cfg.depth_policy == "fixed":
+            tag += " fixed-depth"
+        return VersionRerankers(
+            lambda tuned: make_tuned_reranker(cfg, tuned), require_beats_fused=cfg.mode == "auto", tag=tag
+        )
+    return SameReranker(make_reranker(settings))
+
+
 def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipeline:
     """Load and wire every part; the generator is started separately (it is async)."""
     embedder = make_embedder(settings.embedder)
@@ -243,11 +283,12 @@ def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipelin
         log.info(
             "index version %s ships its own tuned query embedder %s: queries use it", index.version, index.embedder_id
         )
-    reranker = make_reranker(settings)
+    rerankers = make_rerankers(settings)
     generator = make_generator(settings) if with_generator else None
     executor = ThreadPoolExecutor(max_workers=settings.limits.model_threads, thread_name_prefix="ragserve-model")
     rerank_executor = None
-    if reranker is not None:
+    # auto and tuned may need it for a version loaded later; its threads start only when used.
+    if settings.rerank.mode != "off":
         rerank_executor = ThreadPoolExecutor(
             max_workers=settings.rerank.concurrency, thread_name_prefix="ragserve-rerank"
         )
@@ -265,7 +306,7 @@ def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipelin
         ef_search=settings.retrieval.hnsw_ef_search,
         cache=make_cache(settings),
         retrieval=make_retrieval_options(settings),
-        reranker=reranker,
+        rerankers=rerankers,
         prompt_layout=settings.prompt_layout,
         rerank_executor=rerank_executor,
         answers=make_answer_cache(settings) if generator is not None else None,

@@ -29,7 +29,7 @@ from ragserve.generate.base import Generator
 from ragserve.index.base import SearchIndex
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.prompt import build_prompt
-from ragserve.rerank.base import Reranker
+from ragserve.rerank.base import Reranker, RerankerSource
 from ragserve.search_stage import SearchStage, check_client
 from ragserve.types import (
     FinalSummary,
@@ -56,25 +56,30 @@ class RagPipeline:
         ef_search: int = default_of(RetrievalSettings, "hnsw_ef_search"),
         cache: RetrievalCache | None = None,
         retrieval: RetrievalOptions | None = None,
-        reranker: Reranker | None = None,
+        rerankers: RerankerSource | None = None,
         prompt_layout: str = default_of(Settings, "prompt_layout"),
         rerank_executor: ThreadPoolExecutor | None = None,
         answers: AnswerCache | None = None,
         search_executor: ThreadPoolExecutor | None = None,
         search_min_ms: float = default_of(QdrantSettings, "min_search_ms"),
     ) -> None:
+        """`rerankers`: which reranker serves each index version (None: none ever does)."""
         self.embedder = embedder
         self.index = index  # replaced whole by swap_index; a request reads it once
         self.generator = generator
-        self.reranker = reranker
         self.prompt_layout = prompt_layout  # "stable" keeps the template prefix first (prefix cache)
         self._executor = executor
         options = retrieval or RetrievalOptions()
         self.search = SearchStage(
-            options, ef_search, reranker, executor, rerank_executor, search_executor, search_min_ms
+            options, ef_search, rerankers, executor, rerank_executor, search_executor, search_min_ms
         )
-        scope = cache_scope(embedder.model_id, self.search, reranker, generator, prompt_layout)
+        scope = cache_scope(embedder.model_id, self.search, generator, prompt_layout)
         self.caches = PipelineCaches(scope, cache, answers)
+
+    @property
+    def reranker(self) -> Reranker | None:
+        """The reranker serving the current index version (None: fused order)."""
+        return self.search.reranker_for(self.index)
 
     @property
     def cache(self) -> RetrievalCache | None:
@@ -87,7 +92,9 @@ class RagPipeline:
     def swap_index(self, index: SearchIndex) -> None:
         """From the next request on (atomic under the GIL); calls in flight keep the one they read.
         A version that ships its own tuned query embedder carries it (`embedder_for`), so the
-        embedder swaps with it in the same assignment."""
+        embedder swaps with it in the same assignment. Blocking: a reranker the version brings is
+        built and warmed first (the reloader calls this on its own thread), so no request pays for it."""
+        self.search.prepare_blocking(index)
         self.index = index
 
     async def astart(self) -> None:
@@ -96,10 +103,11 @@ class RagPipeline:
         await self._off_loop(lambda: embedder.embed_queries(["warm-up"]))
         if self.generator is not None:
             await self.generator.start()
-        if self.reranker is not None:
-            # After the engine is up: each tier measures its cost at the load it will serve under.
-            await self.search.warm_up()
-            log.info("rerank tiers: %s", "; ".join(self.reranker.describe()))
+        # After the engine is up: each tier measures its cost at the load it will serve under.
+        await self.search.prepare(self.index)
+        reranker = self.reranker
+        if reranker is not None:
+            log.info("rerank tiers: %s", "; ".join(reranker.describe()))
         await self.caches.start()
 
     async def aclose(self) -> None:

@@ -19,7 +19,7 @@ from ragserve.errors import DeadlineExpired, Unavailable
 from ragserve.index.base import ScoredChunk, SearchIndex
 from ragserve.index.fusion import RetrievalOptions, effective_mode, hybrid_search, options_for_index, plan_breadth
 from ragserve.prompt import stable_order
-from ragserve.rerank.base import Reranker, RerankOutcome
+from ragserve.rerank.base import Reranker, RerankerSource, RerankOutcome
 from ragserve.types import Degraded, Passage, RetrievalResult, RetrieveParams, StageTimings
 
 T = TypeVar("T")
@@ -38,7 +38,7 @@ class SearchStage:
         self,
         options: RetrievalOptions,
         ef_search: int,
-        reranker: Reranker | None,
+        rerankers: RerankerSource | None,
         executor: ThreadPoolExecutor,
         rerank_executor: ThreadPoolExecutor | None = None,
         search_executor: ThreadPoolExecutor | None = None,
@@ -46,7 +46,7 @@ class SearchStage:
     ) -> None:
         self.options = options
         self.ef_search = ef_search
-        self.reranker = reranker
+        self.rerankers = rerankers  # which reranker serves each index version (None: none)
         self._executor = executor
         # Reranking holds a thread for up to the whole budget; on its own pool, the next request's
         # few-millisecond embed and search never wait behind it.
@@ -65,8 +65,9 @@ class SearchStage:
         check_client(deadline, "search")
         options = options_for_index(self.options, index)  # a tuned version's fitted weight
         mode = effective_mode(index, options)
+        reranker = self.reranker_for(index)  # the one for the version this request read
         # The reranker reorders a deeper candidate list than the caller asked for.
-        k = params.top_k if self.reranker is None else max(params.top_k, self.reranker.candidates)
+        k = params.top_k if reranker is None else max(params.top_k, reranker.candidates)
         narrow = deadline.budget_left_ms() < _MIN_BUDGET_FOR_FULL_SEARCH_MS
         breadth = plan_breadth(options, mode, k, self.ef_search, params.dedupe_documents, narrow)
         with StageTimer("search") as t:
@@ -76,9 +77,9 @@ class SearchStage:
             )
         timings.search_ms = t.ms
         outcome = RerankOutcome(stable_order([Passage(hit.chunk, hit.score) for hit in hits]))
-        if self.reranker is not None:
+        if reranker is not None:
             with StageTimer("rerank") as t:
-                outcome = await self._rerank(self.reranker, params.query, outcome.passages, deadline)
+                outcome = await self._rerank(reranker, params.query, outcome.passages, deadline)
             timings.rerank_ms = t.ms
         top = [Passage(p.chunk, p.score, rank) for rank, p in enumerate(outcome.passages[: params.top_k], start=1)]
         timings.retrieval_total_ms = deadline.elapsed_ms()
@@ -119,6 +120,14 @@ class SearchStage:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._rerank_executor, lambda: reranker.rerank(query, passages, deadline))
 
-    async def warm_up(self) -> None:
-        if self.reranker is not None:
-            await asyncio.get_running_loop().run_in_executor(self._rerank_executor, self.reranker.warm_up)
+    def reranker_for(self, index: SearchIndex) -> Reranker | None:
+        return self.rerankers.for_index(index) if self.rerankers is not None else None
+
+    def prepare_blocking(self, index: SearchIndex) -> None:
+        """Build and warm the reranker for `index` (measures its cost: seconds, not per request)."""
+        if self.rerankers is not None:
+            self.rerankers.prepare(index)
+
+    async def prepare(self, index: SearchIndex) -> None:
+        """`prepare_blocking` on the rerank threads (start-up)."""
+        await asyncio.get_running_loop().run_in_executor(self._rerank_executor, lambda: self.prepare_blocking(index))

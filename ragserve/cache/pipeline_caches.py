@@ -20,7 +20,6 @@ from ragserve.cache.keys import AnswerKey, RetrievalKey, answer_key, prompt_temp
 from ragserve.context import FittedContext
 from ragserve.generate.answer import AnswerRun
 from ragserve.generate.base import Generator
-from ragserve.rerank.base import Reranker
 from ragserve.search_stage import SearchStage
 from ragserve.types import GenerateParams, RetrievalResult, RetrieveParams
 
@@ -58,10 +57,10 @@ class CacheScope:
     prompt_layout: str
 
 
-def cache_scope(
-    embedder_id: str, search: SearchStage, reranker: Reranker | None, generator: Generator | None, prompt_layout: str
-) -> CacheScope:
-    rerank = tuple(reranker.describe()) if reranker is not None else ()
+def cache_scope(embedder_id: str, search: SearchStage, generator: Generator | None, prompt_layout: str) -> CacheScope:
+    # The configured tiers, or for a per-version choice the mode and its settings: the model a
+    # version ships is that version's, and its identity is in every key already.
+    rerank = search.rerankers.cache_tags() if search.rerankers is not None else ()
     generator_tag = ""
     if generator is not None:
         # Engine settings (dtype, speculation) can change a greedy answer: they are in the key.

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ragserve.errors import IndexLoadError
-from ragserve.index.format import MANIFEST, Manifest, check_file_name
+from ragserve.index.format import MANIFEST, Manifest, check_file_name, require_all_listed
 
 if TYPE_CHECKING:
     from ragserve.embed.onnx_backend import OnnxEmbedder
@@ -49,19 +49,6 @@ def _check_spec(folder: Path, manifest: Manifest) -> dict[str, str]:
     return {"dir": spec["dir"], "onnx": spec["onnx"], "base": spec["base"]}
 
 
-def _require_all_listed(folder: Path, manifest: Manifest, directory: str) -> None:
-    """The tokenizer reads whatever is in the folder: every file there must be listed (and so verified)."""
-    root = folder / directory
-    if not root.is_dir():
-        raise IndexLoadError(f"index at {folder}: tuned model folder {directory}/ is missing")
-    present = sorted(p.relative_to(folder).as_posix() for p in root.rglob("*") if not p.is_dir())
-    unlisted = [name for name in present if name not in manifest.files]
-    if unlisted:
-        raise IndexLoadError(f"index at {folder}: {unlisted[0]} is not listed in its {MANIFEST}")
-    if not (root / "config.json").is_file():
-        raise IndexLoadError(f"index at {folder}: tuned model has no {directory}/config.json")
-
-
 def load_tuned_embedder(folder: Path, manifest: Manifest, threads: int) -> OnnxEmbedder | None:
     """The version's own query embedder, or None when it ships none. `manifest` must come from
     `read_verified_version` (so every listed file has passed its checksum)."""
@@ -70,7 +57,7 @@ def load_tuned_embedder(folder: Path, manifest: Manifest, threads: int) -> OnnxE
     from ragserve.embed.onnx_backend import OnnxEmbedder
 
     spec = _check_spec(folder, manifest)
-    _require_all_listed(folder, manifest, spec["dir"])
+    require_all_listed(folder, manifest, spec["dir"], "config.json")
     expected_id = tuned_model_id(spec["base"], manifest.files[spec["onnx"]])
     if manifest.embedder_id != expected_id:
         raise IndexLoadError(

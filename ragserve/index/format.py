@@ -54,6 +54,10 @@ class Manifest:
     # server embeds queries for this version with it (ragserve/embed/tuned.py). Empty: the
     # configured embedder, as before.
     tuned_embedder: dict[str, Any] = field(default_factory=dict)
+    # A tuned cross-encoder for this version (ONNX int8 and its tokenizer, every file listed):
+    # {"dir", "onnx", "base", "layers", "max_seq_len", "ce_weight", "beats_fused"}. The server may
+    # rerank this version with it (ragserve/rerank/tuned.py, RAGSERVE_RERANK_MODE). Empty: none.
+    tuned_reranker: dict[str, Any] = field(default_factory=dict)
     # What the tuner did and fitted (method, fusion_dense_weight, times, held-back scores).
     tuning: dict[str, Any] = field(default_factory=dict)
 
@@ -106,6 +110,7 @@ _FIELD_TYPES: dict[str, type] = {
     "bm25": dict,
     "embedder_backend": str,
     "tuned_embedder": dict,
+    "tuned_reranker": dict,
     "tuning": dict,
 }
 _REQUIRED_FIELDS = ("version", "embedder_id", "dim", "count", "files")
@@ -198,6 +203,21 @@ def require_listed(folder: Path, manifest: Manifest, *names: str) -> None:
     for name in names:
         if name not in manifest.files:
             raise IndexLoadError(f"index at {folder}: {name} is not listed in its {MANIFEST}")
+
+
+def require_all_listed(folder: Path, manifest: Manifest, directory: str, *required: str) -> None:
+    """For a folder a library reads whole (a tokenizer, say): it exists, every file in it is listed
+    (and so verified), and each of `required` (names inside it) is there."""
+    root = folder / directory
+    if not root.is_dir():
+        raise IndexLoadError(f"index at {folder}: {directory}/ is missing")
+    present = sorted(p.relative_to(folder).as_posix() for p in root.rglob("*") if not p.is_dir())
+    unlisted = [name for name in present if name not in manifest.files]
+    if unlisted:
+        raise IndexLoadError(f"index at {folder}: {unlisted[0]} is not listed in its {MANIFEST}")
+    for name in required:
+        if not (root / name).is_file():
+            raise IndexLoadError(f"index at {folder}: {directory}/{name} is missing")
 
 
 def latest_version(root: Path) -> int:

@@ -9,7 +9,7 @@ import hnswlib
 import numpy as np
 import orjson
 
-from ragserve.config import EmbedderSettings, default_of
+from ragserve.config import EmbedderSettings, RerankSettings, default_of
 from ragserve.embed.base import Embedder
 from ragserve.embed.tuned import fitted_weight, load_tuned_embedder
 from ragserve.errors import IndexLoadError
@@ -25,6 +25,7 @@ from ragserve.index.format import (
     resolve_current,
 )
 from ragserve.index.hnsw_file import check_hnsw_file
+from ragserve.rerank.tuned import TunedCrossEncoder, load_tuned_reranker
 from ragserve.types import Chunk
 
 # Build-time defaults, chosen by measurement (tests/bench/bench_hnsw.py, BENCHMARKS.md); query-time
@@ -32,6 +33,7 @@ from ragserve.types import Chunk
 DEFAULT_M = 32
 DEFAULT_EF_CONSTRUCTION = 200
 _EMBEDDER_THREADS: int = default_of(EmbedderSettings, "threads")
+_RERANK_THREADS: int = default_of(RerankSettings, "threads")
 
 
 def chunk_to_json(chunk: Chunk) -> bytes:
@@ -89,10 +91,13 @@ class HnswIndex:
         chunks: list[Chunk],
         bm25: Bm25Index | None = None,
         embedder: Embedder | None = None,
+        reranker: TunedCrossEncoder | None = None,
     ) -> None:
         self.folder = folder
         # The version's own (tuned) query embedder, or None: the configured one serves it.
         self.embedder = embedder
+        # The version's own tuned cross-encoder, or None; RAGSERVE_RERANK_MODE decides its use.
+        self.tuned_reranker = reranker
         self._fusion_weight = fitted_weight(folder, manifest)
         self.manifest = manifest
         self._index = index
@@ -102,9 +107,15 @@ class HnswIndex:
         self._lock = threading.Lock()
 
     @classmethod
-    def load(cls, root: Path, embedder_threads: int = _EMBEDDER_THREADS) -> HnswIndex:
-        """The published version, verified; a tuned query embedder it ships is loaded with it
-        (on `embedder_threads` ONNX Runtime threads)."""
+    def load(
+        cls,
+        root: Path,
+        embedder_threads: int = _EMBEDDER_THREADS,
+        reranker_threads: int = _RERANK_THREADS,
+        reranker_cpus: frozenset[int] | None = None,
+    ) -> HnswIndex:
+        """The published version, verified; a tuned query embedder and a tuned cross-encoder it
+        ships are loaded with it (on `embedder_threads` / `reranker_threads` ONNX Runtime threads)."""
         folder = resolve_current(root)
         manifest, identity = read_verified_version(folder)
         require_listed(folder, manifest, HNSW_FILE, CHUNKS_FILE)
@@ -128,7 +139,8 @@ class HnswIndex:
             )
         bm25 = Bm25Index.load(folder, manifest.count) if manifest.bm25 else None
         embedder = load_tuned_embedder(folder, manifest, embedder_threads)
-        return cls(folder, manifest, identity, index, chunks, bm25, embedder)
+        reranker = load_tuned_reranker(folder, manifest, reranker_threads, reranker_cpus)
+        return cls(folder, manifest, identity, index, chunks, bm25, embedder, reranker)
 
     @property
     def fusion_dense_weight(self) -> float | None:

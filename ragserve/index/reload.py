@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from ragserve.config import EmbedderSettings, IndexSettings, default_of
+from ragserve.config import EmbedderSettings, IndexSettings, RerankSettings, default_of
 from ragserve.errors import IndexLoadError, RagError
 from ragserve.index.base import SearchIndex
 from ragserve.index.format import CURRENT, manifest_identity, read_manifest_bytes
@@ -79,9 +79,18 @@ class ServedIndex(Protocol):
 class FolderWatch:
     """An index root: CURRENT links to the published version's folder."""
 
-    def __init__(self, root: Path, embedder_threads: int = default_of(EmbedderSettings, "threads")) -> None:
+    def __init__(
+        self,
+        root: Path,
+        embedder_threads: int = default_of(EmbedderSettings, "threads"),
+        reranker_threads: int = default_of(RerankSettings, "threads"),
+        reranker_cpus: frozenset[int] | None = None,
+    ) -> None:
         self.root = root
-        self._embedder_threads = embedder_threads  # for a tuned query embedder a version ships
+        # For the tuned query embedder and cross-encoder a version ships.
+        self._embedder_threads = embedder_threads
+        self._reranker_threads = reranker_threads
+        self._reranker_cpus = reranker_cpus
 
     def published(self) -> str | None:
         return published_marker(self.root)
@@ -89,7 +98,12 @@ class FolderWatch:
     def load(self) -> SearchIndex:
         from ragserve.index.hnsw import HnswIndex  # the folder format's only reader
 
-        return HnswIndex.load(self.root, embedder_threads=self._embedder_threads)
+        return HnswIndex.load(
+            self.root,
+            embedder_threads=self._embedder_threads,
+            reranker_threads=self._reranker_threads,
+            reranker_cpus=self._reranker_cpus,
+        )
 
     def served(self, index: SearchIndex) -> str | None:
         folder = getattr(index, "folder", None)

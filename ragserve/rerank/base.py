@@ -1,4 +1,5 @@
-"""The reranking contracts: one cross-encoder tier, and the reranker the pipeline calls."""
+"""The reranking contracts: one cross-encoder tier, the reranker the pipeline calls, and which
+reranker serves a given index version."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from ragserve.budget import Deadline
+from ragserve.index.base import SearchIndex
 from ragserve.types import Passage
 
 
@@ -82,4 +84,20 @@ class Reranker(Protocol):
 
     def rerank(self, query: str, passages: Sequence[Passage], deadline: Deadline) -> RerankOutcome:
         """Never raises for lack of time: it scores what fits and says what it cut."""
+        ...
+
+
+class RerankerSource(Protocol):
+    """Which reranker (if any) serves a request, given the index version the request read."""
+
+    def for_index(self, index: SearchIndex) -> Reranker | None:
+        """Per request: cheap, never builds or measures anything."""
+        ...
+
+    def prepare(self, index: SearchIndex) -> None:
+        """Blocking load-time work for `index` (build, warm up), done before `index` serves."""
+        ...
+
+    def cache_tags(self) -> tuple[str, ...]:
+        """What the choice depends on besides the index version, for cache keys."""
         ...

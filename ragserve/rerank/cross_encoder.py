@@ -67,9 +67,13 @@ class _Tokenizing:
         from transformers import AutoTokenizer
 
         try:
-            self._tokenizer = AutoTokenizer.from_pretrained(model)
+            tokenizer = AutoTokenizer.from_pretrained(model)
         except Exception as exc:  # transformers raises OSError, ValueError, hub errors...
             raise _load_error(model, setting, exc) from exc
+        self._use_tokenizer(tokenizer)
+
+    def _use_tokenizer(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
         self._pad_id = int(self._tokenizer.pad_token_id or 0)
         # A fast tokenizer sets its truncation state per call: concurrent calls fail with "Already borrowed".
         self._tokenizer_lock = threading.Lock()
@@ -294,12 +298,42 @@ class OnnxCrossEncoder(_Tokenizing):
         threads: int = default_of(RerankSettings, "threads"),
         cpus: frozenset[int] | None = None,
     ) -> None:
-        import onnxruntime as ort
-
         config = _read_config(model, setting)
         self._load_tokenizer(model, setting)
         self._quantized = device == "cpu"  # dynamic int8 kernels are a CPU feature
         path = export_onnx(model, setting, cache_dir, self._quantized)
+        try:
+            self._open(path, device, threads, cpus)
+        except Exception as exc:
+            raise _load_error(model, setting, exc) from exc
+        self._describe(model, config, max_seq_len, cpus)
+
+    @classmethod
+    def from_export(
+        cls,
+        onnx_path: Path,
+        model_dir: Path,
+        model_id: str,
+        *,
+        threads: int,
+        cpus: frozenset[int] | None,
+        max_seq_len: int,
+    ) -> OnnxCrossEncoder:
+        """An already exported int8 model (`model_dir`: its config and tokenizer files), as an index
+        version ships it, on CPU; reported under `model_id`. Library errors pass through as raised."""
+        from transformers import AutoConfig, AutoTokenizer
+
+        encoder = cls.__new__(cls)
+        config = AutoConfig.from_pretrained(str(model_dir))
+        encoder._use_tokenizer(AutoTokenizer.from_pretrained(str(model_dir)))
+        encoder._quantized = True
+        encoder._open(onnx_path, "cpu", threads, cpus)
+        encoder._describe(model_id, config, max_seq_len, cpus)
+        return encoder
+
+    def _open(self, path: Path, device: str, threads: int, cpus: frozenset[int] | None) -> None:
+        import onnxruntime as ort
+
         options = ort.SessionOptions()
         if threads > 0:
             options.intra_op_num_threads = threads
@@ -311,12 +345,8 @@ class OnnxCrossEncoder(_Tokenizing):
             ids = ",".join(str(c + 1) for c in sorted(cpus))
             options.add_session_config_entry("session.intra_op_thread_affinities", ";".join([ids] * (threads - 1)))
         providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
-        try:
-            self._session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
-        except Exception as exc:
-            raise _load_error(model, setting, exc) from exc
+        self._session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
         self._inputs = {i.name for i in self._session.get_inputs()}
-        self._describe(model, config, max_seq_len, cpus)
 
     @property
     def backend(self) -> str:

@@ -19,6 +19,7 @@ from typing import Literal
 from ragserve.budget import Deadline
 from ragserve.config import RerankSettings, default_of
 from ragserve.rerank.base import CrossEncoder, EncodedPair, RerankOutcome
+from ragserve.rerank.blend import blend, normalized_fused
 from ragserve.rerank.cost import CostModel, padded_tokens, plan_batches
 from ragserve.types import Passage
 
@@ -37,13 +38,17 @@ _WARM_TEXT = (
 
 @dataclass(slots=True)
 class Tier:
-    """One cross-encoder and its limits; `cost` is measured at warm-up (or given, in tests)."""
+    """One cross-encoder and its limits; `cost` is measured at warm-up (or given, in tests).
+
+    With `ce_weight`, the tier orders what it scored by the blend of its score and the fused score
+    (rerank/blend.py, the weight a tuned version ships) instead of its score alone."""
 
     name: str
     encoder: CrossEncoder
     max_depth: int
     batch_size: int
     cost: CostModel | None = None
+    ce_weight: float | None = None
 
     def measure(self, max_seq_len: int, repeats: int = 3) -> CostModel:
         """Time batches of a few shapes at this host's load and fit overhead + ms per token."""
@@ -74,14 +79,24 @@ class Tier:
         return self.cost
 
 
-def _reorder(items: list[Passage], scores: dict[int, float]) -> list[Passage]:
-    """Scored items take the slots they held, best score first; unscored items keep their place."""
+def _order(scores: dict[int, float], size: int) -> list[int]:
+    """The source position of each slot: scored items take the slots they held, best score first
+    (ties keep their order); unscored items keep their place."""
     slots = sorted(scores)
-    best = sorted(slots, key=lambda i: (-scores[i], i))
-    out = list(items)
-    for slot, src in zip(slots, best, strict=True):
-        out[slot] = Passage(items[src].chunk, scores[src], items[src].rank)
-    return out
+    order = list(range(size))
+    for slot, src in zip(slots, sorted(slots, key=lambda i: (-scores[i], i)), strict=True):
+        order[slot] = src
+    return order
+
+
+def _blended(scores: dict[int, float], fused: Sequence[float], ce_weight: float) -> dict[int, float]:
+    """Each scored position's blend of its cross-encoder score and its normalized fused score.
+
+    On a scored prefix, ordering by these is `blended_order`; a batch cut mid-way can leave scored
+    positions that are not a prefix, so the blend is taken position by position."""
+    slots = sorted(scores)
+    values = blend([scores[i] for i in slots], [fused[i] for i in slots], ce_weight)
+    return dict(zip(slots, (float(v) for v in values), strict=True))
 
 
 class TieredReranker:
@@ -118,6 +133,8 @@ class TieredReranker:
         out = []
         for tier in self._tiers:
             label = f"{tier.name} {tier.encoder.model_id} {tier.encoder.backend} max_depth={tier.max_depth}"
+            if tier.ce_weight is not None:
+                label += f" ce_weight={tier.ce_weight:g}"
             if self._policy == "fixed":
                 label += " fixed-depth"
             if tier.encoder.random_head:
@@ -188,6 +205,8 @@ class TieredReranker:
         out = RerankOutcome(items)
         if len(items) < MIN_DEPTH:
             return out
+        # The fused scores as handed over, normalized over all of them; kept aligned with `items`.
+        fused = list(normalized_fused([p.score for p in items]))
 
         def time_left() -> float:
             return self._time_left(deadline)
@@ -201,7 +220,10 @@ class TieredReranker:
             scored = self._score_tier(tier, pairs, time_left, out)
             if scored is None:
                 break
-            items = _reorder(items, scored[0])
+            scores = scored[0] if tier.ce_weight is None else _blended(scored[0], fused, tier.ce_weight)
+            order = _order(scores, len(items))
+            items = [Passage(items[i].chunk, scores[i], items[i].rank) if i in scores else items[i] for i in order]
+            fused = [fused[i] for i in order]
             if not self._combine(out, tier, scored, want):
                 break
             # The next tier reads only what this tier ranked.

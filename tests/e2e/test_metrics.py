@@ -79,6 +79,7 @@ def test_metrics_cover_every_stage(live_server: LiveServer) -> None:
     assert _value(samples, "ragserve_cache_requests_total", backend="memory", result="miss") >= 1
     cache_count = _value(samples, "ragserve_stage_latency_ms_count", stage="cache")
     assert cache_count >= 1 and _value(samples, "ragserve_stage_latency_ms_sum", stage="cache") / cache_count < 50
-    # Reranking is off by default: the depth series exist and are empty.
+    # No reranking by default (auto, and the sample version ships no tuned cross-encoder): the depth
+    # series exist and are empty.
     for tier in ("tier1", "tier2"):
         assert _value(samples, "ragserve_rerank_depth_count", tier=tier) == 0

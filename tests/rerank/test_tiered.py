@@ -1,11 +1,15 @@
-"""The budgeted two-tier reranker's mechanics, with Fake cross-encoders (no model weights)."""
+"""The budgeted two-tier reranker's mechanics (and a tier's blend with the fused score), with
+Fake cross-encoders (no model weights)."""
 
 from __future__ import annotations
 
 import itertools
 import time
 
+import pytest
+
 from ragserve.budget import Deadline
+from ragserve.rerank.blend import blend, blended_order, normalized_fused
 from ragserve.rerank.cost import CostModel, plan_batches
 from ragserve.rerank.tiered import Tier, TieredReranker
 from ragserve.types import Chunk, Passage
@@ -170,3 +174,67 @@ def test_fixed_policy_ignores_the_budget() -> None:
     t2 = Tier("tier2", FakeCrossEncoder(), 5, 4, CostModel(1.0))
     outcome = TieredReranker([t1, t2], 20, policy="fixed", reserve_ms=2.0).rerank("q", candidates(), Deadline(1))
     assert outcome.tiers == ["tier1:20", "tier2:5"]
+
+
+def chunk_ids(passages: list[Passage]) -> list[str]:
+    return [p.chunk.chunk_id for p in passages]
+
+
+def blending(ce_weight: float, max_depth: int = 10, clock: FakeClock | None = None) -> TieredReranker:
+    """One tier whose order is the blend with the fused score (a tuned version's tier)."""
+    cost = CostModel(0.01, 1.0)
+    encoder = FakeCrossEncoder("fake-tuned", clock=clock, cost=cost if clock else None)
+    tier = Tier("tier1", encoder, max_depth, 4, cost, ce_weight=ce_weight)
+    if clock is None:
+        return TieredReranker([tier], candidates=20, policy="fixed", reserve_ms=0.0)
+    return TieredReranker([tier], candidates=20, reserve_ms=0.0, timer=clock)
+
+
+def test_a_tier_with_a_ce_weight_orders_its_pairs_by_the_blend() -> None:
+    passages = candidates()
+    fused = [p.score for p in passages]
+    outcome = blending(0.5).rerank("q", passages, Deadline(1000))
+    assert outcome.tiers == ["tier1:10"]
+    ce = [float(i) for i in range(10)]  # the fake scores how often "relevant" appears: i
+    order = blended_order(ce, fused, 0.5)
+    assert chunk_ids(outcome.passages) == chunk_ids([passages[i] for i in order])
+    # Neither the fused order (0, 1, ...) nor the cross-encoder's (9, 8, ...): the blend of both.
+    assert order[:10] != list(range(10)) and order[:10] != list(range(9, -1, -1))
+    assert outcome.passages[10:] == passages[10:]  # not scored: as fused
+    scores = blend(ce, normalized_fused(fused), 0.5)
+    assert [p.score for p in outcome.passages[:10]] == pytest.approx([scores[i] for i in order[:10]])
+
+
+def test_ce_weight_zero_is_the_fused_order_and_one_the_cross_encoder_order() -> None:
+    passages = candidates()
+    assert chunk_ids(blending(0.0).rerank("q", passages, Deadline(1000)).passages) == chunk_ids(passages)
+    ce_only = blending(1.0).rerank("q", passages, Deadline(1000)).passages
+    assert chunk_ids(ce_only) == chunk_ids(passages[9::-1] + passages[10:])
+
+
+def test_a_budget_cut_blends_the_scored_prefix_and_keeps_the_tail_in_fused_order() -> None:
+    passages = candidates()
+    clock = FakeClock()
+    outcome = blending(0.5, max_depth=20, clock=clock).rerank("q", passages, Deadline(15, clock=clock))
+    depth = depths(outcome.tiers)[0]
+    assert 2 <= depth < 20 and outcome.truncated
+    order = blended_order([float(i) for i in range(depth)], [p.score for p in passages], 0.5)
+    assert chunk_ids(outcome.passages) == chunk_ids([passages[i] for i in order])
+    assert outcome.passages[depth:] == passages[depth:]
+
+
+def test_a_second_tier_blends_with_the_fused_scores_handed_to_the_reranker() -> None:
+    passages = candidates()
+    fused = {p.chunk.chunk_id: s for p, s in zip(passages, normalized_fused([p.score for p in passages]), strict=True)}
+    t1 = Tier("tier1", FakeCrossEncoder("fake-l2"), 10, 4, CostModel(0.01))
+    t2 = Tier("tier2", FakeCrossEncoder("fake-tuned"), 5, 4, CostModel(0.01), ce_weight=0.5)
+    outcome = TieredReranker([t1, t2], 20, policy="fixed", reserve_ms=0.0).rerank("q", passages, Deadline(1000))
+    top = outcome.passages[:5]  # tier 1's best five (c09..c05), reordered by tier 2's blend
+
+    def blended(p: Passage) -> float:
+        ce = float(p.chunk.chunk_id[1:])  # c07 says "relevant" 7 times
+        return float(blend([ce], [fused[p.chunk.chunk_id]], 0.5)[0])
+
+    expected = sorted(top, key=lambda p: -blended(p))
+    assert chunk_ids(top) == chunk_ids(expected)
+    assert chunk_ids(top) != ["c09", "c08", "c07", "c06", "c05"]
