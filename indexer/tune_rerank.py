@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from ragserve.rerank.tuned import TUNED_RERANKER_DIR, TUNED_RERANKER_ONNX, load_tuned_reranker
 
 from indexer.build import index_root_lock
 from indexer.tune import FIT_SALT
@@ -43,6 +42,15 @@ from ragserve.index.fusion import dedupe_documents, weighted
 from ragserve.index.hnsw import HnswIndex
 from ragserve.onnx_export import export_bert, quantize_int8
 from ragserve.rerank.blend import blended_order
+from ragserve.rerank.tuned import (
+    TUNED_DIR as TUNED_RERANKER_DIR,
+)
+from ragserve.rerank.tuned import (
+    TUNED_ONNX as TUNED_RERANKER_ONNX,
+)
+from ragserve.rerank.tuned import (
+    load_tuned_reranker,
+)
 from ragserve.types import Chunk
 
 DEPTHS = (5, 10, 20)

@@ -13,8 +13,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+Scores = Sequence[float] | np.ndarray
 
-def normalized_fused(fused: Sequence[float]) -> np.ndarray:
+
+def normalized_fused(fused: Scores) -> np.ndarray:
     """Min-max over the candidate list (all equal: all 1)."""
     values = np.asarray(fused, dtype=np.float64)
     if values.size == 0:
@@ -25,16 +27,14 @@ def normalized_fused(fused: Sequence[float]) -> np.ndarray:
     return (values - lo) / (hi - lo)
 
 
-def blend(
-    ce_logits: Sequence[float] | np.ndarray, fused_normalized: Sequence[float] | np.ndarray, ce_weight: float
-) -> np.ndarray:
+def blend(ce_logits: Scores, fused_normalized: Scores, ce_weight: float) -> np.ndarray:
     """The final score of each scored candidate (ce_logits[i] belongs to fused_normalized[i])."""
     ce = np.asarray(ce_logits, dtype=np.float64)
     fused = np.asarray(fused_normalized, dtype=np.float64)[: ce.size]
     return ce_weight / (1.0 + np.exp(-ce)) + (1.0 - ce_weight) * fused
 
 
-def blended_order(ce_logits: Sequence[float], fused: Sequence[float], ce_weight: float) -> list[int]:
+def blended_order(ce_logits: Scores, fused: Scores, ce_weight: float) -> list[int]:
     """Candidate positions in their final order: the first len(ce_logits) by blended score (ties
     keep the fused order), then the unscored rest as they were."""
     depth = len(ce_logits)

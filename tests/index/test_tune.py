@@ -63,6 +63,23 @@ def test_mined_hard_negatives_skip_known_positives_and_repeat_documents() -> Non
     assert examples == [Example("query", "positive text", ("text of n1 0", "text of n2 0"))]
 
 
+def test_a_relevant_document_is_learnt_from_its_best_ranked_chunk_when_asked() -> None:
+    from indexer.tune import mine_examples
+
+    dense = {"q": [_hit("n1", 0.9), _hit("pos", 0.8, 2), _hit("pos", 0.7, 0)]}
+    lists = CandidateLists(dense, {"q": []})
+    qrels = {"q": {"pos": 1, "missed": 1}}
+    firsts = {"pos": "first chunk of pos", "missed": "first chunk of missed"}
+
+    def render(chunk: Chunk) -> str:
+        return f"best: {chunk.text}"
+
+    examples = mine_examples(lists, {"q": "query"}, qrels, firsts, 1.0, 1, best_chunk=render)
+    # The chunk the index ranked highest (chunk 2); a document the search missed keeps its first chunk.
+    assert [e.positive for e in examples] == ["best: text of pos 2", "first chunk of missed"]
+    assert all(e.negatives == ("text of n1 0",) for e in examples)
+
+
 def _examples(n: int) -> list[Example]:
     return [Example(f"question {i}", f"answer number {i}", (f"distractor {i}",)) for i in range(n)]
 
