@@ -34,7 +34,7 @@ from indexer.tune_eval import (
     ndcg_at,
     search_candidates,
 )
-from indexer.tune_rerank_train import RerankGroup, RerankTrainOptions, train_cross_encoder
+from indexer.tune_rerank_train import RerankGroup, RerankTrainOptions, segment_match_model, train_cross_encoder
 from ragserve.config import RerankSettings, RetrievalSettings, default_of
 from ragserve.embed.base import embedder_for, resolve_embedder_path
 from ragserve.index.format import MANIFEST, latest_version, new_build_dir, publish, sha256_file
@@ -162,10 +162,8 @@ def fit_ce_weight(grid: dict[tuple[int, float], float], depths: Sequence[int] = 
 
 def export_reranker(model_dir: Path, target: Path) -> Path:
     """The trained model as ONNX int8 plus its config and tokenizer files in `target`."""
-    from transformers import AutoModelForSequenceClassification
-
     target.mkdir(parents=True)
-    net = AutoModelForSequenceClassification.from_pretrained(str(model_dir), attn_implementation="eager").eval()
+    net = segment_match_model(str(model_dir)).eval()
     with tempfile.TemporaryDirectory(prefix=".export-", dir=target.parent) as tmp:
         fp32 = Path(tmp) / "model.onnx"
         export_bert(net, fp32, "logits", {0: "batch"})

@@ -1,13 +1,15 @@
 """Train a cross-encoder for one corpus: listwise softmax loss over (1 relevant + n hard negative) groups.
 
-The model starts from the bundled bi-encoder's first `layers` transformer layers with a fresh
-one-logit head (no cross-encoder weights can be had offline). What makes it learn on a few hundred
-queries (a plain 3e-5 run stayed at ln(group size)):
-- every text in a group has the same form (chunk text, as the server scores it), so the only
-  signal is relevance, not formatting;
-- the fresh head (pooler + classifier) gets a learning rate 10-30x the encoder's;
-- short training with warm-up, then a linear decay.
-Resumable with the bi-encoder tuner's checkpoint helpers (tune_train.py).
+The model starts from the bundled bi-encoder's first `layers` transformer layers (no cross-encoder
+weights can be had offline). A standard [CLS] head does not learn from it: that bi-encoder was
+trained with mean pooling, its [CLS] state is the same for every pair (spread ~1e-4 of its norm), and
+the loss stays at ln(group size). So the head reads what the encoder does carry: the mean of the
+query tokens and the mean of the passage tokens (split by token type ids) after joint attention,
+scored as `scale * (q/|q| * p/|p|) . w + b` with w = 1 at the start, i.e. a cosine the training then
+reweights. Every text in a group has the same form (chunk text, as the server scores it), so the
+only signal is relevance, not formatting. The exported ONNX graph takes the usual BERT inputs and
+gives one logit per pair, like any cross-encoder the server loads. Resumable with the bi-encoder
+tuner's checkpoint helpers (tune_train.py).
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ class RerankTrainOptions:
     layers: int = 2  # the tier-1 shape: deep enough to rank, cheap enough to score ~10 pairs in budget
     epochs: int = 2
     groups_per_step: int = 4
-    lr: float = 1e-4
-    head_lr: float = 2e-3
+    lr: float = 5e-5
+    head_lr: float = 1e-3
     warmup: float = 0.1
     max_seq_len: int = 256
     checkpoint_every: int = 50
@@ -52,15 +54,64 @@ def _steps(groups: list[RerankGroup], opts: RerankTrainOptions, epoch: int) -> l
     return [[groups[int(i)] for i in order[s : s + per]] for s in range(0, len(order), per)]
 
 
-def _setup(model_path: str, steps: int, opts: RerankTrainOptions) -> tuple[Any, Any, Any, Any]:
+HEAD_FILE = "segment_head.pt"
+_INIT_SCALE = 20.0  # the bi-encoder's own similarity scale (MultipleNegativesRankingLoss)
+
+
+def segment_match_model(model_path: str, layers: int | None = None) -> Any:
+    """The cross-encoder: BERT (the first `layers` of `model_path`) + the segment-match head; a
+    folder saved by `save_segment_match` is loaded with its trained head."""
     import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
+    from transformers import BertModel
+
+    extra: dict[str, Any] = {} if layers is None else {"num_hidden_layers": layers}
+    bert = BertModel.from_pretrained(model_path, add_pooling_layer=False, **extra)
+
+    class SegmentMatchCrossEncoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+            self.head = torch.nn.Linear(bert.config.hidden_size, 1)
+            with torch.no_grad():
+                self.head.weight.fill_(_INIT_SCALE)
+                self.head.bias.zero_()
+
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+            hidden = self.bert(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            passage = mask * token_type_ids.unsqueeze(-1).to(hidden.dtype)
+            query = mask - passage
+            q = (hidden * query).sum(1) / query.sum(1).clamp(min=1.0)
+            p = (hidden * passage).sum(1) / passage.sum(1).clamp(min=1.0)
+            q = torch.nn.functional.normalize(q, dim=-1)
+            p = torch.nn.functional.normalize(p, dim=-1)
+            return self.head(q * p)
+
+    model = SegmentMatchCrossEncoder()
+    head = Path(model_path) / HEAD_FILE
+    if head.is_file():
+        model.head.load_state_dict(torch.load(head, weights_only=True))
+    return model
+
+
+def save_segment_match(model: Any, tokenizer: Any, folder: Path) -> None:
+    import torch
+
+    model.bert.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    torch.save(model.head.state_dict(), folder / HEAD_FILE)
+
+
+def _setup(model_path: str, steps: int, opts: RerankTrainOptions, resume: bool) -> tuple[Any, Any, Any, Any]:
+    import torch
+    from transformers import AutoTokenizer, get_linear_schedule_with_warmup
 
     torch.manual_seed(opts.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1, num_hidden_layers=opts.layers)
-    head = [p for n, p in model.named_parameters() if n.startswith(("classifier.", "bert.pooler."))]
-    body = [p for n, p in model.named_parameters() if not n.startswith(("classifier.", "bert.pooler."))]
+    model = segment_match_model(model_path, None if resume else opts.layers)
+    body, head = list(model.bert.parameters()), list(model.head.parameters())
     optimizer = torch.optim.AdamW([{"params": body, "lr": opts.lr}, {"params": head, "lr": opts.head_lr}])
     scheduler = get_linear_schedule_with_warmup(optimizer, math.ceil(steps * opts.warmup), steps)  # type: ignore[no-untyped-call]
     return model, tokenizer, optimizer, scheduler
@@ -75,7 +126,7 @@ def _group_loss(model: Any, tokenizer: Any, batch: list[RerankGroup], max_seq_le
     enc = tokenizer(
         queries, texts, truncation="longest_first", max_length=max_seq_len, padding=True, return_tensors="pt"
     )
-    logits = model(**enc).logits.view(len(batch), width)
+    logits = model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]).view(len(batch), width)
     return torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long))
 
 
@@ -100,7 +151,7 @@ def train_cross_encoder(
     total = per_epoch * opts.epochs
     state = resume_state(work, fingerprint)
     model, tokenizer, optimizer, scheduler = _setup(
-        base_model if state is None else str(work / CHECKPOINT), total, opts
+        base_model if state is None else str(work / CHECKPOINT), total, opts, resume=state is not None
     )
     step = 0
     if state is not None:
@@ -111,8 +162,7 @@ def train_cross_encoder(
         write_meta(work, fingerprint, False, asdict(opts))
 
     def save(folder: Path) -> None:
-        model.save_pretrained(str(folder))
-        tokenizer.save_pretrained(str(folder))
+        save_segment_match(model, tokenizer, folder)
 
     model.train()
     bar = tqdm(total=total, initial=step, unit="step", desc="tune reranker", disable=not progress)

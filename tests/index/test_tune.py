@@ -14,7 +14,7 @@ from indexer.tune_eval import CandidateLists, TuneInputError, hash_split, load_q
 from indexer.tune_train import CHECKPOINT, Example, TrainOptions, train
 from ragserve.index.base import ScoredChunk
 from ragserve.types import Chunk
-from tests.index.tuned_fake import save_fake_tuned_model
+from tests.index.tuned_fake import save_fake_tuned_model, write_sample_labels
 
 
 def test_hash_split_is_deterministic_and_independent_of_order() -> None:
@@ -129,20 +129,7 @@ def test_labelled_and_label_free_runs_publish_versions_the_server_loads(tmp_path
 
     root = tmp_path / "idx"
     shutil.copytree(sample_index, root, symlinks=True)
-    questions = {
-        "bloom-filters.txt": "how can a set answer maybe with no false negatives",
-        "raft-consensus.md": "how do servers elect a leader and replicate a log",
-        "photosynthesis.md": "how do plants turn light into sugar",
-        "plate-tectonics.txt": "why do continents drift and cause earthquakes",
-        "tcp-three-way-handshake.md": "how does a connection start with syn and ack",
-        "linux-oom-killer.txt": "which process does the kernel kill when memory runs out",
-    }
-    (tmp_path / "q.jsonl").write_text(
-        "".join(f'{{"_id": "{i}", "text": "{q}"}}\n' for i, q in enumerate(questions.values()))
-    )
-    (tmp_path / "qrels.tsv").write_text(
-        "query-id\tcorpus-id\tscore\n" + "".join(f"{i}\t{doc}\t1\n" for i, doc in enumerate(questions))
-    )
+    write_sample_labels(tmp_path)
     opts = TrainOptions(epochs=1, batch_size=4)
     job = TuneJob(root, tmp_path / "q.jsonl", tmp_path / "qrels.tsv", force=True, progress=False, train=opts)
     report = run_tune(job, say=lambda _: None)

@@ -14,7 +14,7 @@ from indexer.tune_rerank_train import RerankGroup, RerankTrainOptions, train_cro
 from indexer.tune_train import CHECKPOINT
 from ragserve.index.base import ScoredChunk
 from ragserve.types import Chunk
-from tests.index.tuned_fake import save_fake_tuned_model
+from tests.index.tuned_fake import save_fake_tuned_model, write_sample_labels
 
 
 class _FakeIndexChunks:
@@ -89,3 +89,51 @@ def test_reranker_training_resumes_from_its_last_checkpoint(tmp_path: Path) -> N
     assert (final / "config.json").is_file() and (final / "tokenizer.json").is_file()
     with pytest.raises(ValueError, match="at least one negative"):
         train_cross_encoder(str(raw), [RerankGroup("q", "p", ())] * 2, opts, tmp_path / "w2", "fp", False)
+
+
+@pytest.mark.slow
+def test_a_tuned_reranker_is_published_with_the_version_and_loaded_by_the_server(
+    tmp_path: Path, sample_index: Path
+) -> None:
+    """The real MiniLM's first layer on the sample documents, a few labelled questions: a new
+    version ships the exported model and the fitted blend, and loads the way the server loads it."""
+    import shutil
+
+    from indexer.tune_rerank import CE_WEIGHTS, RerankTuneJob, run_tune_reranker
+    from ragserve.index.hnsw import HnswIndex
+    from ragserve.rerank.tuned import TUNED_ONNX
+
+    root = tmp_path / "idx"
+    shutil.copytree(sample_index, root, symlinks=True)
+    queries, qrels = write_sample_labels(tmp_path)
+    opts = RerankTrainOptions(layers=1, epochs=1, groups_per_step=2, max_seq_len=128)
+    job = RerankTuneJob(root, queries, qrels, negatives=3, fit_fraction=0.3, progress=False, train=opts)
+    report = run_tune_reranker(job, say=lambda _: None)
+    assert report.version == 2 and report.groups >= 3 and report.fit_queries >= 1
+    assert report.ce_weight in CE_WEIGHTS and set(report.by_depth) == {5, 10, 20}
+    index = HnswIndex.load(root)
+    assert index.tuned_reranker is not None and TUNED_ONNX in index.manifest.files
+    assert index.tuned_reranker.ce_weight == report.ce_weight
+    assert index.tuned_reranker.beats_fused == report.beats_fused
+    record = index.manifest.tuning["reranker"]
+    assert record["layers"] == 1 and record["fit_queries"] == report.fit_queries
+    assert not (root / ".tune-reranker").exists()
+    scores = index.tuned_reranker.encoder.score(
+        index.tuned_reranker.encoder.encode("how do plants turn light into sugar", ["chlorophyll", "tcp syn ack"])
+    )
+    assert scores.shape == (2,)
+
+
+def test_cli_needs_labels_and_an_index(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from indexer.cli import app
+
+    queries, qrels = write_sample_labels(tmp_path)
+    runner = CliRunner()
+    result = runner.invoke(app, ["tune-reranker", "--index", str(tmp_path / "none"), "--no-progress"])
+    assert result.exit_code == 2 and "--queries" in result.output
+    args = ["tune-reranker", "--index", str(tmp_path / "none"), "--queries", str(queries), "--qrels", str(qrels)]
+    result = runner.invoke(app, [*args, "--no-progress"])
+    assert result.exit_code == 2 and "no published index" in result.output
+    assert "Traceback" not in result.output

@@ -98,3 +98,22 @@ def ships_tuned_reranker(model: Path, **entry: Any) -> Callable[[Path], dict[str
         return {"tuned_reranker": {**spec, **entry}}
 
     return add
+
+
+# Questions written for a few of the bundled sample documents: labels for whole tuning runs.
+SAMPLE_QUESTIONS = {
+    "bloom-filters.txt": "how can a set answer maybe with no false negatives",
+    "raft-consensus.md": "how do servers elect a leader and replicate a log",
+    "photosynthesis.md": "how do plants turn light into sugar",
+    "plate-tectonics.txt": "why do continents drift and cause earthquakes",
+    "tcp-three-way-handshake.md": "how does a connection start with syn and ack",
+    "linux-oom-killer.txt": "which process does the kernel kill when memory runs out",
+}
+
+
+def write_sample_labels(folder: Path) -> tuple[Path, Path]:
+    """BEIR `q.jsonl` and `qrels.tsv` in `folder` for SAMPLE_QUESTIONS."""
+    queries, qrels = folder / "q.jsonl", folder / "qrels.tsv"
+    queries.write_text("".join(f'{{"_id": "{i}", "text": "{q}"}}\n' for i, q in enumerate(SAMPLE_QUESTIONS.values())))
+    qrels.write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{i}\t{d}\t1\n" for i, d in enumerate(SAMPLE_QUESTIONS)))
+    return queries, qrels
