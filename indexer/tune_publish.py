@@ -18,6 +18,7 @@ from ragserve.embed.onnx_backend import INT8_FILE, OnnxEmbedder, export_onnx
 from ragserve.embed.tuned import TUNED_DIR, TUNED_ONNX, tuned_model_id
 from ragserve.index.format import HNSW_FILE, MANIFEST, VECTORS_FILE, Manifest, new_build_dir, sha256_file
 from ragserve.index.hnsw import HnswIndex, build_hnsw
+from ragserve.rerank.tuned import TUNED_DIR as TUNED_RERANKER_DIR
 
 # What the tokenizer and the ONNX embedder read from a model folder (whichever exist).
 _MODEL_FILES = (
@@ -58,10 +59,11 @@ def embed_chunks(embedder: OnnxEmbedder, index: HnswIndex, batch_size: int, prog
 
 
 def _carry_over(source: Path, build: Path, manifest: Manifest) -> dict[str, str]:
-    """Copy every listed file the re-embedding does not change (chunks, documents, BM25)."""
+    """Copy every listed file the re-embedding does not change (chunks, documents, BM25). A tuned
+    cross-encoder is left behind: its blend weight was fitted on the old fused order."""
     kept: dict[str, str] = {}
     for name, digest in manifest.files.items():
-        if name in (HNSW_FILE, VECTORS_FILE) or name.startswith(f"{TUNED_DIR}/"):
+        if name in (HNSW_FILE, VECTORS_FILE) or name.startswith((f"{TUNED_DIR}/", f"{TUNED_RERANKER_DIR}/")):
             continue
         (build / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source / name, build / name)
@@ -100,6 +102,7 @@ def build_tuned_version(
         files=files,
         embedder_backend="onnx-int8",
         tuned_embedder=spec,
+        tuned_reranker={},
         tuning={},
     )
     (build / MANIFEST).write_text(manifest.to_json())  # provisional: lets the build be loaded and scored

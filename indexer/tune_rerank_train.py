@@ -63,9 +63,15 @@ def segment_match_model(model_path: str, layers: int | None = None) -> Any:
     folder saved by `save_segment_match` is loaded with its trained head."""
     import torch
     from transformers import BertModel
+    from transformers.utils import logging as hf_logging
 
     extra: dict[str, Any] = {} if layers is None else {"num_hidden_layers": layers}
-    bert = BertModel.from_pretrained(model_path, add_pooling_layer=False, **extra)
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity(hf_logging.ERROR)  # the layers left out are listed as "unexpected": by design
+    try:
+        bert = BertModel.from_pretrained(model_path, add_pooling_layer=False, **extra)
+    finally:
+        hf_logging.set_verbosity(before)
 
     class SegmentMatchCrossEncoder(torch.nn.Module):
         def __init__(self) -> None:

@@ -122,6 +122,15 @@ def test_a_tuned_reranker_is_published_with_the_version_and_loaded_by_the_server
         index.tuned_reranker.encoder.encode("how do plants turn light into sugar", ["chlorophyll", "tcp syn ack"])
     )
     assert scores.shape == (2,)
+    # Re-tuning the bi-encoder changes the fused order the blend was fitted on: the new version
+    # leaves the cross-encoder behind (tune it again for the new order).
+    from indexer.tune import TuneJob, run_tune
+    from indexer.tune_train import TrainOptions
+
+    retuned = TuneJob(root, queries, qrels, force=True, progress=False, train=TrainOptions(epochs=1, batch_size=4))
+    assert run_tune(retuned, say=lambda _: None).published
+    index = HnswIndex.load(root)
+    assert index.tuned_reranker is None and not any(f.startswith("reranker/") for f in index.manifest.files)
 
 
 def test_cli_needs_labels_and_an_index(tmp_path: Path) -> None:
