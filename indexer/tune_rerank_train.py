@@ -14,6 +14,7 @@ tuner's checkpoint helpers (tune_train.py).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -67,7 +68,7 @@ def segment_match_model(model_path: str, layers: int | None = None) -> Any:
 
     extra: dict[str, Any] = {} if layers is None else {"num_hidden_layers": layers}
     before = hf_logging.get_verbosity()
-    hf_logging.set_verbosity(hf_logging.ERROR)  # the layers left out are listed as "unexpected": by design
+    hf_logging.set_verbosity(logging.ERROR)  # the layers left out are listed as "unexpected": by design
     try:
         bert = BertModel.from_pretrained(model_path, add_pooling_layer=False, **extra)
     finally:
