@@ -286,6 +286,9 @@ def tune_reranker(
     lr: Annotated[float, typer.Option(min=1e-7, max=1e-2, help="Encoder learning rate")] = 1e-4,
     head_lr: Annotated[float, typer.Option(min=1e-7, max=1e-1, help="Learning rate of the fresh head")] = 2e-3,
     fit_fraction: Annotated[float, typer.Option(min=0.05, max=0.5, help="Labelled queries held back to fit")] = 0.2,
+    min_gain: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Held-back nDCG@10 gain needed to rerank by default")
+    ] = 0.005,
     work: Annotated[Path | None, typer.Option(help="Checkpoint folder (default: INDEX/.tune-reranker)")] = None,
     progress: Annotated[bool, typer.Option(help="Show progress bars")] = True,
     verbose: _VerboseOption = False,
@@ -306,6 +309,7 @@ def tune_reranker(
         qrels=qrels,
         negatives=negatives,
         fit_fraction=fit_fraction,
+        min_gain=min_gain,
         work=work,
         progress=progress,
         train=RerankTrainOptions(layers=layers, epochs=epochs, lr=lr, head_lr=head_lr),

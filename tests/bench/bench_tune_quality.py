@@ -132,7 +132,7 @@ def _reranked_rows(
 ) -> list[dict]:
     """With the version's tuned cross-encoder: DEV nDCG@10 at fixed depths 5/10/20, blended with
     the fused score at its fitted weight (and the cross-encoder alone), as the server orders them."""
-    from indexer.tune_rerank import DEPTHS, score_blends
+    from indexer.tune_rerank import FIT_DEPTHS, score_blends
 
     tuned = getattr(index, "tuned_reranker", None)
     if tuned is None:
@@ -150,7 +150,7 @@ def _reranked_rows(
     grid = score_blends(score, lists, dev_judged, qrels, weight, ce_weights=(0.0, tuned.ce_weight, 1.0))  # type: ignore[arg-type]
     seconds = round(time.perf_counter() - started, 1)
     rows = []
-    for depth in DEPTHS:
+    for depth in FIT_DEPTHS:
         for ce_weight, how in ((tuned.ce_weight, "blended (fitted)"), (1.0, "cross-encoder alone")):
             rows.append(
                 {

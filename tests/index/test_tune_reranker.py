@@ -99,7 +99,7 @@ def test_a_tuned_reranker_is_published_with_the_version_and_loaded_by_the_server
     version ships the exported model and the fitted blend, and loads the way the server loads it."""
     import shutil
 
-    from indexer.tune_rerank import CE_WEIGHTS, RerankTuneJob, run_tune_reranker
+    from indexer.tune_rerank import CE_WEIGHTS, FIT_DEPTHS, RerankTuneJob, run_tune_reranker
     from ragserve.index.hnsw import HnswIndex
     from ragserve.rerank.tuned import TUNED_ONNX
 
@@ -110,7 +110,7 @@ def test_a_tuned_reranker_is_published_with_the_version_and_loaded_by_the_server
     job = RerankTuneJob(root, queries, qrels, negatives=3, fit_fraction=0.3, progress=False, train=opts)
     report = run_tune_reranker(job, say=lambda _: None)
     assert report.version == 2 and report.groups >= 3 and report.fit_queries >= 1
-    assert report.ce_weight in CE_WEIGHTS and set(report.by_depth) == {5, 10, 20}
+    assert report.ce_weight in CE_WEIGHTS and set(report.by_depth) == set(FIT_DEPTHS)
     index = HnswIndex.load(root)
     assert index.tuned_reranker is not None and TUNED_ONNX in index.manifest.files
     assert index.tuned_reranker.ce_weight == report.ce_weight

@@ -195,15 +195,15 @@ def test_a_tier_with_a_ce_weight_orders_its_pairs_by_the_blend() -> None:
     # give one of the two orders back.
     passages = [Passage(p.chunk, 1.0 - (i / 19) ** 2, p.rank) for i, p in enumerate(candidates())]
     fused = [p.score for p in passages]
-    outcome = blending(0.2).rerank("q", passages, Deadline(1000))
+    outcome = blending(0.025).rerank("q", passages, Deadline(1000))
     assert outcome.tiers == ["tier1:10"]
     ce = [float(i) for i in range(10)]  # the fake scores how often "relevant" appears: i
-    order = blended_order(ce, fused, 0.2)
+    order = blended_order(ce, fused, 0.025)
     assert chunk_ids(outcome.passages) == chunk_ids([passages[i] for i in order])
     # Neither the fused order (0, 1, ...) nor the cross-encoder's (9, 8, ...): the blend of both.
     assert order[:10] != list(range(10)) and order[:10] != list(range(9, -1, -1))
     assert outcome.passages[10:] == passages[10:]  # not scored: as fused
-    scores = blend(ce, normalized_fused(fused), 0.2)
+    scores = blend(ce, normalized_fused(fused), 0.025)
     assert [p.score for p in outcome.passages[:10]] == pytest.approx([scores[i] for i in order[:10]])
 
 
@@ -229,11 +229,11 @@ def test_a_second_tier_blends_with_the_fused_scores_handed_to_the_reranker() -> 
     passages = [Passage(p.chunk, 1.0 - (i / 19) ** 2, p.rank) for i, p in enumerate(candidates())]
     fused = {p.chunk.chunk_id: s for p, s in zip(passages, normalized_fused([p.score for p in passages]), strict=True)}
     t1 = Tier("tier1", FakeCrossEncoder("fake-l2"), 10, 4, CostModel(0.01))
-    t2 = Tier("tier2", FakeCrossEncoder("fake-tuned"), 5, 4, CostModel(0.01), ce_weight=0.14)
+    t2 = Tier("tier2", FakeCrossEncoder("fake-tuned"), 5, 4, CostModel(0.01), ce_weight=0.04)
     outcome = TieredReranker([t1, t2], 20, policy="fixed", reserve_ms=0.0).rerank("q", passages, Deadline(1000))
     top = outcome.passages[:5]  # tier 1's best five (c09..c05), reordered by tier 2's blend
     ce = [float(p.chunk.chunk_id[1:]) for p in top]  # c07 says "relevant" 7 times
-    scores = blend(ce, [fused[p.chunk.chunk_id] for p in top], 0.14)
+    scores = blend(ce, [fused[p.chunk.chunk_id] for p in top], 0.04)
     expected = [top[i] for i in sorted(range(5), key=lambda i: -scores[i])]
     assert chunk_ids(top) == chunk_ids(expected)
     # Neither tier 1's order nor the fused one: the blend of tier 2's scores with the fused scores.
