@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
-from indexer.tune_train import CHECKPOINT, FINAL, meta_matches, resume_state, save_checkpoint, save_final, write_meta
+from indexer.tune_train import TrainingRun, resumable_training
 
 
 @dataclass(frozen=True)
@@ -111,7 +110,7 @@ def save_segment_match(model: Any, tokenizer: Any, folder: Path) -> None:
     torch.save(model.head.state_dict(), folder / HEAD_FILE)
 
 
-def _setup(model_path: str, steps: int, opts: RerankTrainOptions, resume: bool) -> tuple[Any, Any, Any, Any]:
+def _setup(model_path: str, groups: list[RerankGroup], opts: RerankTrainOptions, resume: bool) -> TrainingRun:
     import torch
     from transformers import AutoTokenizer, get_linear_schedule_with_warmup
 
@@ -120,8 +119,18 @@ def _setup(model_path: str, steps: int, opts: RerankTrainOptions, resume: bool) 
     model = segment_match_model(model_path, None if resume else opts.layers)
     body, head = list(model.bert.parameters()), list(model.head.parameters())
     optimizer = torch.optim.AdamW([{"params": body, "lr": opts.lr}, {"params": head, "lr": opts.head_lr}])
-    scheduler = get_linear_schedule_with_warmup(optimizer, math.ceil(steps * opts.warmup), steps)  # type: ignore[no-untyped-call]
-    return model, tokenizer, optimizer, scheduler
+    steps_per_epoch = len(_steps(groups, opts, 0))
+    total = steps_per_epoch * opts.epochs
+    scheduler = get_linear_schedule_with_warmup(optimizer, math.ceil(total * opts.warmup), total)  # type: ignore[no-untyped-call]
+    model.train()
+
+    def loss_at(epoch: int, offset: int) -> Any:
+        return _group_loss(model, tokenizer, _steps(groups, opts, epoch)[offset], opts.max_seq_len)
+
+    def save(folder: Path) -> None:
+        save_segment_match(model, tokenizer, folder)
+
+    return TrainingRun(loss_at, optimizer, scheduler, save, steps_per_epoch, opts.epochs)
 
 
 def _group_loss(model: Any, tokenizer: Any, batch: list[RerankGroup], max_seq_len: int) -> Any:
@@ -146,47 +155,14 @@ def train_cross_encoder(
     progress: bool = True,
     on_step: Callable[[int], None] | None = None,
 ) -> Path:
-    """Train (or continue) and return the folder of the final HF model with its tokenizer."""
+    """Train (or continue) and return the folder of the final model (BERT, head, tokenizer)."""
     if len(groups) < 2:
         raise ValueError(f"need at least 2 training groups, got {len(groups)}")
     if any(not g.negatives for g in groups):
         raise ValueError("every training group needs at least one negative")
-    work.mkdir(parents=True, exist_ok=True)
-    if (work / FINAL).is_dir() and meta_matches(work, fingerprint, done=True):
-        return work / FINAL
-    per_epoch = len(_steps(groups, opts, 0))
-    total = per_epoch * opts.epochs
-    state = resume_state(work, fingerprint)
-    model, tokenizer, optimizer, scheduler = _setup(
-        base_model if state is None else str(work / CHECKPOINT), total, opts, resume=state is not None
+    def build(path: str, resume: bool) -> TrainingRun:
+        return _setup(path, groups, opts, resume)
+
+    return resumable_training(
+        work, fingerprint, asdict(opts), base_model, build, opts.checkpoint_every, "tune reranker", progress, on_step
     )
-    step = 0
-    if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        step = int(state["step"])
-    else:
-        write_meta(work, fingerprint, False, asdict(opts))
-
-    def save(folder: Path) -> None:
-        save_segment_match(model, tokenizer, folder)
-
-    model.train()
-    bar = tqdm(total=total, initial=step, unit="step", desc="tune reranker", disable=not progress)
-    while step < total:
-        epoch, offset = divmod(step, per_epoch)
-        loss = _group_loss(model, tokenizer, _steps(groups, opts, epoch)[offset], opts.max_seq_len)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad()
-        step += 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{float(loss):.3f}", epoch=epoch + 1)
-        if step % opts.checkpoint_every == 0 or step % per_epoch == 0:
-            save_checkpoint(work, save, optimizer, scheduler, step)
-        if on_step is not None:
-            on_step(step)
-    bar.close()
-    model.eval()
-    return save_final(work, save, fingerprint, asdict(opts))

@@ -5,6 +5,7 @@ scheduler and step are written to `<work>/checkpoint` (a new folder renamed into
 never leaves half a checkpoint). A restart with the same examples and options continues from the
 last checkpoint; the per-epoch shuffle is seeded, so the remaining batches are the ones it would
 have seen. Memory stays bounded by the batch: examples are short texts, one batch is in flight.
+The loop (`resumable_training`) also drives the cross-encoder tuner (tune_rerank_train.py).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def _columns(batch: list[Example]) -> list[list[str]]:
     return cols
 
 
-def save_checkpoint(work: Path, save_model: Callable[[Path], None], optimizer: Any, scheduler: Any, step: int) -> None:
+def _save_checkpoint(work: Path, save_model: Callable[[Path], None], optimizer: Any, scheduler: Any, step: int) -> None:
     """Model (written by `save_model` into a folder), optimizer, scheduler and step, replaced whole."""
     import torch
 
@@ -85,7 +86,7 @@ def save_checkpoint(work: Path, save_model: Callable[[Path], None], optimizer: A
     shutil.rmtree(old, ignore_errors=True)
 
 
-def resume_state(work: Path, fingerprint: str) -> dict[str, Any] | None:
+def _resume_state(work: Path, fingerprint: str) -> dict[str, Any] | None:
     """The saved trainer state when the checkpoint belongs to this run (same examples and options)."""
     import torch
 
@@ -95,6 +96,65 @@ def resume_state(work: Path, fingerprint: str) -> dict[str, Any] | None:
         return None
     loaded: dict[str, Any] = torch.load(state, weights_only=False)
     return loaded
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """One model's training, as the resumable loop drives it: the loss of step (epoch, offset)."""
+
+    loss_at: Callable[[int, int], Any]
+    optimizer: Any
+    scheduler: Any
+    save_model: Callable[[Path], None]
+    steps_per_epoch: int
+    epochs: int
+
+
+def resumable_training(
+    work: Path,
+    fingerprint: str,
+    options: dict[str, Any],
+    base_model: str,
+    build: Callable[[str, bool], TrainingRun],
+    checkpoint_every: int,
+    desc: str,
+    progress: bool = True,
+    on_step: Callable[[int], None] | None = None,
+) -> Path:
+    """Train from `base_model`, or continue from this run's last checkpoint (`build` gets the model
+    folder and whether it is a checkpoint); returns the final model's folder."""
+    work.mkdir(parents=True, exist_ok=True)
+    final = work / FINAL
+    if final.is_dir() and _meta_matches(work, fingerprint, done=True):
+        log.info("already trained: %s", final)
+        return final
+    state = _resume_state(work, fingerprint)
+    run = build(base_model if state is None else str(work / CHECKPOINT), state is not None)
+    step = 0
+    if state is not None:
+        run.optimizer.load_state_dict(state["optimizer"])
+        run.scheduler.load_state_dict(state["scheduler"])
+        step = int(state["step"])
+    else:
+        _write_meta(work, fingerprint, False, options)
+    total = run.steps_per_epoch * run.epochs
+    bar = tqdm(total=total, initial=step, unit="step", desc=desc, disable=not progress)
+    while step < total:
+        epoch, offset = divmod(step, run.steps_per_epoch)
+        loss = run.loss_at(epoch, offset)
+        loss.backward()
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", epoch=epoch + 1)
+        if step % checkpoint_every == 0 or step % run.steps_per_epoch == 0:
+            _save_checkpoint(work, run.save_model, run.optimizer, run.scheduler, step)
+        if on_step is not None:
+            on_step(step)
+    bar.close()
+    return _save_final(work, run.save_model, fingerprint, options)
 
 
 def train(
@@ -109,25 +169,15 @@ def train(
     """Train (or continue training) and return the folder of the final sentence-transformers model."""
     if len(examples) < 2:
         raise ValueError(f"need at least 2 training examples, got {len(examples)}")
-    work.mkdir(parents=True, exist_ok=True)
-    final = work / FINAL
-    if final.is_dir() and meta_matches(work, fingerprint, done=True):
-        log.info("already trained: %s", final)
-        return final
-    state = resume_state(work, fingerprint)
-    model, optimizer, scheduler, total = _setup(base_model if state is None else str(work / CHECKPOINT), examples, opts)
-    step = 0
-    if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        step = int(state["step"])
-    else:
-        write_meta(work, fingerprint, False, asdict(opts))
-    _run_steps(model, optimizer, scheduler, examples, opts, work, step, total, progress, on_step)
-    return save_final(work, lambda folder: model.save(str(folder)), fingerprint, asdict(opts))
+    def build(path: str, _resume: bool) -> TrainingRun:
+        return _setup(path, examples, opts)
+
+    return resumable_training(
+        work, fingerprint, asdict(opts), base_model, build, opts.checkpoint_every, "tune", progress, on_step
+    )
 
 
-def save_final(work: Path, save_model: Callable[[Path], None], fingerprint: str, options: dict[str, Any]) -> Path:
+def _save_final(work: Path, save_model: Callable[[Path], None], fingerprint: str, options: dict[str, Any]) -> Path:
     """The trained model in `<work>/final` (renamed into place) and the run marked done."""
     final = work / FINAL
     tmp = work / f".{FINAL}.tmp"
@@ -135,15 +185,15 @@ def save_final(work: Path, save_model: Callable[[Path], None], fingerprint: str,
     save_model(tmp)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
-    write_meta(work, fingerprint, True, options)
+    _write_meta(work, fingerprint, True, options)
     return final
 
 
-def write_meta(work: Path, fingerprint: str, done: bool, options: dict[str, Any]) -> None:
+def _write_meta(work: Path, fingerprint: str, done: bool, options: dict[str, Any]) -> None:
     (work / _META).write_text(json.dumps({"fingerprint": fingerprint, "done": done, "options": options}))
 
 
-def meta_matches(work: Path, fingerprint: str, done: bool) -> bool:
+def _meta_matches(work: Path, fingerprint: str, done: bool) -> bool:
     meta = work / _META
     if not meta.is_file():
         return False
@@ -151,9 +201,10 @@ def meta_matches(work: Path, fingerprint: str, done: bool) -> bool:
     return bool(data.get("fingerprint") == fingerprint and data.get("done") == done)
 
 
-def _setup(model_path: str, examples: list[Example], opts: TrainOptions) -> tuple[Any, Any, Any, int]:
+def _setup(model_path: str, examples: list[Example], opts: TrainOptions) -> TrainingRun:
     import torch
     from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
     from transformers import get_linear_schedule_with_warmup
 
     torch.manual_seed(opts.seed)
@@ -163,42 +214,13 @@ def _setup(model_path: str, examples: list[Example], opts: TrainOptions) -> tupl
     total = steps_per_epoch * opts.epochs
     optimizer = torch.optim.AdamW(model.parameters(), lr=opts.lr)
     scheduler = get_linear_schedule_with_warmup(optimizer, math.ceil(total * opts.warmup), total)  # type: ignore[no-untyped-call]
-    return model, optimizer, scheduler, total
-
-
-def _run_steps(
-    model: Any,
-    optimizer: Any,
-    scheduler: Any,
-    examples: list[Example],
-    opts: TrainOptions,
-    work: Path,
-    step: int,
-    total: int,
-    progress: bool,
-    on_step: Callable[[int], None] | None,
-) -> None:
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-
     loss_fn = MultipleNegativesRankingLoss(model)
     model.train()
-    bar = tqdm(total=total, initial=step, unit="step", desc="tune", disable=not progress)
-    steps_per_epoch = max(1, total // max(1, opts.epochs))
-    while step < total:
-        epoch, offset = divmod(step, steps_per_epoch)
+
+    def loss_at(epoch: int, offset: int) -> Any:
         batch = _batches(examples, opts, epoch)[offset]
-        features = [model.preprocess(col) for col in _columns(batch)]
-        loss = loss_fn(features, None)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad()
-        step += 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{float(loss):.3f}", epoch=epoch + 1)
-        if step % opts.checkpoint_every == 0 or step % steps_per_epoch == 0:
-            save_checkpoint(work, lambda folder: model.save(str(folder)), optimizer, scheduler, step)
-        if on_step is not None:
-            on_step(step)
-    bar.close()
-    model.eval()
+        return loss_fn([model.preprocess(col) for col in _columns(batch)], None)
+
+    return TrainingRun(
+        loss_at, optimizer, scheduler, lambda folder: model.save(str(folder)), steps_per_epoch, opts.epochs
+    )
