@@ -14,7 +14,7 @@ from indexer.tune_eval import CandidateLists, TuneInputError, hash_split, load_q
 from indexer.tune_train import CHECKPOINT, Example, TrainOptions, train
 from ragserve.index.base import ScoredChunk
 from ragserve.types import Chunk
-from tests.index.tuned_fake import save_fake_tuned_model, write_sample_labels
+from tests.index.tuned_fake import interrupt_at, save_fake_tuned_model, write_sample_labels
 
 
 def test_hash_split_is_deterministic_and_independent_of_order() -> None:
@@ -89,14 +89,8 @@ def test_training_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
     model = save_fake_tuned_model(tmp_path / "tiny")
     opts = TrainOptions(epochs=2, batch_size=4, checkpoint_every=1)
     seen: list[int] = []
-
-    def crash_at_3(step: int) -> None:
-        seen.append(step)
-        if step == 3:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        train(str(model), _examples(8), opts, tmp_path / "work", "fp", progress=False, on_step=crash_at_3)
+        train(str(model), _examples(8), opts, tmp_path / "work", "fp", progress=False, on_step=interrupt_at(3, seen))
     assert (tmp_path / "work" / CHECKPOINT).is_dir()
     final = train(str(model), _examples(8), opts, tmp_path / "work", "fp", progress=False, on_step=seen.append)
     assert seen == [1, 2, 3, 4]  # 2 epochs x 2 batches; the second run went on from step 3

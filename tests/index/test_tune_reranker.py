@@ -14,7 +14,7 @@ from indexer.tune_rerank_train import RerankGroup, RerankTrainOptions, train_cro
 from indexer.tune_train import CHECKPOINT
 from ragserve.index.base import ScoredChunk
 from ragserve.types import Chunk
-from tests.index.tuned_fake import save_fake_tuned_model, write_sample_labels
+from tests.index.tuned_fake import interrupt_at, save_fake_tuned_model, write_sample_labels
 
 
 class _FakeIndexChunks:
@@ -75,14 +75,10 @@ def test_reranker_training_resumes_from_its_last_checkpoint(tmp_path: Path) -> N
     raw = tmp_path / ".tiny-raw"  # the fake's plain BERT folder: a cross-encoder starts from it
     opts = RerankTrainOptions(layers=1, epochs=2, groups_per_step=4, checkpoint_every=1, max_seq_len=32)
     seen: list[int] = []
-
-    def crash_at_3(step: int) -> None:
-        seen.append(step)
-        if step == 3:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        train_cross_encoder(str(raw), _groups(8), opts, tmp_path / "work", "fp", progress=False, on_step=crash_at_3)
+        train_cross_encoder(
+            str(raw), _groups(8), opts, tmp_path / "work", "fp", progress=False, on_step=interrupt_at(3, seen)
+        )
     assert (tmp_path / "work" / CHECKPOINT).is_dir()
     final = train_cross_encoder(str(raw), _groups(8), opts, tmp_path / "work", "fp", False, seen.append)
     assert seen == [1, 2, 3, 4]

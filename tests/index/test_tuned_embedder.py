@@ -23,15 +23,9 @@ from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch, IndexReloader
 from tests.fakes import FakeEmbedder, FakeServing
 from tests.index.tiny import DIM, publish_tiny
-from tests.index.tuned_fake import save_fake_tuned_model
+from tests.index.tuned_fake import TINY_TEXTS, save_fake_tuned_model
 
-TEXTS = [
-    "Alpha particles are helium-4 nuclei: two protons and two neutrons.",
-    "Beta decay emits an electron or a positron and a neutrino.",
-    "Gamma rays are high-energy photons from an excited nucleus.",
-    "Ocean tides are caused mainly by the pull of the moon.",
-    "Sourdough bread rises through wild yeast and lactic acid bacteria.",
-]
+TEXTS = TINY_TEXTS[:5]
 
 
 @pytest.fixture(scope="module")

@@ -117,3 +117,27 @@ def write_sample_labels(folder: Path) -> tuple[Path, Path]:
     queries.write_text("".join(f'{{"_id": "{i}", "text": "{q}"}}\n' for i, q in enumerate(SAMPLE_QUESTIONS.values())))
     qrels.write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{i}\t{d}\t1\n" for i, d in enumerate(SAMPLE_QUESTIONS)))
     return queries, qrels
+
+
+# Short documents for the tiny tuned-model indexes; the first five are the embedder tests' corpus.
+TINY_TEXTS = [
+    "Alpha particles are helium-4 nuclei: two protons and two neutrons.",
+    "Beta decay emits an electron or a positron and a neutrino.",
+    "Gamma rays are high-energy photons from an excited nucleus.",
+    "Ocean tides are caused mainly by the pull of the moon.",
+    "Sourdough bread rises through wild yeast and lactic acid bacteria.",
+    "The moon's gravity raises two tidal bulges on opposite sides of the earth.",
+    "Neutrons and protons are held together by the strong nuclear force.",
+    "Rye flour ferments faster than wheat flour in a sourdough starter.",
+]
+
+
+def interrupt_at(step: int, seen: list[int]) -> Callable[[int], None]:
+    """An `on_step` hook that records steps and interrupts training after `step` (a kill, for resume tests)."""
+
+    def hook(done: int) -> None:
+        seen.append(done)
+        if done == step:
+            raise KeyboardInterrupt
+
+    return hook

@@ -34,18 +34,9 @@ from ragserve.rerank.tuned import TUNED_DIR, TUNED_ONNX, TunedCrossEncoder, tune
 from ragserve.types import RetrievalResult, RetrieveParams
 from tests.fakes import FakeCrossEncoder, FakeEmbedder
 from tests.index.tiny import DIM, publish_tiny, refresh_checksum, rewrite_manifest
-from tests.index.tuned_fake import save_fake_tuned_reranker, ships_tuned_reranker
+from tests.index.tuned_fake import TINY_TEXTS, save_fake_tuned_reranker, ships_tuned_reranker
 
-TEXTS = [
-    "Alpha particles are helium-4 nuclei: two protons and two neutrons.",
-    "Beta decay emits an electron or a positron and a neutrino.",
-    "Gamma rays are high-energy photons from an excited nucleus.",
-    "Ocean tides are caused mainly by the pull of the moon.",
-    "Sourdough bread rises through wild yeast and lactic acid bacteria.",
-    "The moon's gravity raises two tidal bulges on opposite sides of the earth.",
-    "Neutrons and protons are held together by the strong nuclear force.",
-    "Rye flour ferments faster than wheat flour in a sourdough starter.",
-]
+TEXTS = TINY_TEXTS
 QUERY = "what causes the tides of the ocean"
 
 
