@@ -160,6 +160,7 @@ def train_cross_encoder(
         raise ValueError(f"need at least 2 training groups, got {len(groups)}")
     if any(not g.negatives for g in groups):
         raise ValueError("every training group needs at least one negative")
+
     def build(path: str, resume: bool) -> TrainingRun:
         return _setup(path, groups, opts, resume)
 

@@ -169,6 +169,7 @@ def train(
     """Train (or continue training) and return the folder of the final sentence-transformers model."""
     if len(examples) < 2:
         raise ValueError(f"need at least 2 training examples, got {len(examples)}")
+
     def build(path: str, _resume: bool) -> TrainingRun:
         return _setup(path, examples, opts)
 
