@@ -68,8 +68,8 @@ class GeneratorSettings(BaseSettings):
     # OpenMP threads); auto: chosen from the host and the other settings (generate/host.py).
     engine_layout: Literal["auto", "process", "thread"] = "auto"
     max_num_seqs: int = 16
-    default_max_tokens: int = 128
-    max_tokens_limit: int = 1024
+    default_max_tokens: int = Field(default=128, ge=1)
+    max_tokens_limit: int = Field(default=1024, ge=1)
     seed: int = 0
 
     @model_validator(mode="after")
@@ -78,6 +78,12 @@ class GeneratorSettings(BaseSettings):
             raise ValueError(
                 f"RAGSERVE_GENERATOR_PROMPT_LOOKUP_MIN={self.prompt_lookup_min} is above "
                 f"RAGSERVE_GENERATOR_PROMPT_LOOKUP_MAX={self.prompt_lookup_max}"
+            )
+        # A request that sets no max_tokens would otherwise be refused for the server's own default.
+        if self.default_max_tokens > self.max_tokens_limit:
+            raise ValueError(
+                f"RAGSERVE_GENERATOR_DEFAULT_MAX_TOKENS={self.default_max_tokens} is above "
+                f"RAGSERVE_GENERATOR_MAX_TOKENS_LIMIT={self.max_tokens_limit}"
             )
         return self
 
@@ -315,7 +321,7 @@ class RequestSettings(BaseSettings):
     default_top_k: int = 3
     max_top_k: int = 50
     # Retrieval+rerank budget of a request that sets none.
-    retrieval_budget_ms: int = 70
+    retrieval_budget_ms: int = Field(default=70, ge=1)
     # The largest per-request budget_ms accepted; above it, INVALID_ARGUMENT (field budget_ms).
     max_budget_ms: int = Field(default=60_000, ge=1)
     max_query_chars: int = 2000
@@ -328,6 +334,11 @@ class RequestSettings(BaseSettings):
         if self.default_top_k > self.max_top_k:
             raise ValueError(
                 f"RAGSERVE_DEFAULT_TOP_K ({self.default_top_k}) must be at most RAGSERVE_MAX_TOP_K ({self.max_top_k})"
+            )
+        if self.retrieval_budget_ms > self.max_budget_ms:
+            raise ValueError(
+                f"RAGSERVE_RETRIEVAL_BUDGET_MS ({self.retrieval_budget_ms}) must be at most "
+                f"RAGSERVE_MAX_BUDGET_MS ({self.max_budget_ms})"
             )
         return self
 

@@ -187,6 +187,23 @@ def test_default_top_k_may_not_exceed_max_top_k(monkeypatch: pytest.MonkeyPatch)
     assert Settings().requests.default_top_k == 60  # equal is fine
 
 
+def test_default_budget_may_not_exceed_the_largest_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGSERVE_RETRIEVAL_BUDGET_MS", "500")
+    monkeypatch.setenv("RAGSERVE_MAX_BUDGET_MS", "200")
+    with pytest.raises(
+        ValidationError, match=r"RAGSERVE_RETRIEVAL_BUDGET_MS \(500\) must be at most RAGSERVE_MAX_BUDGET_MS \(200\)"
+    ):
+        Settings()
+    monkeypatch.setenv("RAGSERVE_MAX_BUDGET_MS", "500")
+    assert Settings().requests.retrieval_budget_ms == 500  # equal is fine
+
+
+def test_default_max_tokens_may_not_exceed_the_limit() -> None:
+    with pytest.raises(ValidationError, match="RAGSERVE_GENERATOR_DEFAULT_MAX_TOKENS=300 is above"):
+        GeneratorSettings(default_max_tokens=300, max_tokens_limit=200)
+    assert GeneratorSettings(default_max_tokens=200, max_tokens_limit=200).default_max_tokens == 200
+
+
 def test_prompt_lookup_window_must_be_ordered() -> None:
     with pytest.raises(ValidationError, match="RAGSERVE_GENERATOR_PROMPT_LOOKUP_MIN=5 is above"):
         GeneratorSettings(prompt_lookup_min=5, prompt_lookup_max=3)
