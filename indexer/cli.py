@@ -233,6 +233,9 @@ def tune(
     ] = "best",
     fit_fraction: Annotated[float, typer.Option(min=0.05, max=0.5, help="Labelled queries held back to fit")] = 0.2,
     max_pairs: Annotated[int, typer.Option(min=4, help="Without labels: documents sampled for pairs")] = 1000,
+    pairs: Annotated[
+        str, typer.Option(help="Without labels: title (title -> body) or sentence (a sentence -> the rest)")
+    ] = "title",
     checkpoint_every: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps (and each epoch)")] = 20,
     work: Annotated[Path | None, typer.Option(help="Checkpoint folder (default: INDEX/.tune)")] = None,
     force: Annotated[bool, typer.Option(help="Publish even if held-back queries did not improve")] = False,
@@ -252,8 +255,10 @@ def tune(
     if (queries is None) != (qrels is None):
         typer.echo("error: give both --queries and --qrels (labelled), or neither (pairs from the corpus)", err=True)
         raise typer.Exit(2)
-    if positive not in ("best", "first"):
-        typer.echo(f"error: --positive must be best or first, not {positive!r}", err=True)
+    if positive not in ("best", "first") or pairs not in ("title", "sentence"):
+        typer.echo(
+            f"error: --positive is best or first ({positive!r}), --pairs title or sentence ({pairs!r})", err=True
+        )
         raise typer.Exit(2)
     job = TuneJob(
         root=index or IndexSettings().path,
@@ -264,6 +269,7 @@ def tune(
         positive_chunk="first" if positive == "first" else "best",  # checked above
         fit_fraction=fit_fraction,
         max_pairs=max_pairs,
+        pairs="sentence" if pairs == "sentence" else "title",  # checked above
         force=force,
         progress=progress,
         train=TrainOptions(epochs=epochs, batch_size=batch_size, lr=lr, checkpoint_every=checkpoint_every),

@@ -36,6 +36,7 @@ from indexer.tune_eval import (
 from indexer.tune_publish import build_tuned_version
 from indexer.tune_train import Example, TrainOptions, train
 from ragserve.config import EmbedderSettings, RetrievalSettings, default_of
+from ragserve.context import split_sentences
 from ragserve.embed.base import Embedder, embedder_for, resolve_embedder_path
 from ragserve.index.format import latest_version, publish
 from ragserve.index.fusion import weighted
@@ -54,7 +55,10 @@ class TuneJob:
     work: Path | None = None  # checkpoints (default: <root>/.tune); removed once published
     hard_negatives: int = 1
     fit_fraction: float = 0.2
-    max_pairs: int = 1000  # label-free: documents sampled for (title, body) pairs
+    max_pairs: int = 1000  # label-free: documents sampled for pairs
+    # Label-free pairs: a document's title -> its body, or one of its sentences -> the rest of it
+    # (the inverse cloze task: a sentence is closer to a claim or a question than a title is).
+    pairs: Literal["title", "sentence"] = "title"
     # Which chunk of a relevant document is the positive: the one the index ranks highest for the
     # query ("best": the chunk that holds the evidence, as served), or always the first.
     positive_chunk: Literal["best", "first"] = "best"
@@ -106,16 +110,35 @@ def _read_labels(job: TuneJob, index: HnswIndex) -> _Labels:
     return _Labels({q: queries[q] for q in train_ids}, {q: queries[q] for q in fit_ids}, qrels)
 
 
-def _corpus_pairs(index: HnswIndex, max_pairs: int, seed: int) -> tuple[dict[str, str], Qrels, dict[str, Chunk]]:
-    """Label-free: each sampled document's title is a query whose one relevant document is itself."""
+def _corpus_pairs(
+    index: HnswIndex, max_pairs: int, seed: int, kind: str
+) -> tuple[dict[str, str], Qrels, dict[str, str]]:
+    """Label-free: each sampled document gives a query whose one relevant document is itself, and
+    the positive text to learn for it (queries, qrels, positives)."""
     first = _first_chunks(index)
-    docs = sorted(d for d, c in first.items() if len(c.title.split()) >= 3 and len(c.text.split()) >= 20)
-    if len(docs) < 4:
-        raise TuneInputError("too few documents with a title and a body to tune without labels (need 4)")
     rng = np.random.default_rng(seed)
+    if kind == "sentence":
+        usable = {d: split_sentences(c.text) for d, c in first.items()}
+        usable = {d: [x for x in sents if len(x.split()) >= 6] for d, sents in usable.items() if len(sents) >= 3}
+        docs = sorted(d for d, sents in usable.items() if sents)
+    else:
+        docs = sorted(d for d, c in first.items() if len(c.title.split()) >= 3 and len(c.text.split()) >= 20)
+    if len(docs) < 4:
+        raise TuneInputError(f"too few documents with a {kind} and a body to tune without labels (need 4)")
     picked = sorted(rng.choice(len(docs), size=min(max_pairs, len(docs)), replace=False))
-    chosen = [docs[int(i)] for i in picked]
-    return {d: first[d].title for d in chosen}, {d: {d: 1} for d in chosen}, first
+    queries: dict[str, str] = {}
+    positives: dict[str, str] = {}
+    for i in picked:
+        doc = docs[int(i)]
+        chunk = first[doc]
+        if kind == "sentence":
+            sentence = usable[doc][int(rng.integers(len(usable[doc])))]
+            queries[doc] = sentence
+            positives[doc] = embedding_text(replace(chunk, text=chunk.text.replace(sentence, " ").strip()))
+        else:
+            queries[doc] = chunk.title
+            positives[doc] = chunk.text  # the body alone: the title is the query
+    return queries, {d: {d: 1} for d in queries}, positives
 
 
 def _first_chunks(index: HnswIndex) -> dict[str, Chunk]:
@@ -174,9 +197,8 @@ def _build_examples(
         best = embedding_text if job.positive_chunk == "best" else None
         examples = mine_examples(lists, labels.train, labels.qrels, positives, weight, job.hard_negatives, best)
         return examples, labels
-    queries, qrels, first = _corpus_pairs(index, job.max_pairs, job.train.seed)
+    queries, qrels, positives = _corpus_pairs(index, job.max_pairs, job.train.seed, job.pairs)
     lists = search_candidates(index, embedder, queries)
-    positives = {d: first[d].text for d in queries}  # the body alone: the title is the query
     return mine_examples(lists, queries, qrels, positives, weight, job.hard_negatives), None
 
 
@@ -247,7 +269,7 @@ def _fit(report: TuneReport, current: HnswIndex, embedder: Embedder, tuned: Hnsw
 
 def _tuning_record(report: TuneReport, job: TuneJob) -> dict[str, Any]:
     record: dict[str, Any] = {
-        "method": report.method,
+        "method": report.method if job.labelled else f"{report.method}:{job.pairs}",
         "examples": report.examples,
         "hard_negatives": job.hard_negatives,
         "positive_chunk": job.positive_chunk,

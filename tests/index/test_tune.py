@@ -139,4 +139,26 @@ def test_labelled_and_label_free_runs_publish_versions_the_server_loads(tmp_path
     assert "raft-consensus.md" in {h.chunk.doc_id for h in hits}
     free = run_tune(TuneJob(root, max_pairs=16, progress=False, train=opts), say=lambda _: None)
     assert free.published and free.method == "corpus" and free.fit_after is None
-    assert HnswIndex.load(root).manifest.tuning["method"] == "corpus"
+    assert HnswIndex.load(root).manifest.tuning["method"] == "corpus:title"
+    ict = run_tune(TuneJob(root, max_pairs=16, pairs="sentence", progress=False, train=opts), say=lambda _: None)
+    assert ict.published and HnswIndex.load(root).manifest.tuning["method"] == "corpus:sentence"
+
+
+def test_sentence_pairs_ask_with_one_sentence_and_learn_the_rest() -> None:
+    from indexer.tune import _corpus_pairs
+
+    body = (
+        "Plants capture light with chlorophyll in their leaves. The energy splits water into oxygen. "
+        "Sugar is then built from carbon dioxide in the Calvin cycle."
+    )
+    chunks = [Chunk(f"d{i}#0", f"d{i}", body, title=f"Photosynthesis part {i}") for i in range(5)]
+
+    class FakeIndexChunks:
+        def __init__(self) -> None:
+            self.chunks = chunks
+
+    queries, qrels, positives = _corpus_pairs(FakeIndexChunks(), 4, 1, "sentence")  # type: ignore[arg-type]
+    assert len(queries) == 4 and all(qrels[d] == {d: 1} for d in queries)
+    for doc, sentence in queries.items():
+        assert sentence in body and sentence not in positives[doc]
+        assert positives[doc].startswith(f"Photosynthesis part {doc[1:]}\n")  # title kept, as indexed
