@@ -36,7 +36,7 @@ from indexer.tune_eval import (
 )
 from indexer.tune_rerank_train import RerankGroup, RerankTrainOptions, segment_match_model, train_cross_encoder
 from ragserve.config import RerankSettings, RetrievalSettings, default_of
-from ragserve.embed.base import embedder_for, resolve_embedder_path
+from ragserve.embed.base import Embedder, resolve_embedder_path
 from ragserve.index.format import MANIFEST, latest_version, new_build_dir, publish, sha256_file
 from ragserve.index.fusion import dedupe_documents, weighted
 from ragserve.index.hnsw import HnswIndex
@@ -206,7 +206,7 @@ def _tune_locked(job: RerankTuneJob, say: Callable[[str], None]) -> RerankTuneRe
     if len(usable) < 4:
         raise TuneInputError(f"only {len(usable)} queries have a judged document in this index (need 4 or more)")
     train_ids, fit_ids = hash_split(usable, job.fit_fraction, FIT_SALT)
-    embedder = embedder_for(current, _configured_embedder(current))
+    embedder = _query_embedder(current)
     train_q = {q: queries[q] for q in train_ids}
     groups = mine_groups(
         current, search_candidates(current, embedder, train_q), train_q, qrels, weight, job.negatives, job.train.seed
@@ -254,11 +254,15 @@ def _tune_locked(job: RerankTuneJob, say: Callable[[str], None]) -> RerankTuneRe
     return report
 
 
-def _configured_embedder(index: HnswIndex) -> Any:
+def _query_embedder(index: HnswIndex) -> Embedder:
+    """What the server embeds this version's queries with: its tuned model, else the default
+    query embedder for the model the version was built with."""
     from ragserve.config import EmbedderSettings
     from ragserve.factory import make_embedder
 
-    return make_embedder(EmbedderSettings(model=index.embedder_id.split("+tuned-")[0], threads=0))
+    if index.embedder is not None:
+        return index.embedder
+    return make_embedder(EmbedderSettings(model=index.embedder_id, threads=0))
 
 
 def _score(encoder: Any, query: str, texts: Sequence[str]) -> np.ndarray:
