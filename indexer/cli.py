@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -18,6 +19,7 @@ from indexer.loaders import (
     Skipped,
     SourceError,
 )
+from indexer.tune_rerank_train import RerankTrainOptions
 from ragserve.config import EmbedderSettings, IndexSettings, QdrantSettings, default_of
 from ragserve.errors import RagError
 from ragserve.logs import setup_cli_logging
@@ -25,6 +27,9 @@ from ragserve.logs import setup_cli_logging
 # Each Qdrant call while publishing (uploads are larger than the server's searches, which use
 # RAGSERVE_QDRANT_TIMEOUT_S).
 PUBLISH_TIMEOUT_S = 10
+
+T = TypeVar("T")
+_RERANK_TRAIN = RerankTrainOptions()  # the tune-reranker CLI's defaults are the trainer's
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Build ragserve indexes.")
 
@@ -248,7 +253,6 @@ def tune(
     Resumable: run the same command again after an interruption and it continues from the last
     checkpoint."""
     from indexer.tune import TuneJob, run_tune
-    from indexer.tune_eval import TuneInputError
     from indexer.tune_train import TrainOptions
 
     setup_cli_logging(verbose, log_file, own_default="WARNING")
@@ -274,11 +278,7 @@ def tune(
         progress=progress,
         train=TrainOptions(epochs=epochs, batch_size=batch_size, lr=lr, checkpoint_every=checkpoint_every),
     )
-    try:
-        report = run_tune(job, say=typer.echo)
-    except (TuneInputError, RagError, ValueError, OSError, IndexRootLocked) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+    report = _run_tuner(lambda: run_tune(job, say=typer.echo))
     typer.echo(_tune_summary(report))
 
 
@@ -287,11 +287,15 @@ def tune_reranker(
     queries: Annotated[Path, typer.Option(help="BEIR queries.jsonl")],
     qrels: Annotated[Path, typer.Option(help="BEIR qrels TSV: query-id, corpus-id, score")],
     index: Annotated[Path | None, typer.Option(help="Index root (default: RAGSERVE_INDEX_PATH)")] = None,
-    layers: Annotated[int, typer.Option(min=1, max=6, help="Transformer layers of the cross-encoder")] = 2,
-    epochs: Annotated[int, typer.Option(min=1, help="Passes over the training groups")] = 2,
+    layers: Annotated[
+        int, typer.Option(min=1, max=6, help="Transformer layers of the cross-encoder")
+    ] = _RERANK_TRAIN.layers,
+    epochs: Annotated[int, typer.Option(min=1, help="Passes over the training groups")] = _RERANK_TRAIN.epochs,
     negatives: Annotated[int, typer.Option(min=1, help="Hard negatives per relevant chunk")] = 7,
-    lr: Annotated[float, typer.Option(min=1e-7, max=1e-2, help="Encoder learning rate")] = 1e-4,
-    head_lr: Annotated[float, typer.Option(min=1e-7, max=1e-1, help="Learning rate of the fresh head")] = 2e-3,
+    lr: Annotated[float, typer.Option(min=1e-7, max=1e-2, help="Encoder learning rate")] = _RERANK_TRAIN.lr,
+    head_lr: Annotated[
+        float, typer.Option(min=1e-7, max=1e-1, help="Learning rate of the fresh head")
+    ] = _RERANK_TRAIN.head_lr,
     fit_fraction: Annotated[float, typer.Option(min=0.05, max=0.5, help="Labelled queries held back to fit")] = 0.2,
     min_gain: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="Held-back nDCG@10 gain needed to rerank by default")
@@ -305,9 +309,7 @@ def tune_reranker(
 
     The blend weight with the fused order is fitted on held-back queries; the server reranks with
     it by default (RAGSERVE_RERANK_MODE=auto) only if it beat the fused order there. Resumable."""
-    from indexer.tune_eval import TuneInputError
     from indexer.tune_rerank import RerankTuneJob, run_tune_reranker
-    from indexer.tune_rerank_train import RerankTrainOptions
 
     setup_cli_logging(verbose, log_file, own_default="WARNING")
     job = RerankTuneJob(
@@ -321,22 +323,30 @@ def tune_reranker(
         progress=progress,
         train=RerankTrainOptions(layers=layers, epochs=epochs, lr=lr, head_lr=head_lr),
     )
-    try:
-        report = run_tune_reranker(job, say=typer.echo)
-    except (TuneInputError, RagError, ValueError, OSError, IndexRootLocked) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+    report = _run_tuner(lambda: run_tune_reranker(job, say=typer.echo))
     depths = ", ".join(f"depth {d} {v:.4f}" for d, v in report.by_depth.items())
     verdict = (
-        "beats the fused order: on by default"
+        f"beats the fused order (mean gain {report.mean_gain:+.4f}): on by default"
         if report.beats_fused
-        else "does not beat the fused order: off by default"
+        else f"mean gain {report.mean_gain:+.4f} over the fused order is not enough: off by default "
+        "(RAGSERVE_RERANK_MODE=tuned turns it on)"
     )
     typer.echo(
         f"published version {report.version} at {report.folder}: {report.groups} groups, training "
         f"{report.train_seconds:.0f} s, total {report.seconds:.0f} s; held-back {report.fit_queries} queries "
         f"nDCG@10 fused {report.fused:.4f}, blended (ce_weight {report.ce_weight}) {depths}; {verdict}"
     )
+
+
+def _run_tuner(run: Callable[[], T]) -> T:
+    """A tuner's run; bad input, a locked root or an unloadable index exit 2 with one line."""
+    from indexer.tune_eval import TuneInputError
+
+    try:
+        return run()
+    except (TuneInputError, RagError, ValueError, OSError, IndexRootLocked) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _tune_summary(report: Any) -> str:
