@@ -68,6 +68,9 @@ class GeneratorSettings(BaseSettings):
     # OpenMP threads); auto: chosen from the host and the other settings (generate/host.py).
     engine_layout: Literal["auto", "process", "thread"] = "auto"
     max_num_seqs: int = 16
+    # One engine call (a step, adding a request) running longer than this turns health NOT_SERVING
+    # until it ends: far above any step a healthy engine takes (docs: BENCHMARKS.md, TTFT).
+    stall_s: float = Field(default=30.0, gt=0)
     default_max_tokens: int = Field(default=128, ge=1)
     max_tokens_limit: int = Field(default=1024, ge=1)
     seed: int = 0
@@ -381,6 +384,8 @@ class ObservabilitySettings(BaseSettings):
     metrics_timeout_s: float = Field(default=5.0, gt=0)
     # How often the generator's health is probed; a dead engine turns health NOT_SERVING.
     health_probe_interval_s: float = 2.0
+    # A probe that has not answered by then counts as failed (a hung engine must not hold health SERVING).
+    health_probe_timeout_s: float = Field(default=5.0, gt=0)
 
 
 # Settings' sections, each reading its own environment variables (names as before the sections).

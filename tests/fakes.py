@@ -41,7 +41,7 @@ class FakeGeneratorBase:
     async def start(self) -> None:
         return None
 
-    def stream(self, prompt: Prompt, params: GenerateParams, request_id: str) -> AsyncIterator[GenerationChunk]:
+    def stream(self, prompt: Prompt, params: GenerateParams, trace_id: str) -> AsyncIterator[GenerationChunk]:
         raise NotImplementedError
 
     async def check_health(self) -> None:
@@ -86,7 +86,7 @@ class FakeGenerator(FakeGeneratorBase):
         self.cancelled = 0
         self.produced = 0
 
-    async def stream(self, prompt: Prompt, params: GenerateParams, request_id: str) -> AsyncIterator[GenerationChunk]:
+    async def stream(self, prompt: Prompt, params: GenerateParams, trace_id: str) -> AsyncIterator[GenerationChunk]:
         self.prompts.append(prompt)
         self.calls += 1
         for i, word in enumerate(self.words):
@@ -113,7 +113,7 @@ class FakeEndlessGenerator(FakeGeneratorBase):
         self.opened = 0
         self.closed = 0
 
-    async def stream(self, prompt: Prompt, params: GenerateParams, request_id: str) -> AsyncIterator[GenerationChunk]:
+    async def stream(self, prompt: Prompt, params: GenerateParams, trace_id: str) -> AsyncIterator[GenerationChunk]:
         self.opened += 1
         try:
             while True:

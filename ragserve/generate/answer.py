@@ -64,7 +64,7 @@ async def stream_answer(
     generator: Generator,
     prompt: Prompt,
     params: GenerateParams,
-    request_id: str,
+    trace_id: str,
     deadline_at: float | None,
     elapsed_ms: Callable[[], float],
     run: AnswerRun,
@@ -76,7 +76,7 @@ async def stream_answer(
     DeadlineExpired.
     """
     run.started_ms = elapsed_ms()
-    stream = generator.stream(prompt, params, request_id)
+    stream = generator.stream(prompt, params, trace_id)
     # Hand the prompt to the engine before the first event is sent: prefill overlaps the send.
     first = asyncio.ensure_future(anext(stream))
     try:

@@ -28,8 +28,11 @@ class Generator(Protocol):
         """Load the model and warm it (including the prompt's fixed prefix)."""
         ...
 
-    def stream(self, prompt: Prompt, params: GenerateParams, request_id: str) -> AsyncIterator[GenerationChunk]:
-        """Text deltas as the engine produces them. Cancelling the iteration aborts the request."""
+    def stream(self, prompt: Prompt, params: GenerateParams, trace_id: str) -> AsyncIterator[GenerationChunk]:
+        """Text deltas as the engine produces them. Cancelling the iteration aborts the request.
+
+        `trace_id`: the caller's request id, for logs only. The engine request gets an id the
+        generator makes itself, unique per call, so no caller can name (or collide with) another's."""
         ...
 
     async def check_health(self) -> None:

@@ -16,21 +16,34 @@ LLMEngine with its in-process core and uni executor on a dedicated thread:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
 import queue
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from ragserve.config import GeneratorSettings, default_of
 
 log = logging.getLogger(__name__)
 
 
 class EngineThreadDead(RuntimeError):
     """The engine thread stopped on an error; every request in flight gets it."""
+
+
+class EngineStalled(RuntimeError):
+    """One engine call has run far past any expected step time; unhealthy until it ends."""
+
+
+class DuplicateRequestId(RuntimeError):
+    """An id the engine already runs. vLLM accepts duplicates, and one sink per id would hand one
+    caller's tokens to another: the newcomer is refused, the request already running goes on."""
 
 
 @dataclass(slots=True)
@@ -57,6 +70,7 @@ class _Add:
 @dataclass(frozen=True, slots=True)
 class _Abort:
     request_id: str
+    sink: _Sink  # only the request this sink belongs to: never another caller's under the same id
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,14 +114,20 @@ def _give_llvmlite_a_plain_dict() -> None:
 class ThreadedEngine:
     """The subset of AsyncLLM the generator uses (generate, counts, health, shutdown)."""
 
-    def __init__(self, build: Callable[[], Any]) -> None:
+    def __init__(self, build: Callable[[], Any], stall_s: float = default_of(GeneratorSettings, "stall_s")) -> None:
         self._build = build
+        self._stall_s = stall_s
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._taken: collections.deque[_Command] = collections.deque()
         self._sinks: dict[str, _Sink] = {}
+        # Set once, under the lock, when the thread takes no more commands: a sender either sees it
+        # or has put its command where the closing drain finds it.
+        self._lock = threading.Lock()
         self._error: BaseException | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vllm-engine", daemon=True)
         self._unfinished = 0
+        self._busy_since = 0.0  # monotonic start of the engine call running now; 0: waiting for work
 
     @property
     def errored(self) -> bool:
@@ -128,43 +148,72 @@ class ThreadedEngine:
             self._ready.set()
             return
         self._ready.set()
+        reason: BaseException = EngineThreadDead("the generator stopped")
         try:
             self._serve(engine)
         except BaseException as exc:  # the engine is gone: every caller is told, none waits forever
             log.exception("generator engine thread failed")
-            self._error = exc
-            self._tell_all(EngineThreadDead(str(exc)))
+            reason = exc
         finally:
+            self._close(reason)
             _shutdown_core(engine)
 
-    def _serve(self, engine: Any) -> None:
-        while True:
-            for command in self._take_commands(wait=not engine.has_unfinished_requests()):
-                if command is None:
-                    self._tell_all(EngineThreadDead("the generator stopped"))
-                    return
-                self._apply(engine, command)
-            if engine.has_unfinished_requests():
-                self._step(engine)
-
-    def _take_commands(self, wait: bool) -> list[_Command]:
-        """Every queued command, so a burst of requests joins one batch; idle, wait for the first."""
-        taken: list[_Command] = []
-        try:
-            taken.append(self._commands.get(block=wait))
-            while True:
-                taken.append(self._commands.get_nowait())
-        except queue.Empty:
-            pass
-        return taken
-
-    def _tell_all(self, error: BaseException) -> None:
+    def _close(self, reason: BaseException) -> None:
+        """Every caller still waiting, every command queued and every later one gets `reason`."""
+        with self._lock:
+            self._error = reason
+        error = reason if isinstance(reason, EngineThreadDead) else EngineThreadDead(str(reason))
         for sink in self._sinks.values():
             sink.put(error)
         self._sinks.clear()
+        while True:
+            if self._taken:
+                command = self._taken.popleft()
+            else:
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    return
+            if isinstance(command, _Add):
+                command.sink.put(error)
+            elif isinstance(command, _Call):
+                command.done(None, error)
+
+    def _serve(self, engine: Any) -> None:
+        while True:
+            self._take_commands(wait=not engine.has_unfinished_requests())
+            while self._taken:
+                command = self._taken.popleft()
+                if command is None:
+                    return
+                with self._busy():
+                    self._apply(engine, command)
+            if engine.has_unfinished_requests():
+                with self._busy():
+                    self._step(engine)
+
+    @contextlib.contextmanager
+    def _busy(self) -> Iterator[None]:
+        self._busy_since = time.monotonic()
+        try:
+            yield
+        finally:
+            self._busy_since = 0.0
+
+    def _take_commands(self, wait: bool) -> None:
+        """Every queued command, so a burst of requests joins one batch; idle, wait for the first."""
+        try:
+            self._taken.append(self._commands.get(block=wait))
+            while True:
+                self._taken.append(self._commands.get_nowait())
+        except queue.Empty:
+            pass
 
     def _apply(self, engine: Any, command: _Add | _Abort | _Call) -> None:
         if isinstance(command, _Add):
+            if command.request_id in self._sinks:
+                command.sink.put(DuplicateRequestId(f"engine request id {command.request_id} is in use"))
+                return
             try:
                 engine.add_request(command.request_id, command.prompt, command.sampling)
             except Exception as exc:  # this prompt was refused (too long...); others go on
@@ -172,7 +221,8 @@ class ThreadedEngine:
                 return
             self._sinks[command.request_id] = command.sink
         elif isinstance(command, _Abort):
-            if self._sinks.pop(command.request_id, None) is not None:
+            if self._sinks.get(command.request_id) is command.sink:
+                del self._sinks[command.request_id]
                 engine.abort_request([command.request_id])
         else:
             try:
@@ -193,9 +243,10 @@ class ThreadedEngine:
         self._unfinished = engine.get_num_unfinished_requests()
 
     def _send(self, command: _Command) -> None:
-        if self.errored:
-            raise EngineThreadDead(str(self._error or "engine thread stopped"))
-        self._commands.put(command)
+        with self._lock:
+            if self.errored:
+                raise EngineThreadDead(str(self._error or "engine thread stopped"))
+            self._commands.put(command)
 
     async def generate(self, prompt: str, sampling: Any, request_id: str) -> AsyncIterator[Any]:
         """Outputs as AsyncLLM.generate yields them; leaving early aborts the request."""
@@ -211,7 +262,7 @@ class ThreadedEngine:
                 yield item
         finally:
             if not finished and not self.errored:
-                self._commands.put(_Abort(request_id))
+                self._commands.put(_Abort(request_id, sink))
 
     async def call(self, fn: Callable[[Any], Any]) -> Any:
         """`fn(engine)` on the engine thread (between steps), awaited from the caller's loop."""
@@ -227,7 +278,9 @@ class ThreadedEngine:
                 else:
                     future.set_result(result)
 
-            loop.call_soon_threadsafe(settle)
+            # A closed loop raises RuntimeError: its caller is gone, and the engine thread goes on.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(settle)
 
         self._send(_Call(fn, done))
         return await future
@@ -236,11 +289,19 @@ class ThreadedEngine:
         return self._unfinished
 
     async def check_health(self) -> None:
+        """Raises when the thread is gone or one engine call (a step, an add) has run past the stall
+        limit; answers at once, without waiting for the step in progress."""
         if self.errored:
             raise EngineThreadDead(str(self._error or "engine thread stopped"))
-        await self.call(lambda engine: engine.get_num_unfinished_requests())
+        started = self._busy_since
+        if started and time.monotonic() - started > self._stall_s:
+            raise EngineStalled(
+                f"one engine call has run for {time.monotonic() - started:.1f} s "
+                f"(limit {self._stall_s:g} s, RAGSERVE_GENERATOR_STALL_S)"
+            )
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Blocking (up to `timeout_s`): call it off the event loop."""
         if self._thread.is_alive():
             self._commands.put(None)
             self._thread.join(timeout_s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,7 @@ class VllmGenerator:
 
             in_process_engine_env()
             args = EngineArgs(**self._engine_kwargs())
-            engine = ThreadedEngine(lambda: LLMEngine.from_engine_args(args))
+            engine = ThreadedEngine(lambda: LLMEngine.from_engine_args(args), self._settings.stall_s)
             await asyncio.to_thread(engine.start)  # minutes of loading: the event loop stays free
             return engine
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -144,7 +145,7 @@ class VllmGenerator:
         text = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return str(text)
 
-    async def stream(self, prompt: Prompt, params: GenerateParams, request_id: str) -> AsyncIterator[GenerationChunk]:
+    async def stream(self, prompt: Prompt, params: GenerateParams, trace_id: str) -> AsyncIterator[GenerationChunk]:
         from vllm import SamplingParams
         from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
@@ -152,10 +153,14 @@ class VllmGenerator:
         if self._engine is None or self._dead is not None:
             raise Unavailable("generator is not running")
         sampling = SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature)
+        # The engine's id is always one this server made: vLLM accepts a duplicate id, and a
+        # caller's id (a fixed one, a hedge, one copied from a log) would cross two callers' streams.
+        engine_id = uuid.uuid4().hex
+        log.debug("engine request %s for request %s", engine_id, trace_id)
         sent = 0
         try:
             # Both engines abort the request themselves when this iteration is cancelled.
-            async for output in self._engine.generate(self.render(prompt), sampling, request_id=request_id):
+            async for output in self._engine.generate(self.render(prompt), sampling, request_id=engine_id):
                 completion = output.outputs[0]
                 delta = completion.text[sent:]
                 sent = len(completion.text)
@@ -210,6 +215,8 @@ class VllmGenerator:
             raise Unavailable("generator health check failed") from exc
 
     async def close(self) -> None:
-        if self._engine is not None:
-            self._engine.shutdown()
-            self._engine = None
+        engine, self._engine = self._engine, None
+        if isinstance(engine, ThreadedEngine):
+            await asyncio.to_thread(engine.shutdown)  # joins the engine thread: not on the event loop
+        elif engine is not None:
+            engine.shutdown()

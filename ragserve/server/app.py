@@ -245,12 +245,15 @@ class RagServer:
         while True:
             await asyncio.sleep(self.settings.observability.health_probe_interval_s)
             try:
-                await generator.check_health()
+                async with asyncio.timeout(self.settings.observability.health_probe_timeout_s):
+                    await generator.check_health()
                 ok = True
-            except RagError as exc:
+            except (RagError, TimeoutError) as exc:
                 ok = False
                 if healthy:
-                    log.error("generator unhealthy: %s", exc)
+                    log.error(
+                        "generator unhealthy: %s", exc or "health probe timed out (RAGSERVE_HEALTH_PROBE_TIMEOUT_S)"
+                    )
             if ok != healthy:
                 healthy = ok
                 status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING

@@ -74,7 +74,7 @@ def scripted_generator(**settings: Any) -> FakeGenerator:
 class FakeRefusingGenerator(FakeGeneratorBase):
     """Same model id as the generator fake, but fails the test if the engine is asked at all."""
 
-    def stream(self, prompt: Prompt, params: GenerateParams, request_id: str) -> AsyncIterator[GenerationChunk]:
+    def stream(self, prompt: Prompt, params: GenerateParams, trace_id: str) -> AsyncIterator[GenerationChunk]:
         raise AssertionError("the engine was asked for an answer the cache holds")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -29,7 +30,9 @@ LONG_QUESTION = "Describe every step of the TLS 1.3 handshake in detail."
 
 
 def _serving(sample_index: Path, folder: Path, speculative: str) -> Iterator[LiveServer]:
-    yield from serving(sample_index, folder / "server.log", {"RAGSERVE_GENERATOR_SPECULATIVE": speculative})
+    # No answer cache: every Query here must reach the engine.
+    env = {"RAGSERVE_GENERATOR_SPECULATIVE": speculative, "RAGSERVE_CACHE_ANSWERS": "false"}
+    yield from serving(sample_index, folder / "server.log", env)
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +45,14 @@ def plain_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -
     yield from _serving(sample_index, tmp_path_factory.mktemp("plain-server"), "off")
 
 
-def _answer(target: str, question: str) -> tuple[list[str], pb.FinalEvent]:
+def _answer(
+    target: str, question: str, request_id: str = "", timeout_s: float = 120
+) -> tuple[list[str], pb.FinalEvent]:
+    metadata = (("x-request-id", request_id),) if request_id else None
     with grpc.insecure_channel(target) as channel:
         stub = pb_grpc.RagServiceStub(channel)
         request = pb.QueryRequest(query=question, max_tokens=48, temperature=0.0)
-        events = list(stub.Query(request, timeout=120))
+        events = list(stub.Query(request, timeout=timeout_s, metadata=metadata))
     assert events[0].WhichOneof("event") == "retrieval" and events[-1].WhichOneof("event") == "final"
     return [e.token.text for e in events if e.WhichOneof("event") == "token"], events[-1].final
 
@@ -108,3 +114,20 @@ def test_client_deadline_ends_the_call_and_frees_the_engine(speculating_server: 
         # The engine thread still serves the next caller.
         tokens, final = _answer(speculating_server.target, QUESTIONS[0])
         assert tokens and final.usage.completion_tokens > 0
+
+
+@pytest.mark.parametrize("layout", ["speculating_server", "plain_server"])
+def test_two_calls_with_one_request_id_each_get_their_own_answer(layout: str, request: pytest.FixtureRequest) -> None:
+    """A client's x-request-id (a fixed one, a hedge, one copied from a log) never becomes the
+    engine's id: two concurrent calls under one id each stream exactly the answer their own
+    question gets alone, and neither hangs. Both engine layouts (thread and engine-core process)."""
+    server: LiveServer = request.getfixturevalue(layout)
+    questions = QUESTIONS[1:]
+    alone = ["".join(_answer(server.target, question)[0]) for question in questions]
+    assert alone[0] != alone[1]
+    with ThreadPoolExecutor(len(questions)) as pool:
+        calls = [pool.submit(_answer, server.target, question, "one-fixed-id", 30.0) for question in questions]
+        together = [call.result() for call in calls]
+    for question, own, (tokens, final) in zip(questions, alone, together, strict=True):
+        assert "".join(tokens) == own, question
+        assert final.finish_reason in ("stop", "length")

@@ -237,3 +237,192 @@ def test_in_process_env_leaves_llvmlite_scannable(monkeypatch: pytest.MonkeyPatc
     in_process_engine_env()
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert isinstance(vars(ffi.lib), dict) and vars(ffi.lib).get("kernel") is None
+
+
+def test_a_duplicate_id_is_refused_and_its_abort_leaves_the_running_request_alone() -> None:
+    """Defence behind the generator's own ids: a second request under a running id never takes
+    over the first one's outputs, and giving up on it does not abort the first."""
+    from ragserve.generate.engine_thread import DuplicateRequestId
+
+    fake = FakeSyncEngine()
+    gate = _gated(fake)
+    engine = _started(fake)
+
+    async def run() -> tuple[list[str], BaseException | None]:
+        first = asyncio.ensure_future(_texts(engine, "one two three", "same"))
+        await asyncio.sleep(0.05)  # the first is added and stepping (held at the gate)
+        refused: BaseException | None = None
+        try:
+            await _texts(engine, "other words here", "same")
+        except DuplicateRequestId as exc:
+            refused = exc
+        gate.set()
+        return await asyncio.wait_for(first, 5), refused
+
+    try:
+        texts, refused = asyncio.run(run())
+        assert isinstance(refused, DuplicateRequestId)
+        assert texts[-1] == "one two three"
+        assert fake.aborted == []
+    finally:
+        engine.shutdown()
+
+
+def test_the_engine_never_sees_the_callers_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two streams under one caller id run as two engine requests, with ids the generator made."""
+    from types import SimpleNamespace
+
+    from ragserve.config import GeneratorSettings
+    from ragserve.generate.vllm_engine import VllmGenerator
+    from ragserve.prompt import build_prompt
+    from ragserve.types import GenerateParams
+
+    seen: list[str] = []
+
+    class FakeAsyncEngine:
+        """AsyncLLM's generate shape: one finished output echoing the prompt."""
+
+        errored = False
+
+        async def generate(self, prompt: str, sampling: object, request_id: str):  # type: ignore[no-untyped-def]
+            seen.append(request_id)
+            completion = SimpleNamespace(text=prompt, token_ids=[1], finish_reason="stop", spec_decode_metrics=None)
+            yield SimpleNamespace(outputs=[completion], finished=True, prompt_token_ids=[1], num_cached_tokens=0)
+
+    generator = VllmGenerator(GeneratorSettings(engine_layout="thread", model="/srv/models/unused"))
+    monkeypatch.setattr(generator, "render", lambda prompt: prompt.user)
+    generator._engine = FakeAsyncEngine()
+
+    async def answer(question: str) -> str:
+        params = GenerateParams(8, 0.0)
+        return "".join([c.text async for c in generator.stream(build_prompt(question, []), params, "client-id")])
+
+    first = asyncio.run(answer("alpha question"))
+    second = asyncio.run(answer("beta question"))
+    assert "alpha" in first and "beta" in second
+    assert len(seen) == 2 and len(set(seen)) == 2 and "client-id" not in seen
+
+
+def _gated(fake: FakeSyncEngine) -> threading.Event:
+    """Hold every step of `fake` until the returned event is set."""
+    gate = threading.Event()
+    original_step = fake.step
+
+    def gated_step() -> list[FakeOutput]:
+        gate.wait(5)
+        return original_step()
+
+    fake.step = gated_step  # type: ignore[method-assign]
+    return gate
+
+
+def test_a_call_queued_behind_a_failing_step_is_answered() -> None:
+    fake = FakeSyncEngine(fail_on_step=1)
+    gate = _gated(fake)
+    engine = _started(fake)
+
+    async def run() -> None:
+        stream = asyncio.ensure_future(_texts(engine, "a b c", "r"))
+        await asyncio.sleep(0.05)  # the step is running, held at the gate
+        probe = asyncio.ensure_future(engine.call(lambda e: e.get_num_unfinished_requests()))
+        await asyncio.sleep(0.05)
+        gate.set()
+        for waiting in (stream, probe):
+            with pytest.raises(EngineThreadDead, match="engine step failed"):
+                await asyncio.wait_for(waiting, 5)
+
+    asyncio.run(run())
+
+
+def test_a_request_sent_while_the_engine_stops_is_refused_not_left_waiting() -> None:
+    fake = FakeSyncEngine()
+    gate = _gated(fake)
+    engine = _started(fake)
+
+    async def run() -> None:
+        first = asyncio.ensure_future(_texts(engine, "a b c", "first"))
+        await asyncio.sleep(0.05)
+        engine._commands.put(None)  # what shutdown() sends; the thread is still in its step
+        late = asyncio.ensure_future(_texts(engine, "x y", "late"))
+        await asyncio.sleep(0.05)
+        gate.set()
+        for waiting in (first, late):
+            with pytest.raises(EngineThreadDead, match="stopped"):
+                await asyncio.wait_for(waiting, 5)
+
+    asyncio.run(run())
+    assert engine.errored
+
+
+def test_a_stalled_step_reports_unhealthy_at_once_and_recovers_when_it_ends() -> None:
+    from ragserve.generate.engine_thread import EngineStalled
+
+    fake = FakeSyncEngine()
+    gate = _gated(fake)
+    engine = ThreadedEngine(lambda: fake, stall_s=0.1)
+    engine.start()
+
+    async def run() -> None:
+        stream = asyncio.ensure_future(_texts(engine, "a b", "r"))
+        await asyncio.sleep(0.3)
+        with pytest.raises(EngineStalled, match="RAGSERVE_GENERATOR_STALL_S"):
+            await asyncio.wait_for(engine.check_health(), 0.05)  # answers without waiting for the step
+        gate.set()
+        assert (await asyncio.wait_for(stream, 5))[-1] == "a b"
+        await engine.check_health()
+
+    try:
+        asyncio.run(run())
+    finally:
+        engine.shutdown()
+
+
+def test_a_call_answered_after_its_loop_closed_leaves_the_engine_running() -> None:
+    import contextlib
+
+    fake = FakeSyncEngine()
+    engine = _started(fake)
+    release = threading.Event()
+
+    async def give_up() -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(engine.call(lambda e: release.wait(5)), 0.05)
+
+    try:
+        asyncio.run(give_up())  # the loop is closed when the engine thread answers
+        release.set()
+        assert asyncio.run(_texts(engine, "still here", "next")) == ["still", "still here"]
+        assert not engine.errored
+    finally:
+        engine.shutdown()
+
+
+def test_closing_the_generator_does_not_block_the_event_loop() -> None:
+    from ragserve.config import GeneratorSettings
+    from ragserve.generate.vllm_engine import VllmGenerator
+
+    fake = FakeSyncEngine()
+    gate = _gated(fake)
+    generator = VllmGenerator(GeneratorSettings(engine_layout="thread", model="/srv/models/unused"))
+    engine = _started(fake)
+    generator._engine = engine
+
+    async def run() -> int:
+        stream = asyncio.ensure_future(_texts(engine, "a b c", "r"))
+        await asyncio.sleep(0.05)  # a step is running: stopping waits for it
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        ticker = asyncio.ensure_future(tick())
+        threading.Timer(0.3, gate.set).start()
+        await generator.close()
+        ticker.cancel()
+        await asyncio.gather(stream, ticker, return_exceptions=True)
+        return ticks
+
+    assert asyncio.run(run()) >= 10
