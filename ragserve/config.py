@@ -135,6 +135,9 @@ class CacheSettings(BaseSettings):
     # sharing a Redis; set the key or a file holding it (read once at start-up), not both.
     hmac_key: SecretStr | None = None
     hmac_key_file: Path | None = None
+    # A Redis cache without a key is refused at start-up unless this says unsigned entries are
+    # accepted knowingly (a Redis only this sidecar can reach, say).
+    allow_unsigned: bool = False
     # Answers to temperature-0 Query requests, replayed without the engine when asked again. On the
     # same backend, with its own entries (and, in process, its own LRU with the bounds above).
     answers: bool = True

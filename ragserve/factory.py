@@ -121,6 +121,18 @@ def make_entry_seal(cfg: CacheSettings) -> EntrySeal:
             raise ConfigError(f"cannot read RAGSERVE_CACHE_HMAC_KEY_FILE={cfg.hmac_key_file}: {exc}") from exc
     if key is not None and len(key) < MIN_KEY_BYTES:
         raise ConfigError(f"the cache HMAC key (RAGSERVE_CACHE_HMAC_KEY*) must be at least {MIN_KEY_BYTES} bytes")
+    if key is None and cfg.backend == "redis":
+        # Whoever can write to a shared Redis would plant passages and answers every sidecar replays.
+        if not cfg.allow_unsigned:
+            raise ConfigError(
+                "a Redis cache needs a key to sign its entries: set RAGSERVE_CACHE_HMAC_KEY_FILE (or "
+                "RAGSERVE_CACHE_HMAC_KEY), the same on every sidecar; RAGSERVE_CACHE_ALLOW_UNSIGNED=true "
+                "accepts unsigned entries knowingly"
+            )
+        log.warning(
+            "Redis cache entries are not signed (RAGSERVE_CACHE_ALLOW_UNSIGNED=true): "
+            "anyone who can write to Redis can plant answers"
+        )
     return EntrySeal(cfg.max_entry_bytes, key)
 
 

@@ -98,6 +98,9 @@ def test_compose_wires_redis_and_qdrant() -> None:
     assert {"ragserve", "redis", "qdrant"} <= set(services)
     env = services["ragserve"]["environment"]
     assert env["RAGSERVE_CACHE_BACKEND"] == "redis" and "redis:6379" in env["RAGSERVE_CACHE_REDIS_URL"]
+    # A shared Redis holds signed entries only (the server refuses an unsigned Redis cache).
+    assert env["RAGSERVE_CACHE_HMAC_KEY_FILE"] == "/run/secrets/cache_hmac_key"
+    assert "cache_hmac_key" in services["ragserve"]["secrets"] and "cache_hmac_key" in compose["secrets"]
     assert env["RAGSERVE_INDEX_BACKEND"] == "qdrant" and "qdrant:6333" in env["RAGSERVE_QDRANT_URL"]
     assert set(services["ragserve"]["depends_on"]) == {"redis", "qdrant"}
 

@@ -519,6 +519,8 @@ def test_factory_builds_the_answer_cache() -> None:
     assert make_answer_cache(CacheSettings(answers=False)) is None
     memory = make_answer_cache(CacheSettings(backend="memory", answer_ttl_s=5))
     assert isinstance(memory, StoreBackedAnswerCache) and memory.backend == "memory" and memory.ttl_s == 5
-    redis_cache = make_answer_cache(CacheSettings(backend="redis", redis_url="redis://127.0.0.1:1/0"))
+    redis_cache = make_answer_cache(
+        CacheSettings(backend="redis", redis_url="redis://127.0.0.1:1/0", allow_unsigned=True)
+    )
     assert redis_cache is not None and redis_cache.backend == "redis"
     asyncio.run(redis_cache.close())

@@ -38,7 +38,10 @@ def settings(request: pytest.FixtureRequest) -> Iterator[Callable[..., CacheSett
         yield lambda **kw: CacheSettings(backend="memory", **kw)
         return
     server: RedisProcess = request.getfixturevalue("redis_server")
-    yield lambda **kw: CacheSettings(backend="redis", redis_url=server.url, redis_timeout_ms=1000.0, **kw)
+    # Unsigned entries allowed: the tests set a key where they mean one.
+    yield lambda **kw: CacheSettings(
+        backend="redis", redis_url=server.url, redis_timeout_ms=1000.0, **{"allow_unsigned": True, **kw}
+    )
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import SecretStr
 
 from indexer.build import build_index
 from ragserve.budget import Deadline
@@ -187,6 +189,25 @@ def test_factory_builds_each_backend() -> None:
     assert make_cache(CacheSettings(backend="off")) is None
     memory = make_cache(CacheSettings(backend="memory", semantic=True))
     assert memory is not None and memory.backend == "memory" and memory.semantic_enabled
-    redis = make_cache(CacheSettings(backend="redis", redis_url="redis://127.0.0.1:1/0"))
+    redis = make_cache(CacheSettings(backend="redis", redis_url="redis://127.0.0.1:1/0", allow_unsigned=True))
     assert redis is not None and redis.backend == "redis" and not redis.semantic_enabled
     asyncio.run(redis.close())
+
+
+def test_a_redis_cache_without_a_key_is_refused_unless_unsigned_entries_are_allowed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from ragserve.errors import ConfigError
+    from ragserve.factory import make_answer_cache
+
+    unsigned = CacheSettings(backend="redis", redis_url="redis://127.0.0.1:1/0")
+    for build in (make_cache, make_answer_cache):
+        with pytest.raises(ConfigError, match=r"RAGSERVE_CACHE_HMAC_KEY_FILE.*RAGSERVE_CACHE_ALLOW_UNSIGNED"):
+            build(unsigned)
+    signed = make_cache(unsigned.model_copy(update={"hmac_key": SecretStr("k" * 32)}))
+    assert signed is not None
+    asyncio.run(signed.close())
+    with caplog.at_level(logging.WARNING, logger="ragserve.factory"):
+        allowed = make_cache(unsigned.model_copy(update={"allow_unsigned": True}))
+    assert allowed is not None and "not signed" in caplog.text
+    asyncio.run(allowed.close())
