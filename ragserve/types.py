@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+
+
+def model_name(model: str) -> str:
+    """What callers may see of a configured model: a hub id as it is, a local folder by its name
+    only (the server's file system layout is not theirs to learn; the server log has the path)."""
+    local = model.startswith(("/", ".", "~")) or "\\" in model or model[1:2] == ":"
+    return re.split(r"[\\/]", model.rstrip("/\\"))[-1] if local else model
 
 
 @dataclass(frozen=True, slots=True)

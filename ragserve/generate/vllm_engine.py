@@ -20,7 +20,7 @@ from ragserve.errors import ConfigError, InvalidArgument, Unavailable
 from ragserve.generate.engine_thread import EngineThreadDead, ThreadedEngine, in_process_engine_env
 from ragserve.generate.host import HostCpu, ResolvedEngine, read_host_cpu, resolve_engine
 from ragserve.prompt import SYSTEM_PREFIX, Prompt, break_special_tokens, build_prompt
-from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, Usage
+from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, Usage, model_name
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +51,7 @@ class VllmGenerator:
 
     @property
     def model_id(self) -> str:
-        # What callers see (Info, the final event): a hub id as it is, a local folder by its name
-        # only; the server's file system layout is not theirs to learn.
-        local = Path(self._model)
-        return local.name if local.is_absolute() or self._model.startswith(".") else self._model
+        return model_name(self._model)  # what callers see (Info, the final event)
 
     @property
     def engine_choices(self) -> tuple[EngineChoice, ...]:

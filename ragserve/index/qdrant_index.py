@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import logging
 import uuid
 import zlib
 from collections import Counter
@@ -28,6 +29,8 @@ from ragserve.index.base import ScoredChunk, SearchIndex
 from ragserve.index.bm25 import bm25_terms
 from ragserve.index.reload import ServedIndex, version_marker
 from ragserve.types import Chunk
+
+log = logging.getLogger(__name__)
 
 DENSE = "dense"
 SPARSE = "bm25"
@@ -272,8 +275,10 @@ class QdrantIndex(PublishedMeta):
         except Exception as exc:
             if not isinstance(exc, _unreachable_errors()):
                 raise
-            # A down, unreachable or failing Qdrant is an unavailable dependency, not a bug here.
-            raise Unavailable(f"the Qdrant index is unavailable: {type(exc).__name__}: {exc}") from exc
+            # A down, unreachable or failing Qdrant is an unavailable dependency, not a bug here. Its
+            # text can hold Qdrant's response body: the log gets it, the caller only the kind.
+            log.warning("Qdrant query failed: %s: %s", type(exc).__name__, exc)
+            raise Unavailable(f"the Qdrant index is unavailable ({type(exc).__name__})") from exc
 
     def search(self, query_vector: np.ndarray, k: int, ef: int) -> list[ScoredChunk]:
         from qdrant_client import models

@@ -21,7 +21,7 @@ from ragserve.config import RerankSettings, default_of
 from ragserve.rerank.base import CrossEncoder, EncodedPair, RerankOutcome
 from ragserve.rerank.blend import blend, normalized_fused
 from ragserve.rerank.cost import CostModel, padded_tokens, plan_batches
-from ragserve.types import Passage
+from ragserve.types import Passage, model_name
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,8 @@ class TieredReranker:
     def describe(self) -> list[str]:
         out = []
         for tier in self._tiers:
-            label = f"{tier.name} {tier.encoder.model_id} {tier.encoder.backend} max_depth={tier.max_depth}"
+            model = model_name(tier.encoder.model_id)  # Info shows this: no server paths
+            label = f"{tier.name} {model} {tier.encoder.backend} max_depth={tier.max_depth}"
             if tier.ce_weight is not None:
                 label += f" ce_weight={tier.ce_weight:g}"
             if self._policy == "fixed":

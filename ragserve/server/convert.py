@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypeVar
 
-from ragserve.types import Degraded, EngineChoice, FinalSummary, Passage, RetrievalResult, StageTimings, TokenDelta
+from ragserve.types import (
+    Degraded,
+    EngineChoice,
+    FinalSummary,
+    Passage,
+    RetrievalResult,
+    StageTimings,
+    TokenDelta,
+    model_name,
+)
 from ragserve.v1 import rag_pb2 as pb
 
 if TYPE_CHECKING:
@@ -104,7 +113,7 @@ def info_response_pb(pipeline: RagPipeline, retrieval_budget_ms: int, requests_i
     return pb.InfoResponse(
         index_version=pipeline.index.version,
         index_chunks=pipeline.index.count,
-        embedder_model=pipeline.embedder.model_id,
+        embedder_model=model_name(pipeline.embedder.model_id),
         generator_model=generator.model_id if generator else "",
         rerank_tiers=pipeline.reranker.describe() if pipeline.reranker is not None else [],
         retrieval_budget_ms=retrieval_budget_ms,

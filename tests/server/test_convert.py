@@ -139,3 +139,14 @@ def test_info_response_without_generator_or_reranker() -> None:
     assert (info.generator_model, info.generator_unfinished_requests, info.host_cpu) == ("", 0, "")
     assert not info.rerank_tiers and not info.generator_settings
     assert info.index_chunks == 111
+
+
+def test_info_names_models_without_the_servers_paths() -> None:
+    from ragserve.types import model_name
+
+    pipeline = _pipeline(None, None)
+    pipeline.embedder = SimpleNamespace(model_id="/srv/secret/models/minilm-tuned")
+    info = info_response_pb(pipeline, retrieval_budget_ms=150, requests_in_flight=0)
+    assert info.embedder_model == "minilm-tuned"
+    assert model_name("./models/x") == "x" and model_name("C:\\models\\y") == "y"
+    assert model_name("cross-encoder/ms-marco-MiniLM-L-6-v2") == "cross-encoder/ms-marco-MiniLM-L-6-v2"
