@@ -11,7 +11,7 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, BinaryIO, cast
 
 import orjson
 
@@ -48,11 +48,20 @@ class Skipped:
     ignored: bool = False
 
 
+MAX_TITLE_CHARS = 200
+
+
+def _capped_title(title: str) -> str:
+    # A title goes into every chunk of its document and every prompt passage: a document's own
+    # (HTML <title>, PDF metadata, BEIR field) is as untrusted as its text.
+    return title[:MAX_TITLE_CHARS]
+
+
 def _title_of(text: str, fallback: str) -> str:
     for line in text.splitlines():
         stripped = line.strip().lstrip("#").strip()
         if stripped:
-            return stripped[:200]
+            return _capped_title(stripped)
     return fallback
 
 
@@ -257,30 +266,59 @@ def iter_folder_files(
             if not text.strip():
                 yield Skipped(relative, "no text")
                 continue
-            yield Document(relative, title or _title_of(text, display_name(path.stem)), text, relative)
+            yield Document(relative, _capped_title(title) or _title_of(text, display_name(path.stem)), text, relative)
     finally:
         parser.close()
 
 
-def iter_beir(corpus: Path) -> Iterator[Document | Skipped]:
-    """BEIR corpus.jsonl: one {"_id", "title", "text"} object per line."""
+_DRAIN_BYTES = 1 << 20
+
+
+def _bounded_lines(handle: BinaryIO, cap: int) -> Iterator[bytes | None]:
+    """Each line of at most `cap` bytes (newline excluded), or None for a longer one: that one is
+    read past in bounded pieces, never held whole."""
+    while line := handle.readline(cap + 1):
+        if line.endswith(b"\n") or len(line) <= cap:
+            yield line
+            continue
+        while (rest := handle.readline(_DRAIN_BYTES)) and not rest.endswith(b"\n"):
+            pass
+        yield None
+
+
+def _beir_record(line: bytes, where: str, limits: LoadLimits) -> Document | Skipped | None:
+    """One corpus line as a document, a reported skip, or None for a blank line."""
+    if not line.strip():
+        return None
+    try:
+        record = orjson.loads(line)
+        doc_id = str(record["_id"])
+        text = str(record.get("text") or "")
+        title = str(record.get("title") or "")
+    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        return Skipped(where, f"bad record: {exc}")
+    try:
+        _check_text_size(len(text), limits)  # a record is one document: a file's text cap
+    except FileRejected as exc:
+        return Skipped(where, f"too large: {exc}")
+    if not text.strip() and not title.strip():
+        return Skipped(where, "empty")
+    return Document(doc_id, _capped_title(title), text, where)
+
+
+def iter_beir(corpus: Path, limits: LoadLimits | None = None) -> Iterator[Document | Skipped]:
+    """BEIR corpus.jsonl: one {"_id", "title", "text"} object per line. A line is read with a
+    file's byte cap (`max_file_bytes`): one huge line must not take the indexer's memory."""
+    limits = limits or LoadLimits()
     with corpus.open("rb") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
+        for line_no, line in enumerate(_bounded_lines(handle, limits.max_file_bytes), start=1):
             where = f"{corpus.name}:{line_no}"
-            try:
-                record = orjson.loads(line)
-                doc_id = str(record["_id"])
-                text = str(record.get("text") or "")
-                title = str(record.get("title") or "")
-            except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-                yield Skipped(where, f"bad record: {exc}")
+            if line is None:
+                yield Skipped(where, f"too large: line is over the limit of {limits.max_file_bytes:,} bytes")
                 continue
-            if not text.strip() and not title.strip():
-                yield Skipped(where, "empty")
-                continue
-            yield Document(doc_id, title, text, where)
+            item = _beir_record(line, where, limits)
+            if item is not None:
+                yield item
 
 
 def iter_source(source: Path, limits: LoadLimits | None = None) -> Iterator[Document | Skipped]:
@@ -289,7 +327,7 @@ def iter_source(source: Path, limits: LoadLimits | None = None) -> Iterator[Docu
     if source.is_dir():
         return iter_folder(source, limits)
     if source.name.endswith(".jsonl"):
-        return iter_beir(source)
+        return iter_beir(source, limits)
     if source.suffix.lower() in _READERS:
         named = source.resolve()  # a file named on the command line is read even through a link
         return iter_folder_files(named.parent, [named], limits)

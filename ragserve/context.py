@@ -6,6 +6,7 @@ split into sentences; a sentence scores the summed rarity (IDF over the candidat
 this request) of the question's stemmed content words it contains. Every passage first keeps its
 best sentence (so its id and citation stay meaningful), then the best remaining sentences are
 added while they fit. Kept sentences stay in document order; a gap is marked with an ellipsis.
+Each passage's title is rendered in the prompt too, so it counts against the budget (whole).
 
 Lexical overlap needs no model call; the cost is counting tokens, one tokenizer call per sentence
 (4 ms p50 a request on a Zen 3 core, BENCHMARKS.md: batching those calls is the next saving).
@@ -23,6 +24,7 @@ from functools import lru_cache
 import Stemmer
 from bm25s.stopwords import STOPWORDS_EN_PLUS
 
+from ragserve.prompt import _attr
 from ragserve.types import Passage
 
 # A sentence ends at . ! or ? followed by space and something that starts a sentence.
@@ -80,10 +82,12 @@ class _Sentence:
 def fit_context(
     question: str, passages: list[Passage], budget_tokens: int, count_tokens: Callable[[str], int]
 ) -> FittedContext:
-    """`budget_tokens` 0 keeps the whole passages (only counting them)."""
+    """`budget_tokens` 0 keeps the whole passages (only counting them). Titles count but are never
+    cut: when they alone fill the budget, every passage is quoted as a gap marker."""
+    titles = sum(_title_tokens(p, count_tokens) for p in passages)
     full = [count_tokens(p.chunk.text.strip()) for p in passages]
-    if budget_tokens <= 0 or sum(full) <= budget_tokens:
-        return FittedContext(list(passages), sum(full), sum(full))
+    if budget_tokens <= 0 or titles + sum(full) <= budget_tokens:
+        return FittedContext(list(passages), titles + sum(full), titles + sum(full))
 
     sentences = [
         _Sentence(i, j, text, count_tokens(text), content_terms(text))
@@ -91,12 +95,18 @@ def fit_context(
         for j, text in enumerate(split_sentences(passage.chunk.text))
     ]
     _score_sentences(content_terms(question), sentences)
-    chosen = _choose_sentences(sentences, len(passages), budget_tokens, count_tokens(GAP))
+    chosen = _choose_sentences(sentences, len(passages), budget_tokens - titles, count_tokens(GAP))
     fitted = [
         replace(passage, chunk=replace(passage.chunk, text=_quote([s for s in sentences if s.passage == i], chosen)))
         for i, passage in enumerate(passages)
     ]
-    return FittedContext(fitted, sum(count_tokens(p.chunk.text) for p in fitted), sum(full))
+    return FittedContext(fitted, titles + sum(count_tokens(p.chunk.text) for p in fitted), titles + sum(full))
+
+
+def _title_tokens(passage: Passage, count_tokens: Callable[[str], int]) -> int:
+    # build_prompt puts every passage's title (or its document id) in a title="..." attribute, as
+    # _attr renders it: one tokenizer call a passage.
+    return count_tokens(_attr(passage.chunk.title or passage.chunk.doc_id))
 
 
 def _score_sentences(question_terms: set[str], sentences: list[_Sentence]) -> None:

@@ -135,10 +135,11 @@ class VllmGenerator:
     def render(self, prompt: Prompt) -> str:
         """Apply the model's chat template; the system message comes first, so it is the stable prefix.
 
-        The user message holds the passages and the question, untrusted text: the tokenizer's
-        special tokens in it are broken up so they tokenize as plain text."""
-        user = break_special_tokens(prompt.user, self._special_tokens)
-        messages = [{"role": "system", "content": prompt.system}, {"role": "user", "content": user}]
+        Both messages may hold untrusted text (the passages and the question; the naive layout puts
+        the question in the system message): the tokenizer's special tokens in them are broken up
+        so they tokenize as plain text. The fixed template has none, so its prefix is unchanged."""
+        system, user = (break_special_tokens(text, self._special_tokens) for text in (prompt.system, prompt.user))
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         text = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return str(text)
 
