@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from indexer.tune_train import TrainingRun, resumable_training
+from ragserve.pretrained import load_options
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def segment_match_model(model_path: str, layers: int | None = None) -> Any:
     before = hf_logging.get_verbosity()
     hf_logging.set_verbosity(logging.ERROR)  # the layers left out are listed as "unexpected": by design
     try:
-        bert = BertModel.from_pretrained(model_path, add_pooling_layer=False, **extra)
+        bert = BertModel.from_pretrained(model_path, add_pooling_layer=False, **extra, **load_options(model_path))
     finally:
         hf_logging.set_verbosity(before)
 

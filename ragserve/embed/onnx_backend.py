@@ -20,6 +20,7 @@ from ragserve.config import EmbedderSettings, default_home, default_of
 from ragserve.embed.base import NamedEmbedder, QueryEmbedding, fits_window, resolve_embedder_path
 from ragserve.errors import ConfigError
 from ragserve.onnx_export import export_bert, keyword_inputs, quantize_int8
+from ragserve.pretrained import load_options
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,9 @@ def export_onnx(model_path: Path, folder: Path, quantize: bool) -> Path:
         log.info("exporting %s to ONNX at %s (once)", model_path, fp32)
         # Eager attention: the SDPA path exports its mask as Where/IsNaN over the full score
         # tensor, which cost ~40% of ORT's run time here and blocks ORT's attention fusion.
-        bert = AutoModel.from_pretrained(str(model_path), attn_implementation="eager").eval()
+        bert = AutoModel.from_pretrained(
+            str(model_path), attn_implementation="eager", **load_options(model_path)
+        ).eval()
         tmp = folder / f".{FP32_FILE}.{os.getpid()}.tmp"
         export_bert(keyword_inputs(bert, "last_hidden_state"), tmp, "last_hidden_state", {0: "batch", 1: "seq"})
         os.replace(tmp, fp32)  # a killed export never leaves a half-written model behind
@@ -126,7 +129,7 @@ class OnnxEmbedder(NamedEmbedder):
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
         self._inputs = {i.name for i in self._session.get_inputs()}
-        self._tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self._tokenizer = AutoTokenizer.from_pretrained(str(model_dir), **load_options(model_dir))
         self._max_len = _max_seq_length(model_dir)
         self.onnx_path = onnx_path
 

@@ -9,6 +9,7 @@ import numpy as np
 from ragserve.config import EmbedderSettings, default_of
 from ragserve.embed.base import NamedEmbedder, QueryEmbedding, fits_window, resolve_embedder_path
 from ragserve.errors import ConfigError
+from ragserve.pretrained import load_options
 
 
 class SentenceTransformerEmbedder(NamedEmbedder):
@@ -21,7 +22,7 @@ class SentenceTransformerEmbedder(NamedEmbedder):
 
         path = resolve_embedder_path(model)
         try:
-            self._model = SentenceTransformer(path, device=device)
+            self._model = SentenceTransformer(path, device=device, **load_options(path))
         except OSError as exc:
             raise ConfigError(f"cannot load embedder {model!r} (RAGSERVE_EMBEDDER_MODEL): {exc}") from exc
         # Renamed in sentence-transformers 6; keep working with older releases too.

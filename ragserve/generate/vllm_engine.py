@@ -19,6 +19,7 @@ from ragserve.config import GeneratorSettings
 from ragserve.errors import ConfigError, InvalidArgument, Unavailable
 from ragserve.generate.engine_thread import EngineThreadDead, ThreadedEngine, in_process_engine_env
 from ragserve.generate.host import HostCpu, ResolvedEngine, read_host_cpu, resolve_engine
+from ragserve.pretrained import load_options
 from ragserve.prompt import SYSTEM_PREFIX, Prompt, break_special_tokens, build_prompt
 from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, Usage, model_name
 
@@ -128,7 +129,7 @@ class VllmGenerator:
         never spell out)."""
         from transformers import AutoTokenizer
 
-        self._tokenizer = AutoTokenizer.from_pretrained(self._model)
+        self._tokenizer = AutoTokenizer.from_pretrained(self._model, **load_options(self._model))
         added = (token.content for token in self._tokenizer.added_tokens_decoder.values())
         self._special_tokens = frozenset([*self._tokenizer.all_special_tokens, *added])
 

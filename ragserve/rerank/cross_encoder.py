@@ -24,6 +24,7 @@ import numpy as np
 from ragserve.config import RerankSettings, default_of
 from ragserve.errors import ConfigError
 from ragserve.onnx_export import export_bert, quantize_int8
+from ragserve.pretrained import load_options
 from ragserve.rerank.base import EncodedPair
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class _Tokenizing:
         from transformers import AutoTokenizer
 
         try:
-            tokenizer = AutoTokenizer.from_pretrained(model)
+            tokenizer = AutoTokenizer.from_pretrained(model, **load_options(model))
         except Exception as exc:  # transformers raises OSError, ValueError, hub errors...
             raise _load_error(model, setting, exc) from exc
         self._use_tokenizer(tokenizer)
@@ -190,7 +191,7 @@ def _read_config(model: str, setting: str) -> Any:
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(model)
+        return AutoConfig.from_pretrained(model, **load_options(model))
     except Exception as exc:
         raise _load_error(model, setting, exc) from exc
 
@@ -212,7 +213,7 @@ class TorchCrossEncoder(_Tokenizing):
         config = _read_config(model, setting)
         self._load_tokenizer(model, setting)
         try:
-            net = AutoModelForSequenceClassification.from_pretrained(model)
+            net = AutoModelForSequenceClassification.from_pretrained(model, **load_options(model))
         except Exception as exc:
             raise _load_error(model, setting, exc) from exc
         self._net = net.to(device).eval()
@@ -263,7 +264,9 @@ def export_onnx(model: str, setting: str, cache_dir: Path, quantize: bool) -> Pa
     from transformers import AutoModelForSequenceClassification
 
     try:
-        net = AutoModelForSequenceClassification.from_pretrained(model, attn_implementation="eager").eval()
+        net = AutoModelForSequenceClassification.from_pretrained(
+            model, attn_implementation="eager", **load_options(model)
+        ).eval()
     except Exception as exc:
         raise _load_error(model, setting, exc) from exc
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -324,8 +327,8 @@ class OnnxCrossEncoder(_Tokenizing):
         from transformers import AutoConfig, AutoTokenizer
 
         encoder = cls.__new__(cls)
-        config = AutoConfig.from_pretrained(str(model_dir))
-        encoder._use_tokenizer(AutoTokenizer.from_pretrained(str(model_dir)))
+        config = AutoConfig.from_pretrained(str(model_dir), **load_options(model_dir))
+        encoder._use_tokenizer(AutoTokenizer.from_pretrained(str(model_dir), **load_options(model_dir)))
         encoder._quantized = True
         encoder._open(onnx_path, "cpu", threads, cpus)
         encoder._describe(model_id, config, max_seq_len, cpus)

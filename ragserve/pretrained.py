@@ -1,0 +1,15 @@
+"""How every model file is opened with transformers / sentence-transformers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def load_options(source: str | Path) -> dict[str, Any]:
+    """Keyword arguments for each `from_pretrained`: never run code a model folder ships (and never
+    stop to ask about it on a terminal), and a local folder never falls back to a hub download: a
+    missing file fails at once. A hub id may still be fetched where the deployment allows it."""
+    text = str(source)
+    local = Path(text).is_absolute() or text.startswith((".", "~")) or Path(text).is_dir()
+    return {"trust_remote_code": False, "local_files_only": local}
