@@ -87,14 +87,26 @@ def _save_checkpoint(work: Path, save_model: Callable[[Path], None], optimizer: 
 
 
 def _resume_state(work: Path, fingerprint: str) -> dict[str, Any] | None:
-    """The saved trainer state when the checkpoint belongs to this run (same examples and options)."""
+    """The saved trainer state when the checkpoint belongs to this run (same examples and options);
+    None (train from the base model) when there is none, or it cannot be read safely."""
+    import pickle
+
     import torch
 
     meta = work / _META
     state = work / CHECKPOINT / _STATE
     if not state.is_file() or not meta.is_file() or json.loads(meta.read_text()).get("fingerprint") != fingerprint:
         return None
-    loaded: dict[str, Any] = torch.load(state, weights_only=False)
+    try:
+        # weights_only: tensors and plain containers only. Anyone who can write the work folder
+        # could otherwise run code in this process through a pickled object.
+        loaded = torch.load(state, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as exc:
+        log.warning("checkpoint %s refused (%s: %s): training from the start", state, type(exc).__name__, exc)
+        return None
+    if not (isinstance(loaded, dict) and {"optimizer", "scheduler", "step"} <= loaded.keys()):
+        log.warning("checkpoint %s is not a trainer state: training from the start", state)
+        return None
     return loaded
 
 

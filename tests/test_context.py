@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -29,6 +31,8 @@ TCP = _passage(
     "TCP opens a connection with a three-way handshake. The client sends SYN. "
     "The server answers SYN-ACK. The client confirms with ACK.",
 )
+# The prompt renders each passage's title: "Doc 1" and "Doc 2" count against the budget.
+TITLES = _words("Doc 1") + _words("Doc 2")
 
 
 def test_sentences_split_at_sentence_ends_only() -> None:
@@ -46,18 +50,18 @@ def test_terms_drop_question_words_and_stem() -> None:
 def test_zero_budget_keeps_whole_passages() -> None:
     fitted = fit_context("How does the waggle dance encode distance?", [BEES, TCP], 0, _words)
     assert fitted.passages == [BEES, TCP]
-    assert fitted.tokens == fitted.tokens_full == _words(BEES.chunk.text) + _words(TCP.chunk.text)
+    assert fitted.tokens == fitted.tokens_full == TITLES + _words(BEES.chunk.text) + _words(TCP.chunk.text)
 
 
 def test_budget_keeps_the_matching_sentences_within_budget() -> None:
-    fitted = fit_context("How does the waggle dance encode distance?", [BEES, TCP], 36, _words)
+    fitted = fit_context("How does the waggle dance encode distance?", [BEES, TCP], 40, _words)
     bees, tcp = (p.chunk.text for p in fitted.passages)
     assert "The length of the waggle run encodes the distance." in bees
     assert "The waggle dance encodes the direction of food relative to the sun." in bees
     assert "Drones do not forage" not in bees
     assert bees.startswith(GAP)  # a gap before the kept sentences is marked
-    assert fitted.tokens <= 36 < fitted.tokens_full
-    assert fitted.tokens == sum(_words(p.chunk.text) for p in fitted.passages)
+    assert fitted.tokens <= 40 < fitted.tokens_full
+    assert fitted.tokens == TITLES + sum(_words(p.chunk.text) for p in fitted.passages)
     # Every passage keeps a sentence, its id, rank, score and title: citations stay valid.
     assert tcp.strip(GAP + " ")
     assert [(p.chunk.chunk_id, p.rank, p.score, p.chunk.title) for p in fitted.passages] == [
@@ -72,10 +76,34 @@ def test_kept_sentences_stay_in_document_order() -> None:
 
 
 def test_a_budget_smaller_than_any_sentence_keeps_the_numbering() -> None:
-    fitted = fit_context("waggle dance", [BEES, TCP], 4, _words)
+    fitted = fit_context("waggle dance", [BEES, TCP], TITLES + 4, _words)
     assert len(fitted.passages) == 2
-    assert fitted.tokens <= 4
+    assert fitted.tokens <= TITLES + 4
     assert all(p.chunk.text == GAP for p in fitted.passages)
+
+
+def test_a_long_title_uses_the_budget_it_takes_in_the_prompt() -> None:
+    long_title = replace(BEES, chunk=replace(BEES.chunk, title="On the " + "very " * 20 + "long study of bees"))
+    question = "How does the waggle dance encode distance?"
+    short, long = fit_context(question, [BEES], 30, _words), fit_context(question, [long_title], 30, _words)
+    assert long.tokens_full == short.tokens_full + _words(long_title.chunk.title) - _words("Doc 1")
+    assert short.tokens <= 30 and long.tokens <= 30
+    # The title's tokens leave fewer for the passage's sentences.
+    assert _words(long.passages[0].chunk.text) < _words(short.passages[0].chunk.text)
+    assert long.passages[0].chunk.title == long_title.chunk.title  # counted, never cut
+
+
+def test_a_passage_without_a_title_counts_its_document_id() -> None:
+    untitled = replace(TCP, chunk=replace(TCP.chunk, title=""))
+    fitted = fit_context("handshake", [untitled], 0, _words)
+    assert fitted.tokens == _words("doc2") + _words(TCP.chunk.text)  # build_prompt renders title="doc2"
+
+
+def test_titles_alone_over_the_budget_are_kept_and_every_passage_is_a_gap() -> None:
+    fitted = fit_context("waggle dance", [BEES, TCP], 3, _words)
+    assert [p.chunk.text for p in fitted.passages] == [GAP, GAP]
+    assert [p.chunk.title for p in fitted.passages] == ["Doc 1", "Doc 2"]
+    assert fitted.tokens == TITLES + 2
 
 
 def test_the_input_passages_are_not_modified() -> None:
@@ -87,5 +115,6 @@ def test_the_input_passages_are_not_modified() -> None:
 @given(budget=st.integers(min_value=2, max_value=80), question=st.text(max_size=40))
 def test_the_budget_is_never_exceeded(budget: int, question: str) -> None:
     fitted = fit_context(question, [BEES, TCP], budget, _words)
-    assert fitted.tokens <= budget
+    # Titles are never cut: under their own size, only one gap marker a passage is added.
+    assert fitted.tokens <= max(budget, TITLES + 2)
     assert [p.chunk.chunk_id for p in fitted.passages] == ["doc1#0", "doc2#0"]

@@ -1,10 +1,14 @@
-"""Text extraction from .html and .pdf files, and skip-and-report for bad ones."""
+"""Text extraction from .html and .pdf files, BEIR records, and skip-and-report for bad or oversized input."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
-from indexer.loaders import Document, Skipped, iter_source
+import orjson
+import pytest
+
+from indexer.loaders import MAX_TITLE_CHARS, Document, LoadLimits, Skipped, iter_source
 
 
 def tiny_pdf(text: str, title: str = "") -> bytes:
@@ -78,3 +82,59 @@ def test_content_hash_tracks_text(tmp_path: Path) -> None:
     a = Document("x", "T", "one", "x")
     assert a.content_hash == Document("x", "T", "one", "y").content_hash
     assert a.content_hash != Document("x", "T", "two", "x").content_hash
+
+
+def test_huge_html_and_beir_titles_are_capped(tmp_path: Path) -> None:
+    # A title goes into every chunk and prompt: a multi-megabyte one must not.
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "page.html").write_text(
+        f"<html><head><title>{'Long title ' * 300_000}</title></head><body><p>Short body.</p></body></html>"
+    )
+    page = _by_id(tmp_path / "docs")["page.html"]
+    assert isinstance(page, Document), page
+    assert page.title.startswith("Long title") and len(page.title) == MAX_TITLE_CHARS
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_bytes(orjson.dumps({"_id": "d1", "title": "T" * 3_000_000, "text": "Some text."}) + b"\n")
+    [doc] = iter_source(corpus)
+    assert isinstance(doc, Document) and doc.title == "T" * MAX_TITLE_CHARS and doc.text == "Some text."
+
+
+def test_an_over_long_beir_line_is_skipped_and_reported(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    lines = [
+        orjson.dumps({"_id": "a", "title": "A", "text": "First good record."}),
+        orjson.dumps({"_id": "huge", "title": "H", "text": "x" * 5_000}),  # over the line cap
+        orjson.dumps({"_id": "b", "title": "B", "text": "Second good record."}),
+        orjson.dumps({"_id": "long", "title": "L", "text": "y" * 300}),  # fits the line, over the text cap
+        orjson.dumps({"_id": "c", "title": "C", "text": "Third good record."}),
+    ]
+    corpus.write_bytes(b"\n".join(lines))  # no newline after the last line
+    limits = LoadLimits(max_file_bytes=1_000, max_text_chars=200)
+    items = list(iter_source(corpus, limits))
+    assert [d.doc_id for d in items if isinstance(d, Document)] == ["a", "b", "c"]
+    skipped = {s.source: s.reason for s in items if isinstance(s, Skipped)}
+    assert set(skipped) == {"corpus.jsonl:2", "corpus.jsonl:4"}  # line numbers stay right after a skip
+    assert "over the limit of 1,000 bytes" in skipped["corpus.jsonl:2"]
+    assert "over the limit of 200 characters" in skipped["corpus.jsonl:4"]
+    assert not any(s.ignored for s in items if isinstance(s, Skipped))  # reported, not just counted
+
+
+def test_beir_lines_are_read_in_bounded_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The line cap is what bounds memory: no read asks for more than the cap (or a bounded drain piece).
+    class Recording(io.BytesIO):
+        def __init__(self, data: bytes) -> None:
+            super().__init__(data)
+            self.sizes: list[int] = []
+
+        def readline(self, size: int | None = -1, /) -> bytes:
+            assert size is not None and 0 < size <= 1 << 20, f"unbounded read: {size}"
+            self.sizes.append(size)
+            return super().readline(size)
+
+    handle = Recording(b'{"_id": "a", "text": "A."}\n' + b"z" * 3_000_000 + b'\n{"_id": "b", "text": "B."}')
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_bytes(b"")
+    monkeypatch.setattr(Path, "open", lambda *_args, **_kwargs: handle)
+    items = list(iter_source(corpus, LoadLimits(max_file_bytes=100)))
+    assert [i.doc_id if isinstance(i, Document) else i.source for i in items] == ["a", "corpus.jsonl:2", "b"]
+    assert handle.sizes and handle.sizes[0] == 101
