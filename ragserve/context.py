@@ -24,7 +24,7 @@ from functools import lru_cache
 import Stemmer
 from bm25s.stopwords import STOPWORDS_EN_PLUS
 
-from ragserve.prompt import _attr
+from ragserve.prompt import passage_label
 from ragserve.types import Passage
 
 # A sentence ends at . ! or ? followed by space and something that starts a sentence.
@@ -104,9 +104,8 @@ def fit_context(
 
 
 def _title_tokens(passage: Passage, count_tokens: Callable[[str], int]) -> int:
-    # build_prompt puts every passage's title (or its document id) in a title="..." attribute, as
-    # _attr renders it: one tokenizer call a passage.
-    return count_tokens(_attr(passage.chunk.title or passage.chunk.doc_id))
+    # build_prompt renders every passage's title (or its document id): one tokenizer call a passage.
+    return count_tokens(passage_label(passage))
 
 
 def _score_sentences(question_terms: set[str], sentences: list[_Sentence]) -> None:

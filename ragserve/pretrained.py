@@ -13,3 +13,14 @@ def load_options(source: str | Path) -> dict[str, Any]:
     text = str(source)
     local = Path(text).is_absolute() or text.startswith((".", "~")) or Path(text).is_dir()
     return {"trust_remote_code": False, "local_files_only": local}
+
+
+# The largest model file a version may ship: MiniLM-sized models are tens of MB; far past this is
+# a crafted or wrong file, refused before ONNX Runtime maps it.
+MAX_MODEL_FILE_BYTES = 1 << 30
+
+
+def check_model_file_size(path: Path) -> None:
+    size = path.stat().st_size
+    if size > MAX_MODEL_FILE_BYTES:
+        raise ValueError(f"{path.name} is {size} bytes, more than the {MAX_MODEL_FILE_BYTES} a model file may be")

@@ -76,6 +76,11 @@ def _neutralize(text: str) -> str:
     return "".join(out)
 
 
+def passage_label(passage: Passage) -> str:
+    """The passage's title attribute as the prompt renders it (the context budget counts it)."""
+    return _attr(passage.chunk.title or passage.chunk.doc_id)
+
+
 def _attr(text: str) -> str:
     # A title comes from the document too: neutralized like its text, then escaped for the attribute
     # (escaping alone would turn "< /passage" into "&lt; /passage", an entity spelling of the tag).
@@ -108,8 +113,7 @@ def build_prompt(question: str, passages: list[Passage], layout: str = "stable")
         # The title gives the model context; the document id would only add uncached prompt tokens
         # (about 15 a passage), so it is used only when there is no title.
         parts.append(
-            f'<passage id="{number}" title="{_attr(chunk.title or chunk.doc_id)}">\n'
-            f"{_neutralize(chunk.text.strip())}\n</passage>"
+            f'<passage id="{number}" title="{passage_label(passage)}">\n{_neutralize(chunk.text.strip())}\n</passage>'
         )
     parts.append("</passages>")
     parts.append(f"Question: {_neutralize(question.strip())}")

@@ -142,8 +142,9 @@ class OnnxEmbedder(NamedEmbedder):
         return self._tokenizer
 
     def output_width(self) -> int:
-        """The width of the vectors the model really makes (one short run; also warms the session)."""
-        return int(self._run(["dimension check"]).shape[1])
+        """The width of the vectors the model really makes, from one input of the full stated length:
+        a model whose graph takes fewer positions fails here, at load, not on a long query."""
+        return int(self._run([" ".join(["length"] * (self._max_len + 8))]).shape[1])
 
     def _run(self, texts: list[str]) -> np.ndarray:
         return self._run_counted(texts)[0]

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ragserve.errors import IndexLoadError
 from ragserve.index.format import MANIFEST, Manifest, check_file_name, require_all_listed
+from ragserve.pretrained import check_model_file_size
 
 if TYPE_CHECKING:
     from ragserve.embed.onnx_backend import OnnxEmbedder
@@ -65,6 +66,7 @@ def load_tuned_embedder(folder: Path, manifest: Manifest, threads: int) -> OnnxE
             f"({expected_id!r}): the model and the vectors do not belong together"
         )
     try:
+        check_model_file_size(folder / spec["onnx"])
         embedder = OnnxEmbedder.from_export(
             folder / spec["onnx"], folder / spec["dir"], expected_id, threads=threads, spin=False
         )

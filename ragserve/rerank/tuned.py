@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ragserve.errors import IndexLoadError
 from ragserve.index.format import MANIFEST, Manifest, check_file_name, require_all_listed
+from ragserve.pretrained import check_model_file_size
 
 if TYPE_CHECKING:
     from ragserve.rerank.cross_encoder import OnnxCrossEncoder
@@ -89,6 +90,7 @@ def _open(
     from ragserve.rerank.cross_encoder import OnnxCrossEncoder
 
     try:
+        check_model_file_size(folder / spec["onnx"])
         encoder = OnnxCrossEncoder.from_export(
             folder / spec["onnx"],
             folder / spec["dir"],
@@ -97,8 +99,10 @@ def _open(
             cpus=cpus,
             max_seq_len=spec["max_seq_len"],
         )
-        # One pair through the model now: a graph that does not run is refused here, not per request.
-        probe = encoder.score(encoder.encode("a question", ["a passage that may answer it"]))
+        # One pair of the full stated length through the model now: a graph that does not run, or
+        # takes fewer positions than the version says, is refused here, not per request.
+        passage = " ".join(["passage"] * (spec["max_seq_len"] + 8))
+        probe = encoder.score(encoder.encode("a question", [passage]))
     except Exception as exc:  # ONNX Runtime and tokenizer errors come in many types: one clear refusal
         raise _fail(folder, f"model {spec['onnx']} cannot be loaded: {exc}") from exc
     if probe.shape != (1,) or not math.isfinite(float(probe[0])):

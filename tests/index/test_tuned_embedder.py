@@ -193,3 +193,24 @@ def test_a_bad_fitted_weight_is_refused(tuned_root: Path, weight: object) -> Non
     _edit_manifest(tuned_root, lambda data: data["tuning"].__setitem__("fusion_dense_weight", weight))
     with pytest.raises(IndexLoadError, match="fusion_dense_weight"):
         HnswIndex.load(tuned_root)
+
+
+def test_a_stated_max_length_the_model_cannot_take_is_refused_at_load(tuned_root: Path) -> None:
+    """The version says its model takes 2,048 tokens; its graph has 512 positions. Found at load
+    (one full-length input), not as INTERNAL on the first long query."""
+    config = resolve_current(tuned_root) / TUNED_DIR / "sentence_bert_config.json"
+    config.write_text(json.dumps({"max_seq_length": 2048}))
+    digest = sha256_file(config)
+    _edit_manifest(tuned_root, lambda data: data["files"].__setitem__(f"{TUNED_DIR}/sentence_bert_config.json", digest))
+    with pytest.raises(IndexLoadError, match="cannot be loaded"):
+        HnswIndex.load(tuned_root)
+
+
+def test_an_oversized_model_file_is_refused_before_it_is_opened(
+    tuned_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ragserve.pretrained
+
+    monkeypatch.setattr(ragserve.pretrained, "MAX_MODEL_FILE_BYTES", 1024)
+    with pytest.raises(IndexLoadError, match="more than the 1024"):
+        HnswIndex.load(tuned_root)

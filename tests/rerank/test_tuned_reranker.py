@@ -304,3 +304,15 @@ def test_auto_needs_a_model_that_beat_the_fused_order_tuned_does_not(
     untuned = _fake_version("u", None)
     source.prepare(untuned)
     assert source.for_index(untuned) is None
+
+
+def test_a_stated_max_length_the_graph_cannot_take_is_refused_at_load(tmp_path: Path, models: dict[str, Path]) -> None:
+    """The version says 1,024 tokens a pair (and its config.json agrees); the exported graph has
+    512 positions. One full-length pair at load finds it, not the first long passage as INTERNAL."""
+    root = tmp_path / "idx"
+    publish(root, models["plain"], max_seq_len=1024)
+    config = resolve_current(root) / TUNED_DIR / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "max_position_embeddings": 4096}))
+    refresh_checksum(root, f"{TUNED_DIR}/config.json")
+    with pytest.raises(IndexLoadError, match="cannot be loaded"):
+        HnswIndex.load(root)
