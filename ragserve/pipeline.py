@@ -21,19 +21,20 @@ from ragserve.budget import Deadline, StageTimer
 from ragserve.cache.base import AnswerCache, RetrievalCache
 from ragserve.cache.pipeline_caches import PipelineCaches, cache_scope
 from ragserve.config import QdrantSettings, RetrievalSettings, Settings, default_of
-from ragserve.context import fit_context
+from ragserve.context import FittedContext, fit_context
 from ragserve.embed.base import Embedder, embedder_for
 from ragserve.errors import ConfigError
 from ragserve.generate.answer import AnswerRun, stream_answer
 from ragserve.generate.base import Generator
 from ragserve.index.base import SearchIndex
 from ragserve.index.fusion import RetrievalOptions
-from ragserve.prompt import build_prompt
+from ragserve.prompt import Prompt, build_prompt
 from ragserve.rerank.base import Reranker, RerankerSource
 from ragserve.search_stage import SearchStage, check_client
 from ragserve.types import (
     FinalSummary,
     GenerateParams,
+    Passage,
     QueryEvent,
     RetrievalResult,
     RetrieveParams,
@@ -159,6 +160,19 @@ class RagPipeline:
         self.caches.store(key, result, semantic_vector)
         return result
 
+    def _fit_and_build(
+        self, query: str, passages: list[Passage], budget: int, generator: Generator, timings: StageTimings
+    ) -> tuple[FittedContext, Prompt]:
+        """Off the event loop: a tokenizer call per sentence (and more at a large top_k) would stall
+        every other stream and health check while it runs."""
+        with StageTimer("context") as t:
+            context = fit_context(query, passages, budget, generator.count_tokens)
+        timings.context_ms = t.ms
+        with StageTimer("prompt") as t:
+            prompt = build_prompt(query, context.passages, self.prompt_layout)
+        timings.prompt_ms = t.ms
+        return context, prompt
+
     async def query(
         self, params: RetrieveParams, gen: GenerateParams, deadline: Deadline, request_id: str
     ) -> AsyncIterator[QueryEvent]:
@@ -177,12 +191,9 @@ class RagPipeline:
                 for event in cached.replay(timings, deadline.elapsed_ms):  # the engine is not asked at all
                     yield event
                 return
-        with StageTimer("context") as t:
-            context = fit_context(params.query, retrieval.passages, gen.context_token_budget, generator.count_tokens)
-        timings.context_ms = t.ms
-        with StageTimer("prompt") as t:
-            prompt = build_prompt(params.query, context.passages, self.prompt_layout)
-        timings.prompt_ms = t.ms
+        context, prompt = await self._off_loop(
+            lambda: self._fit_and_build(params.query, retrieval.passages, gen.context_token_budget, generator, timings)
+        )
         run = AnswerRun()
         deadline_at = deadline.client_end(asyncio.get_running_loop())
         events = stream_answer(generator, prompt, gen, request_id, deadline_at, deadline.elapsed_ms, run, retrieval)

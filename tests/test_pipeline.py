@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -133,3 +134,41 @@ def test_stream_pulls_only_as_fast_as_the_reader(pipeline_factory) -> None:
 
     ahead = asyncio.run(read_slowly())
     assert max(ahead) <= 1
+
+
+class SlowCountingGenerator(FakeGenerator):
+    """A fake whose token counting blocks its thread, as a tokenizer call on a long prompt does."""
+
+    def count_tokens(self, text: str) -> int:
+        import time
+
+        time.sleep(0.004)
+        return len(text.split())
+
+
+def test_prompt_work_leaves_the_event_loop_free(pipeline_factory) -> None:
+    """Fitting the context (a tokenizer call per sentence) runs off the loop: other streams and
+    health checks keep being served while a top_k=10 prompt is built."""
+    pipeline = pipeline_factory(SlowCountingGenerator())
+    params = RetrieveParams("How does the honey bee waggle dance encode direction?", top_k=10, budget_ms=10_000)
+
+    async def run() -> tuple[float, float]:
+        await pipeline.retrieve(params, Deadline(10_000))  # warm: the embedder's first call
+        ticks: list[float] = []
+
+        async def tick() -> None:
+            while True:
+                ticks.append(asyncio.get_running_loop().time())
+                await asyncio.sleep(0.001)
+
+        ticker = asyncio.ensure_future(tick())
+        events = [e async for e in pipeline.query(params, GenerateParams(4, 0.0), Deadline(10_000), "r")]
+        ticker.cancel()
+        final = events[-1]
+        assert isinstance(final, FinalSummary)
+        worst_gap = max(b - a for a, b in itertools.pairwise(ticks)) * 1000.0
+        return final.timings.context_ms, worst_gap
+
+    context_ms, worst_gap_ms = asyncio.run(run())
+    assert context_ms > 40  # the context stage really took a while here
+    assert worst_gap_ms < context_ms / 2

@@ -159,7 +159,9 @@ class VllmGenerator:
         sent = 0
         try:
             # Both engines abort the request themselves when this iteration is cancelled.
-            async for output in self._engine.generate(self.render(prompt), sampling, request_id=engine_id):
+            # The chat template (and breaking special tokens) takes milliseconds on a long prompt: off the loop.
+            text = await asyncio.to_thread(self.render, prompt)
+            async for output in self._engine.generate(text, sampling, request_id=engine_id):
                 completion = output.outputs[0]
                 delta = completion.text[sent:]
                 sent = len(completion.text)
