@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from indexer.tune_publish import build_tuned_version, export_tuned
+from indexer.tune.publish import build_tuned_version, export_tuned
 from ragserve.embed.base import embedder_for
 from ragserve.embed.tuned import TUNED_DIR, TUNED_ONNX, tuned_model_id
 from ragserve.errors import IndexLoadError

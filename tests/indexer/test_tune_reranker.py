@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from indexer.tune_eval import CandidateLists
-from indexer.tune_rerank import fit_ce_weight, mine_groups, score_blends
-from indexer.tune_rerank_train import RerankGroup, RerankTrainOptions, train_cross_encoder
-from indexer.tune_train import CHECKPOINT
+from indexer.tune.evaluation import CandidateLists
+from indexer.tune.reranker import fit_ce_weight, mine_groups, score_blends
+from indexer.tune.reranker_model import RerankGroup, RerankTrainOptions, train_cross_encoder
+from indexer.tune.training import CHECKPOINT
 from ragserve.index.base import ScoredChunk
 from ragserve.types import Chunk
 from tests.index.tuned_fake import interrupt_at, save_fake_tuned_model, write_sample_labels
@@ -95,7 +95,7 @@ def test_a_tuned_reranker_is_published_with_the_version_and_loaded_by_the_server
     version ships the exported model and the fitted blend, and loads the way the server loads it."""
     import shutil
 
-    from indexer.tune_rerank import CE_WEIGHTS, FIT_DEPTHS, RerankTuneJob, run_tune_reranker
+    from indexer.tune.reranker import CE_WEIGHTS, FIT_DEPTHS, RerankTuneJob, run_tune_reranker
     from ragserve.index.hnsw import HnswIndex
     from ragserve.rerank.tuned import TUNED_ONNX
 
@@ -120,8 +120,8 @@ def test_a_tuned_reranker_is_published_with_the_version_and_loaded_by_the_server
     assert scores.shape == (2,)
     # Re-tuning the bi-encoder changes the fused order the blend was fitted on: the new version
     # leaves the cross-encoder behind (tune it again for the new order).
-    from indexer.tune import TuneJob, run_tune
-    from indexer.tune_train import TrainOptions
+    from indexer.tune.embedder import TuneJob, run_tune
+    from indexer.tune.embedder_model import TrainOptions
 
     retuned = TuneJob(root, queries, qrels, force=True, progress=False, train=TrainOptions(epochs=1, batch_size=4))
     assert run_tune(retuned, say=lambda _: None).published

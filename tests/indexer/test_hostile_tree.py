@@ -118,7 +118,7 @@ def test_a_pdf_bomb_is_cut_at_the_text_cap(tmp_path: Path) -> None:
 
 def test_a_parse_that_overruns_is_killed_and_the_next_file_still_parses(tmp_path: Path) -> None:
     from indexer.loaders import LoadLimits, iter_folder_files
-    from tests.index.test_loaders import tiny_pdf
+    from tests.indexer.test_loaders import tiny_pdf
 
     (tmp_path / "slow.html").write_text("<p>never parsed in time</p>")
     (tmp_path / "fine.pdf").write_bytes(tiny_pdf("Glaciers carve valleys."))

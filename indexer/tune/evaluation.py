@@ -21,6 +21,11 @@ from ragserve.index.base import LexicalSearch, ScoredChunk, SearchIndex
 from ragserve.index.fusion import RetrievalOptions, dedupe_documents, plan_breadth, weighted
 
 Qrels = dict[str, dict[str, int]]
+# Salts the split of labelled queries into kept and held back (`hash_split`). Both tuners use it,
+# so the cross-encoder is fitted on the same held-back queries the bi-encoder tuner was judged on.
+FIT_SALT = "ragserve-tune-fit"
+# The server's fusion weight for a version that has not fitted its own.
+DEFAULT_DENSE_WEIGHT: float = default_of(RetrievalSettings, "fusion_dense_weight")
 # The dense weights the fusion fit tries (the server's default, 0.4, is among them).
 WEIGHT_GRID = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 CANDIDATES = 100

@@ -10,8 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from indexer.cli import app
-from indexer.tune_eval import CandidateLists, TuneInputError, hash_split, load_qrels, load_queries, ndcg_at
-from indexer.tune_train import CHECKPOINT, Example, TrainOptions, train
+from indexer.tune.embedder_model import Example, TrainOptions, train
+from indexer.tune.evaluation import CandidateLists, TuneInputError, hash_split, load_qrels, load_queries, ndcg_at
+from indexer.tune.training import CHECKPOINT
 from ragserve.index.base import ScoredChunk
 from ragserve.types import Chunk
 from tests.index.tuned_fake import interrupt_at, save_fake_tuned_model, write_sample_labels
@@ -55,7 +56,7 @@ def _hit(doc: str, score: float, n: int = 0) -> ScoredChunk:
 
 
 def test_mined_hard_negatives_skip_known_positives_and_repeat_documents() -> None:
-    from indexer.tune import mine_examples
+    from indexer.tune.embedder import mine_examples
 
     dense = {"q": [_hit("pos", 0.9), _hit("n1", 0.8), _hit("n1", 0.7, 1), _hit("n2", 0.6), _hit("n3", 0.5)]}
     lists = CandidateLists(dense, {"q": []})
@@ -64,7 +65,7 @@ def test_mined_hard_negatives_skip_known_positives_and_repeat_documents() -> Non
 
 
 def test_a_relevant_document_is_learnt_from_its_best_ranked_chunk_when_asked() -> None:
-    from indexer.tune import mine_examples
+    from indexer.tune.embedder import mine_examples
 
     dense = {"q": [_hit("n1", 0.9), _hit("pos", 0.8, 2), _hit("pos", 0.7, 0)]}
     lists = CandidateLists(dense, {"q": []})
@@ -116,7 +117,7 @@ def test_labelled_and_label_free_runs_publish_versions_the_server_loads(tmp_path
     (forced past the held-back check: a handful of queries says little), then a label-free run."""
     import shutil
 
-    from indexer.tune import TuneJob, run_tune
+    from indexer.tune.embedder import TuneJob, run_tune
     from ragserve.embed.base import embedder_for
     from ragserve.embed.tuned import TUNED_ONNX
     from ragserve.index.hnsw import HnswIndex
@@ -145,7 +146,7 @@ def test_labelled_and_label_free_runs_publish_versions_the_server_loads(tmp_path
 
 
 def test_sentence_pairs_ask_with_one_sentence_and_learn_the_rest() -> None:
-    from indexer.tune import _corpus_pairs
+    from indexer.tune.embedder import _corpus_pairs
 
     body = (
         "Plants capture light with chlorophyll in their leaves. The energy splits water into oxygen. "

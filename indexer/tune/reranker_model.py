@@ -9,7 +9,7 @@ scored as `scale * (q/|q| * p/|p|) . w + b` with w = 1 at the start, i.e. a cosi
 reweights. Every text in a group has the same form (chunk text, as the server scores it), so the
 only signal is relevance, not formatting. The exported ONNX graph takes the usual BERT inputs and
 gives one logit per pair, like any cross-encoder the server loads. Resumable with the bi-encoder
-tuner's checkpoint helpers (tune_train.py).
+tuner's checkpoint helpers (training.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from indexer.tune_train import TrainingRun, resumable_training
+from indexer.tune.training import TrainingRun, resumable_training
 from ragserve.pretrained import load_options
 
 

@@ -46,7 +46,7 @@ def test_bad_file_is_skipped_and_reported(tmp_path: Path) -> None:
 
 @pytest.mark.slow  # runs the indexer CLI in a child process (loads MiniLM)
 def test_mixed_tree_with_bad_pdf_html_and_unsupported_files(tmp_path: Path) -> None:
-    from tests.index.test_loaders import tiny_pdf
+    from tests.indexer.test_loaders import tiny_pdf
 
     docs = tmp_path / "docs"
     (docs / "sub").mkdir(parents=True)

@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from indexer.build import index_root_lock
-from indexer.tune import FIT_SALT
-from indexer.tune_eval import (
+from indexer.tune.evaluation import (
+    DEFAULT_DENSE_WEIGHT,
+    FIT_SALT,
     CandidateLists,
     Qrels,
     TuneInputError,
@@ -34,8 +35,8 @@ from indexer.tune_eval import (
     ndcg_at,
     search_candidates,
 )
-from indexer.tune_rerank_train import RerankGroup, RerankTrainOptions, segment_match_model, train_cross_encoder
-from ragserve.config import RerankSettings, RetrievalSettings, default_of
+from indexer.tune.reranker_model import RerankGroup, RerankTrainOptions, segment_match_model, train_cross_encoder
+from ragserve.config import RerankSettings, default_of
 from ragserve.embed.base import Embedder, resolve_embedder_path
 from ragserve.index.format import MANIFEST, latest_version, new_build_dir, publish, sha256_file
 from ragserve.index.fusion import dedupe_documents, weighted
@@ -60,7 +61,6 @@ DEPTHS = (5, 10, 20)  # reported
 # Weights of the raw logit against fused scores in 0..1 (blend.py).
 CE_WEIGHTS = (0.0, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 _CANDIDATES: int = default_of(RerankSettings, "candidates")
-_DEFAULT_WEIGHT: float = default_of(RetrievalSettings, "fusion_dense_weight")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
 
@@ -199,7 +199,7 @@ def _tune_locked(job: RerankTuneJob, say: Callable[[str], None]) -> RerankTuneRe
     started = time.perf_counter()
     report = RerankTuneReport()
     current = HnswIndex.load(job.root, embedder_threads=0)
-    weight = current.fusion_dense_weight if current.fusion_dense_weight is not None else _DEFAULT_WEIGHT
+    weight = current.fusion_dense_weight if current.fusion_dense_weight is not None else DEFAULT_DENSE_WEIGHT
     queries, qrels = load_queries(job.queries), load_qrels(job.qrels)
     known = {c.doc_id for c in current.chunks}
     usable = sorted(q for q in queries if any(d in known for d in qrels.get(q, {})))

@@ -4,7 +4,7 @@ With labels (BEIR queries.jsonl + qrels): part of the queries is held back to fi
 weight and to judge the result (never trained on); the rest become (query, relevant chunk) pairs
 with hard negatives from the index's own hybrid search (known positives excluded). Without labels:
 (title, body) pairs of the corpus's own documents, hard negatives mined the same way with the title
-as the query. Training: tune_train.py; publishing: tune_publish.py.
+as the query. Training: embedder_model.py; publishing: publish.py.
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ import numpy as np
 
 from indexer.build import index_root_lock
 from indexer.chunking import embedding_text
-from indexer.tune_eval import (
+from indexer.tune.embedder_model import Example, TrainOptions, train
+from indexer.tune.evaluation import (
+    DEFAULT_DENSE_WEIGHT,
+    FIT_SALT,
     CandidateLists,
     Qrels,
     TuneInputError,
@@ -33,18 +36,14 @@ from indexer.tune_eval import (
     score_runs,
     search_candidates,
 )
-from indexer.tune_publish import build_tuned_version
-from indexer.tune_train import Example, TrainOptions, train
-from ragserve.config import EmbedderSettings, RetrievalSettings, default_of
+from indexer.tune.publish import build_tuned_version
+from ragserve.config import EmbedderSettings
 from ragserve.context import split_sentences
 from ragserve.embed.base import Embedder, embedder_for, resolve_embedder_path
 from ragserve.index.format import latest_version, publish
 from ragserve.index.fusion import weighted
 from ragserve.index.hnsw import HnswIndex
 from ragserve.types import Chunk
-
-FIT_SALT = "ragserve-tune-fit"
-_DEFAULT_WEIGHT: float = default_of(RetrievalSettings, "fusion_dense_weight")
 
 
 @dataclass(frozen=True)
@@ -79,8 +78,8 @@ class TuneReport:
     train_seconds: float = 0.0
     reembed_seconds: float = 0.0
     seconds: float = 0.0
-    weight_before: float = _DEFAULT_WEIGHT
-    weight_after: float = _DEFAULT_WEIGHT
+    weight_before: float = DEFAULT_DENSE_WEIGHT
+    weight_after: float = DEFAULT_DENSE_WEIGHT
     fit_before: float | None = None  # held-back TRAIN nDCG@10, untuned fused order
     fit_after: float | None = None  # the same queries, tuned model, fitted weight
     grid: dict[float, float] = field(default_factory=dict)
@@ -215,7 +214,7 @@ def _tune_locked(job: TuneJob, say: Callable[[str], None]) -> TuneReport:
     base = str(current.manifest.tuned_embedder.get("base") or current.embedder_id)
     embedder = embedder_for(current, _base_embedder(base))
     fitted = current.fusion_dense_weight
-    report.weight_before = fitted if fitted is not None else _DEFAULT_WEIGHT
+    report.weight_before = fitted if fitted is not None else DEFAULT_DENSE_WEIGHT
     examples, labels = _build_examples(job, current, embedder, report.weight_before)
     report.examples = len(examples)
     say(f"{len(examples)} training examples ({report.method}), up to {job.hard_negatives} hard negatives each")

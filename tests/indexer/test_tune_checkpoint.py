@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from indexer.tune_train import _META, _STATE, CHECKPOINT, FINAL, TrainingRun, resumable_training
+from indexer.tune.training import _META, _STATE, CHECKPOINT, FINAL, TrainingRun, resumable_training
 
 
 def _plant(marker: str) -> dict[str, Any]:
@@ -71,7 +71,7 @@ def test_a_state_file_that_would_run_code_is_refused_and_training_starts_over(
     torch.save({"optimizer": _Payload(marker), "scheduler": {}, "step": 3}, work / CHECKPOINT / _STATE)
     build = _Builds()
     seen: list[int] = []
-    with caplog.at_level(logging.WARNING, logger="indexer.tune_train"):
+    with caplog.at_level(logging.WARNING, logger="indexer.tune.training"):
         try:
             final = _train(work, build, seen.append)
         finally:  # checked even when resuming fails on what the payload left behind

@@ -1,0 +1,189 @@
+"""The tuners' CLI commands, `tune` and `tune-reranker`, registered on the indexer's app
+(`indexer/cli.py` calls `register`). The tuners themselves are imported when a command runs, so
+`--help` and `build` do not load them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, TypeVar
+
+import typer
+
+from indexer.build import IndexRootLocked
+from indexer.tune.reranker_model import RerankTrainOptions
+from ragserve.config import IndexSettings
+from ragserve.errors import RagError
+from ragserve.logs import setup_cli_logging
+
+if TYPE_CHECKING:
+    from indexer.tune.embedder import TuneReport
+    from indexer.tune.reranker import RerankTuneReport
+
+T = TypeVar("T")
+_RERANK_TRAIN = RerankTrainOptions()  # the tune-reranker CLI's defaults are the trainer's
+
+# The same logging flags as `build` (indexer/cli.py).
+_VerboseOption = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Also show third-party libraries' INFO lines on the console")
+]
+_LogFileOption = Annotated[
+    Path | None,
+    typer.Option(envvar="RAGSERVE_INDEXER_LOG_FILE", help="Also write every log line (third-party INFO too) here"),
+]
+
+
+def register(app: typer.Typer) -> None:
+    """Add `tune` and `tune-reranker` to `app`."""
+    app.command()(tune)
+    app.command("tune-reranker")(tune_reranker)
+
+
+def tune(
+    index: Annotated[Path | None, typer.Option(help="Index root (default: RAGSERVE_INDEX_PATH)")] = None,
+    queries: Annotated[
+        Path | None, typer.Option(help="BEIR queries.jsonl (with --qrels); none: pairs from the corpus")
+    ] = None,
+    qrels: Annotated[Path | None, typer.Option(help="BEIR qrels TSV: query-id, corpus-id, score")] = None,
+    # 2 beat 1 on SciFact's held-back DEV queries (+0.019 against +0.007 nDCG@10 with first-chunk
+    # positives; BENCHMARKS.md).
+    epochs: Annotated[int, typer.Option(min=1, help="Passes over the training pairs")] = 2,
+    batch_size: Annotated[int, typer.Option(min=2, help="Pairs per step (the in-batch negatives)")] = 16,
+    lr: Annotated[float, typer.Option(min=1e-7, max=1e-2, help="AdamW learning rate")] = 2e-5,
+    hard_negatives: Annotated[int, typer.Option(min=0, help="Mined hard negatives per pair")] = 1,
+    positive: Annotated[
+        str, typer.Option(help="With labels, a relevant document's chunk to learn: best (ranked highest) or first")
+    ] = "best",
+    fit_fraction: Annotated[float, typer.Option(min=0.05, max=0.5, help="Labelled queries held back to fit")] = 0.2,
+    max_pairs: Annotated[int, typer.Option(min=4, help="Without labels: documents sampled for pairs")] = 1000,
+    pairs: Annotated[
+        str, typer.Option(help="Without labels: title (title -> body) or sentence (a sentence -> the rest)")
+    ] = "title",
+    checkpoint_every: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps (and each epoch)")] = 20,
+    work: Annotated[Path | None, typer.Option(help="Checkpoint folder (default: INDEX/.tune)")] = None,
+    force: Annotated[bool, typer.Option(help="Publish even if held-back queries did not improve")] = False,
+    progress: Annotated[bool, typer.Option(help="Show progress bars")] = True,
+    verbose: _VerboseOption = False,
+    log_file: _LogFileOption = None,
+) -> None:
+    """Tune the bi-encoder to the index's corpus and publish a re-embedded version that ships it.
+
+    Resumable: run the same command again after an interruption and it continues from the last
+    checkpoint."""
+    from indexer.tune.embedder import TuneJob, run_tune
+    from indexer.tune.embedder_model import TrainOptions
+
+    setup_cli_logging(verbose, log_file, own_default="WARNING")
+    _check_tune_flags(queries, qrels, positive, pairs)
+    job = TuneJob(
+        root=index or IndexSettings().path,
+        queries=queries,
+        qrels=qrels,
+        work=work,
+        hard_negatives=hard_negatives,
+        positive_chunk="first" if positive == "first" else "best",  # checked above
+        fit_fraction=fit_fraction,
+        max_pairs=max_pairs,
+        pairs="sentence" if pairs == "sentence" else "title",  # checked above
+        force=force,
+        progress=progress,
+        train=TrainOptions(epochs=epochs, batch_size=batch_size, lr=lr, checkpoint_every=checkpoint_every),
+    )
+    report = _run_tuner(lambda: run_tune(job, say=typer.echo))
+    typer.echo(_tune_summary(report))
+
+
+def tune_reranker(
+    queries: Annotated[Path, typer.Option(help="BEIR queries.jsonl")],
+    qrels: Annotated[Path, typer.Option(help="BEIR qrels TSV: query-id, corpus-id, score")],
+    index: Annotated[Path | None, typer.Option(help="Index root (default: RAGSERVE_INDEX_PATH)")] = None,
+    layers: Annotated[
+        int, typer.Option(min=1, max=6, help="Transformer layers of the cross-encoder")
+    ] = _RERANK_TRAIN.layers,
+    epochs: Annotated[int, typer.Option(min=1, help="Passes over the training groups")] = _RERANK_TRAIN.epochs,
+    negatives: Annotated[int, typer.Option(min=1, help="Hard negatives per relevant chunk")] = 7,
+    lr: Annotated[float, typer.Option(min=1e-7, max=1e-2, help="Encoder learning rate")] = _RERANK_TRAIN.lr,
+    head_lr: Annotated[
+        float, typer.Option(min=1e-7, max=1e-1, help="Learning rate of the fresh head")
+    ] = _RERANK_TRAIN.head_lr,
+    fit_fraction: Annotated[float, typer.Option(min=0.05, max=0.5, help="Labelled queries held back to fit")] = 0.2,
+    min_gain: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Held-back nDCG@10 gain needed to rerank by default")
+    ] = 0.005,
+    work: Annotated[Path | None, typer.Option(help="Checkpoint folder (default: INDEX/.tune-reranker)")] = None,
+    progress: Annotated[bool, typer.Option(help="Show progress bars")] = True,
+    verbose: _VerboseOption = False,
+    log_file: _LogFileOption = None,
+) -> None:
+    """Train a cross-encoder on the index's corpus and publish a version that ships it.
+
+    The blend weight with the fused order is fitted on held-back queries; the server reranks with
+    it by default (RAGSERVE_RERANK_MODE=auto) only if it beat the fused order there. Resumable."""
+    from indexer.tune.reranker import RerankTuneJob, run_tune_reranker
+
+    setup_cli_logging(verbose, log_file, own_default="WARNING")
+    job = RerankTuneJob(
+        root=index or IndexSettings().path,
+        queries=queries,
+        qrels=qrels,
+        negatives=negatives,
+        fit_fraction=fit_fraction,
+        min_gain=min_gain,
+        work=work,
+        progress=progress,
+        train=RerankTrainOptions(layers=layers, epochs=epochs, lr=lr, head_lr=head_lr),
+    )
+    report = _run_tuner(lambda: run_tune_reranker(job, say=typer.echo))
+    typer.echo(_rerank_summary(report))
+
+
+def _check_tune_flags(queries: Path | None, qrels: Path | None, positive: str, pairs: str) -> None:
+    """`tune`'s flags that typer cannot check alone; a bad combination exits 2 with one line."""
+    if (queries is None) != (qrels is None):
+        typer.echo("error: give both --queries and --qrels (labelled), or neither (pairs from the corpus)", err=True)
+        raise typer.Exit(2)
+    if positive not in ("best", "first") or pairs not in ("title", "sentence"):
+        typer.echo(
+            f"error: --positive is best or first ({positive!r}), --pairs title or sentence ({pairs!r})", err=True
+        )
+        raise typer.Exit(2)
+
+
+def _run_tuner(run: Callable[[], T]) -> T:
+    """A tuner's run; bad input, a locked root or an unloadable index exit 2 with one line."""
+    from indexer.tune.evaluation import TuneInputError
+
+    try:
+        return run()
+    except (TuneInputError, RagError, ValueError, OSError, IndexRootLocked) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _tune_summary(report: TuneReport) -> str:
+    fit = ""
+    if report.fit_after is not None:
+        fit = (
+            f"; held-back {report.fit_queries} queries nDCG@10 {report.fit_before:.4f} "
+            f"(untuned, w={report.weight_before}) -> {report.fit_after:.4f} (tuned, fitted w={report.weight_after})"
+        )
+    what = f"published version {report.version} at {report.folder}" if report.published else "not published"
+    return (
+        f"{what}: {report.examples} examples ({report.method}), training {report.train_seconds:.0f} s, "
+        f"re-embedding {report.reembed_seconds:.0f} s, total {report.seconds:.0f} s{fit}"
+    )
+
+
+def _rerank_summary(report: RerankTuneReport) -> str:
+    depths = ", ".join(f"depth {d} {v:.4f}" for d, v in report.by_depth.items())
+    verdict = (
+        f"beats the fused order (mean gain {report.mean_gain:+.4f}): on by default"
+        if report.beats_fused
+        else f"mean gain {report.mean_gain:+.4f} over the fused order is not enough: off by default "
+        "(RAGSERVE_RERANK_MODE=tuned turns it on)"
+    )
+    return (
+        f"published version {report.version} at {report.folder}: {report.groups} groups, training "
+        f"{report.train_seconds:.0f} s, total {report.seconds:.0f} s; held-back {report.fit_queries} queries "
+        f"nDCG@10 fused {report.fused:.4f}, blended (ce_weight {report.ce_weight}) {depths}; {verdict}"
+    )
