@@ -28,7 +28,7 @@ from ragserve.index.hnsw_file import check_hnsw_file
 from ragserve.rerank.tuned import TunedCrossEncoder, load_tuned_reranker
 from ragserve.types import Chunk
 
-# Build-time defaults, chosen by measurement (tests/bench/bench_hnsw.py, BENCHMARKS.md); query-time
+# Build-time defaults, chosen by measurement (benchmarks/bench_hnsw.py, BENCHMARKS.md); query-time
 # breadth (ef) comes from settings per request.
 DEFAULT_M = 32
 DEFAULT_EF_CONSTRUCTION = 200

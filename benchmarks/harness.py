@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 # Every benchmark server: no metrics port (several servers may run at once), quiet logs.
 SERVER_DEFAULTS = {"RAGSERVE_METRICS_PORT": "0", "RAGSERVE_LOG_LEVEL": "WARNING"}

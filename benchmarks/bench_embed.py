@@ -5,11 +5,11 @@ publish: a full, non-incremental build) into OUT/<backend>; then nDCG@10 / recal
 retrieval are computed with exact (brute-force) search over that index's chunk vectors, documents
 scored by their best chunk, queries embedded by the same backend.
 
-    python tests/bench/bench_embed.py --data ../shared/data/scifact --out /tmp/scifact-idx
+    python benchmarks/bench_embed.py --data ../shared/data/scifact --out /tmp/scifact-idx
 
 Chunk-size sweep (dense, BM25 and RRF quality per setting, exact search, no publish):
 
-    python tests/bench/bench_embed.py --data ../shared/data/scifact --out /tmp/x \
+    python benchmarks/bench_embed.py --data ../shared/data/scifact --out /tmp/x \
         --backends onnx-int8 --chunk-sweep 128:32,200:40,256:0
 """
 

@@ -1,7 +1,7 @@
 """Time to first token over gRPC on SQuAD v2 dev: the previous engine defaults against each change, side by side.
 
-    python tests/bench/bench_ttft.py --out bench-results/ttft --retrieve-under-load     # the full run (hours)
-    python tests/bench/bench_ttft.py --out /tmp/ttft-smoke --questions 6 --slow-questions 2 --repeats 3
+    python benchmarks/bench_ttft.py --out bench-results/ttft --retrieve-under-load     # the full run (hours)
+    python benchmarks/bench_ttft.py --out /tmp/ttft-smoke --questions 6 --slow-questions 2 --repeats 3
 
 Indexes `<data>/corpus.jsonl` (173 SQuAD v2 dev paragraphs, BEIR form; `--data`, default
 ../shared/data/squad2-dev next to the repository; the data is not shipped), then, for each
@@ -63,12 +63,12 @@ from typing import Any
 
 import grpc
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.harness import load_avg, percentile, start_server, stop_server  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
 from ragserve.generate.host import cpu_list, read_host_cpu  # noqa: E402
-from tests.bench.harness import load_avg, percentile, start_server, stop_server  # noqa: E402
 
 # Flags that decide the engine's dtype and speed on a CPU, named next to every figure.
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")

@@ -1,9 +1,9 @@
 """Where does n-gram speculation lose on the CPU engine? vLLM offline, product prompts, one setting per run.
 
-    python tests/bench/probe_spec.py --block-size 32 --spec off --context budget
-    python tests/bench/probe_spec.py --block-size 32 --spec on --context budget
-    python tests/bench/probe_spec.py --spec on --in-process      # engine in this process (no EngineCore)
-    python tests/bench/probe_spec.py --spec on --uni-executor    # EngineCore process, no worker process
+    python benchmarks/probe_spec.py --block-size 32 --spec off --context budget
+    python benchmarks/probe_spec.py --block-size 32 --spec on --context budget
+    python benchmarks/probe_spec.py --spec on --in-process      # engine in this process (no EngineCore)
+    python benchmarks/probe_spec.py --spec on --uni-executor    # EngineCore process, no worker process
 
 Builds the product's prompt (ragserve.prompt) over one SQuAD paragraph per question (whole, or its
 first two sentences as a stand-in for the context budget), then per question: a max_tokens=1 call
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 

@@ -4,7 +4,7 @@ For each retrieval mode a real server is started as a subprocess (`ragserve serv
 RAGSERVE_RETRIEVAL_MODE / RAGSERVE_FUSION set for it) on the given published index, and every
 query goes over gRPC with dedupe_documents=true and top_k=100.
 
-    python tests/bench/bench_quality.py --data ../shared/data/scifact --index IDX_ROOT \
+    python benchmarks/bench_quality.py --data ../shared/data/scifact --index IDX_ROOT \
         --modes dense,bm25,rrf,weighted --tune-weight
 
 --tune-weight picks the weighted-fusion dense weight offline on half the queries (every other
@@ -25,9 +25,9 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from indexer.tune_eval import load_qrels as read_qrels
-from indexer.tune_eval import load_queries as read_queries
-from indexer.tune_eval import ndcg_at, recall_at
+from indexer.tune.evaluation import load_qrels as read_qrels
+from indexer.tune.evaluation import load_queries as read_queries
+from indexer.tune.evaluation import ndcg_at, recall_at
 
 # --- BEIR helpers (also imported by the other bench scripts) ------------------------------------
 

@@ -3,19 +3,19 @@
 A deterministic split of the BEIR queries (salted sha256 of the query id): 25% are DEV and are
 never given to the tuner; the rest are TRAIN (the tuner itself holds back part of TRAIN to fit the
 fusion weight). Measured in-process with the project's own index, fusion and query-embedder code
-(`indexer/tune_eval.py`: the same order as Retrieve with top_k=100, dedupe_documents=true, the
+(`indexer/tune/evaluation.py`: the same order as Retrieve with top_k=100, dedupe_documents=true, the
 server's default ONNX int8 query embedder, or the tuned one a version ships).
 
     # 1. write the TRAIN queries/qrels the tuner may see (DEV left out)
-    python tests/bench/bench_tune_quality.py split --data ../shared/data/scifact --out OUT
+    python benchmarks/bench_tune_quality.py split --data ../shared/data/scifact --out OUT
     # 2. tune (see README, "Tuning retrieval to the corpus"), timed here
-    python tests/bench/bench_tune_quality.py tune --index ROOT --out OUT -- --epochs 1
+    python benchmarks/bench_tune_quality.py tune --index ROOT --out OUT -- --epochs 1
     # 3. DEV nDCG@10 / recall@100 of a published version (what the server would serve: its own
     #    tuned query embedder and fitted weight, if it ships them)
-    python tests/bench/bench_tune_quality.py eval --data ../shared/data/scifact --index ROOT --label untuned
+    python benchmarks/bench_tune_quality.py eval --data ../shared/data/scifact --index ROOT --label untuned
     # 4. server-side Retrieve latency over gRPC (a real `ragserve serve`, retrieval only, cache off,
     #    the default 70 ms budget), DEV queries at concurrency 1 and 4
-    python tests/bench/bench_tune_quality.py latency --data ../shared/data/scifact --index ROOT
+    python benchmarks/bench_tune_quality.py latency --data ../shared/data/scifact --index ROOT
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from indexer.tune_eval import hash_split, score_runs, search_candidates
-from tests.bench.bench_quality import load_qrels, load_queries
+from benchmarks.bench_quality import load_qrels, load_queries
+from indexer.tune.evaluation import hash_split, score_runs, search_candidates
 
 DEV_FRACTION = 0.25
 DEV_SALT = "ragserve-bench-dev"
@@ -117,7 +117,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         "dense_recall100": round(dense.recall100, 4),
         "seconds": round(time.perf_counter() - started, 1),
         "cpu": cpu_name(),
-        "measured": "in-process (indexer/tune_eval.py), Retrieve order top_k=100 dedupe_documents=true",
+        "measured": "in-process (indexer/tune/evaluation.py), Retrieve order top_k=100 dedupe_documents=true",
     }
     rows = [row, *_reranked_rows(index, lists, dev, qrels, weight, row)]
     for r in rows:
@@ -132,7 +132,7 @@ def _reranked_rows(
 ) -> list[dict]:
     """With the version's tuned cross-encoder: DEV nDCG@10 at fixed depths 5/10/20, blended with
     the fused score at its fitted weight (and the cross-encoder alone), as the server orders them."""
-    from indexer.tune_rerank import FIT_DEPTHS, score_blends
+    from indexer.tune.reranker import FIT_DEPTHS, score_blends
 
     tuned = getattr(index, "tuned_reranker", None)
     if tuned is None:
@@ -204,7 +204,7 @@ def cmd_latency(args: argparse.Namespace) -> None:
 
     import numpy as np
 
-    from tests.bench.bench_quality import Server
+    from benchmarks.bench_quality import Server
 
     _, dev, qrels = dev_split(args.data)
     # The default budget, not bench_quality's 10 s; any RAGSERVE_* override after it (--env).

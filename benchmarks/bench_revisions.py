@@ -1,7 +1,7 @@
 """Hot-path cost of a change: this checkout against a baseline tree, side by side in one run.
 
     git worktree add /tmp/ragserve-base 048e383      # the code before the change
-    python tests/bench/bench_revisions.py --baseline /tmp/ragserve-base --out bench-results/revisions
+    python benchmarks/bench_revisions.py --baseline /tmp/ragserve-base --out bench-results/revisions
 
 Each tree indexes `../shared/data/squad2-dev/corpus.jsonl` with its own indexer and serves it from
 its own `ragserve serve` process (real MiniLM, hnswlib, vLLM) with the same settings; both run at
@@ -25,12 +25,12 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.harness import load_avg, percentile, start_server, stop_server  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
 from ragserve.generate.host import read_host_cpu  # noqa: E402
-from tests.bench.harness import load_avg, percentile, start_server, stop_server  # noqa: E402
 
 # Both servers on one 2-core host: no answers from the answer cache (each question is asked once
 # anyway), short answers (TTFT is the figure), whatever else is the default of each tree.

@@ -7,7 +7,7 @@ loopback port, started and stopped here. Between phases only the pipeline's cach
 Server-side latency is the response's `timings.retrieval_total_ms` (from the request's Deadline to the
 end of retrieval); client-side latency is the Retrieve call as the client sees it.
 
-    python tests/bench/bench_cache.py [--requests 200] [--zipf-requests 3000] [--zipf-s 1.1]
+    python benchmarks/bench_cache.py [--requests 200] [--zipf-requests 3000] [--zipf-s 1.1]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from indexer.build import build_index  # noqa: E402

@@ -1,7 +1,7 @@
 """Load benchmark over gRPC: ragserve against a naive pipeline, in one run.
 
-    python tests/bench/bench_load.py --out bench-results/load            # ~10 minutes on 2 cores
-    python tests/bench/bench_load.py --out bench-results/load --quick    # ~4 minutes
+    python benchmarks/bench_load.py --out bench-results/load            # ~10 minutes on 2 cores
+    python benchmarks/bench_load.py --out bench-results/load --quick    # ~4 minutes
 
 For each configuration a real server process is started on loopback (real MiniLM, hnswlib, vLLM)
 on the bundled sample corpus, then driven with
@@ -30,11 +30,11 @@ from pathlib import Path
 
 import grpc
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.harness import percentile, start_server, stop_server  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
-from tests.bench.harness import percentile, start_server, stop_server  # noqa: E402
 
 CONFIGS = {
     "ragserve": {},

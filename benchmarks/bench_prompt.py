@@ -5,7 +5,7 @@ event loop; this says how long a thread is busy with it per request.
 Each question gets its own paragraph first and then top_k - 1 other paragraphs of the corpus as
 passages (real paragraph lengths; no retrieval, no engine).
 
-    python tests/bench/bench_prompt.py --data ../shared/data/squad2-dev --questions 100
+    python benchmarks/bench_prompt.py --data ../shared/data/squad2-dev --questions 100
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Rerank latency benchmark over gRPC on SciFact: budgeted two-tier reranker vs fixed depth, in one run.
 
-    python tests/bench/bench_rerank.py --index <scifact index root> --out bench-results/rerank
+    python benchmarks/bench_rerank.py --index <scifact index root> --out bench-results/rerank
 
 (build the index once: `ragserve-index build ../shared/data/scifact/corpus.jsonl --out <dir>`).
 
@@ -32,11 +32,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.harness import load_avg, percentile, start_server, stop_server  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
-from tests.bench.harness import load_avg, percentile, start_server, stop_server  # noqa: E402
 from tests.rerank.models import build_all  # noqa: E402
 
 BASE_ENV = {

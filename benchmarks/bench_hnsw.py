@@ -2,12 +2,12 @@
 
 1. On a published index's chunk vectors (e.g. SciFact) with real query embeddings:
 
-    python tests/bench/bench_hnsw.py chunks --index IDX_ROOT --data ../shared/data/scifact
+    python benchmarks/bench_hnsw.py chunks --index IDX_ROOT --data ../shared/data/scifact
 
 2. On synthetic 384-d unit vectors (a Gaussian mixture: clustered like real embeddings, not
    uniform noise) at a given size, for the chosen settings:
 
-    python tests/bench/bench_hnsw.py synthetic --n 1000000 --m 32 --ef-construction 200 --ef 64,128
+    python benchmarks/bench_hnsw.py synthetic --n 1000000 --m 32 --ef-construction 200 --ef 64,128
 
 Recall@10 = |HNSW top 10 ∩ exact top 10| / 10, averaged over queries; latency is one query per
 knn_query call (what the server does), p50/p95/p99 in ms, single-threaded.
