@@ -37,7 +37,7 @@ from ragserve.cache.redis_cache import RedisStore  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder  # noqa: E402
 from ragserve.index.hnsw import HnswIndex  # noqa: E402
-from ragserve.pipeline import RagPipeline  # noqa: E402
+from ragserve.request.pipeline import RagPipeline  # noqa: E402
 from tests.cache.inproc_server import serve_pipeline  # noqa: E402
 from tests.cache.redis_proc import RedisProcess  # noqa: E402
 

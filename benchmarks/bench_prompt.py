@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import percentile
 
 from ragserve.config import GeneratorSettings, RequestSettings, default_of
-from ragserve.context import fit_context
 from ragserve.generate.host import read_host_cpu
 from ragserve.generate.vllm_engine import VllmGenerator
 from ragserve.prompt import build_prompt
+from ragserve.request.context import fit_context
 from ragserve.types import Chunk, Passage
 
 

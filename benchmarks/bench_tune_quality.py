@@ -33,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_quality import load_qrels, load_queries
 from indexer.tune.evaluation import hash_split, score_runs, search_candidates
+from ragserve.embed.base import Embedder
+from ragserve.index.hnsw import HnswIndex
 
 DEV_FRACTION = 0.25
 DEV_SALT = "ragserve-bench-dev"
@@ -85,24 +87,24 @@ def cmd_tune(args: argparse.Namespace) -> None:
     print(f"tune command wall time: {time.perf_counter() - started:.1f} s on {cpu_name()}", flush=True)
 
 
-def _query_embedder(index: object) -> object:
+def _query_embedder(index: HnswIndex) -> Embedder:
+    """What the server embeds this version's queries with: its own tuned model, else the default."""
     from ragserve.config import EmbedderSettings
-    from ragserve.factory import make_embedder
+    from ragserve.factory import make_embedder, serve_version
 
-    tuned = getattr(index, "embedder", None)
-    return tuned if tuned is not None else make_embedder(EmbedderSettings())
+    return serve_version(index, make_embedder(EmbedderSettings())).embedder
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from ragserve.index.hnsw import HnswIndex
+    from ragserve.embed.tuned import fitted_weight
 
     _, dev, qrels = dev_split(args.data)
     index = HnswIndex.load(args.index)
     embedder = _query_embedder(index)
-    fitted = index.fusion_dense_weight  # what the server would use for this version
+    fitted = fitted_weight(index.folder, index.manifest)  # what the server would use for this version
     weight = args.dense_weight if args.dense_weight is not None else (fitted if fitted is not None else 0.4)
     started = time.perf_counter()
-    lists = search_candidates(index, embedder, dev)  # type: ignore[arg-type]
+    lists = search_candidates(index, embedder, dev)
     fused = score_runs(lists.fused_documents(weight), qrels)
     dense = score_runs(lists.dense_documents(), qrels)
     row = {
@@ -133,8 +135,10 @@ def _reranked_rows(
     """With the version's tuned cross-encoder: DEV nDCG@10 at fixed depths 5/10/20, blended with
     the fused score at its fitted weight (and the cross-encoder alone), as the server orders them."""
     from indexer.tune.reranker import FIT_DEPTHS, score_blends
+    from ragserve.rerank.tuned import load_tuned_reranker
 
-    tuned = getattr(index, "tuned_reranker", None)
+    assert isinstance(index, HnswIndex)
+    tuned = load_tuned_reranker(index.folder, index.manifest, threads=0)
     if tuned is None:
         return []
     encoder = tuned.encoder

@@ -81,7 +81,7 @@ def build(
     qdrant_api_key: Annotated[str, typer.Option(envvar="RAGSERVE_QDRANT_API_KEY", help="Qdrant API key")] = "",
     chunk_tokens: Annotated[int, typer.Option(help="Chunk size in tokenizer tokens")] = 200,
     overlap_tokens: Annotated[int, typer.Option(help="Overlap between chunks in tokens")] = 40,
-    # 16 measured faster than 64 for both backends on full SciFact (BENCHMARKS.md).
+    # Measured faster than larger batches on SciFact (BENCHMARKS.md, "Indexing").
     batch_size: Annotated[int, typer.Option(min=1, help="Embedding batch size")] = 16,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
     max_file_mb: _MaxFileMbOption = DEFAULT_MAX_FILE_MB,

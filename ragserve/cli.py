@@ -13,8 +13,8 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from ragserve.client import ClientSettings
 from ragserve.config import (
-    ClientSettings,
     EmbedderSettings,
     Settings,
     TransportSettings,
@@ -80,7 +80,7 @@ def prepare_models(
     from pydantic import ValidationError
 
     from ragserve.factory import make_embedder
-    from ragserve.model_prep import prepare_generator
+    from ragserve.generate.model_prep import prepare_generator
 
     try:
         embedder_settings = EmbedderSettings()

@@ -8,8 +8,10 @@ from collections.abc import AsyncIterator
 from types import TracebackType
 
 import grpc
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ragserve.config import ClientSettings, TransportSettings, default_of
+from ragserve.config import TransportSettings, default_of
 from ragserve.errors import ConfigError
 from ragserve.server.auth import is_loopback
 from ragserve.v1 import rag_pb2 as pb
@@ -41,6 +43,34 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
 ]
+
+
+class ClientSettings(BaseSettings):
+    """How a client (RagClient; `ragserve health`, `ask`, `retrieve`) reaches a protected server.
+
+    Environment variables use the RAGSERVE_CLIENT_ prefix. The token falls back to the server's own
+    RAGSERVE_AUTH_TOKEN, so a probe run inside the server's container passes auth with no extra setting.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_CLIENT_", extra="ignore", populate_by_name=True, frozen=True)
+
+    auth_token: str = Field(
+        default="",
+        repr=False,
+        validation_alias=AliasChoices("RAGSERVE_CLIENT_AUTH_TOKEN", "RAGSERVE_AUTH_TOKEN", "auth_token"),
+    )
+    # TLS with the system's trusted roots; implied by any of the files below.
+    tls: bool = False
+    # The CA that signed the server's certificate (empty: the system's roots).
+    tls_ca_file: str = ""
+    # A client certificate and key, for a server that requires them (mTLS).
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    # The name the server's certificate must carry, when it is not the target's host (e.g. over a Unix socket).
+    tls_server_name: str = ""
+
+    def uses_tls(self) -> bool:
+        return self.tls or bool(self.tls_ca_file or self.tls_cert_file or self.tls_key_file or self.tls_server_name)
 
 
 def target_for(

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import AliasChoices, BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -185,7 +185,7 @@ class RerankSettings(BaseSettings):
     # its turn plans its depth from the time it has left.
     concurrency: int = Field(default=1, ge=1)
     # Time kept back from the budget: building the response, the hop back to the event loop, and
-    # a last batch that runs slower than planned. 5 ms kept p99 inside budget + 5 ms here.
+    # a last batch that runs slower than planned (measured: BENCHMARKS.md, "Reranking").
     reserve_ms: float = Field(default=5.0, ge=0)
     onnx_cache_dir: Path = Field(default_factory=lambda: default_home() / "rerank-onnx")
     # The architecture-identical test models have random heads: refused unless this is set (benchmarks).
@@ -283,13 +283,12 @@ class EmbedderSettings(BaseSettings):
 
     model: str = DEFAULT_EMBEDDER
     device: Literal["cpu", "cuda"] = "cpu"
-    # onnx (int8, exported once to a cache folder) embeds a query in ~2 ms against ~9 ms for torch
-    # fp32 on this 2-core CPU, and over a torch-built SciFact index loses 0.0007 nDCG@10
-    # (BENCHMARKS.md). On CUDA the torch path is used.
+    # onnx (int8, exported once to a cache folder) embeds a query several times faster than torch
+    # fp32 on a small CPU at the same quality (BENCHMARKS.md, "Indexing"). On CUDA torch is used.
     backend: Literal["torch", "onnx"] = "onnx"
     onnx_int8: bool = True
     # ONNX Runtime threads per query embedding (0: ORT's default, one per core). One measured
-    # faster for a single short query (2.1 vs 3.3 ms p50) and under 4 concurrent callers.
+    # faster for a single short query and under concurrent callers (BENCHMARKS.md, "Indexing").
     threads: int = Field(default=1, ge=0)
 
 
@@ -302,8 +301,8 @@ class RetrievalSettings(BaseSettings):
     # dense (HNSW only), bm25 (lexical only) or hybrid (both, fused).
     retrieval_mode: Literal["dense", "bm25", "hybrid"] = "hybrid"
     # weighted (min-max normalized scores, dense weight below) or rrf (reciprocal rank fusion).
-    # Weighted with 0.4 measured best on SciFact (tuned on half the queries, better on the other
-    # half too: BENCHMARKS.md); rrf needs no tuning and is the safer choice for a very different corpus.
+    # Weighted with this weight measured best on SciFact (BENCHMARKS.md, "Indexing and hybrid
+    # retrieval"); rrf needs no tuning and is the safer choice for a very different corpus.
     fusion: Literal["rrf", "weighted"] = "weighted"
     fusion_dense_weight: float = Field(default=0.4, ge=0.0, le=1.0)
     # A version published by `indexer tune` records the dense weight fitted for its tuned model on
@@ -501,31 +500,3 @@ class Settings(BaseSettings):
                 "else calls over one channel queue in the client instead of being refused"
             )
         return self
-
-
-class ClientSettings(BaseSettings):
-    """How a client (RagClient; `ragserve health`, `ask`, `retrieve`) reaches a protected server.
-
-    Environment variables use the RAGSERVE_CLIENT_ prefix. The token falls back to the server's own
-    RAGSERVE_AUTH_TOKEN, so a probe run inside the server's container passes auth with no extra setting.
-    """
-
-    model_config = SettingsConfigDict(env_prefix="RAGSERVE_CLIENT_", extra="ignore", populate_by_name=True, frozen=True)
-
-    auth_token: str = Field(
-        default="",
-        repr=False,
-        validation_alias=AliasChoices("RAGSERVE_CLIENT_AUTH_TOKEN", "RAGSERVE_AUTH_TOKEN", "auth_token"),
-    )
-    # TLS with the system's trusted roots; implied by any of the files below.
-    tls: bool = False
-    # The CA that signed the server's certificate (empty: the system's roots).
-    tls_ca_file: str = ""
-    # A client certificate and key, for a server that requires them (mTLS).
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
-    # The name the server's certificate must carry, when it is not the target's host (e.g. over a Unix socket).
-    tls_server_name: str = ""
-
-    def uses_tls(self) -> bool:
-        return self.tls or bool(self.tls_ca_file or self.tls_cert_file or self.tls_key_file or self.tls_server_name)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ragserve.cache.base import AnswerCache, CacheStore, RetrievalCache
 from ragserve.cache.integrity import MIN_KEY_BYTES, EntrySeal
 from ragserve.config import CacheSettings, EmbedderSettings, RerankSettings, Settings
-from ragserve.embed.base import Embedder, embedder_for
+from ragserve.embed.base import Embedder
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import ConfigError
 from ragserve.generate.base import Generator
@@ -17,7 +17,8 @@ from ragserve.index.base import SearchIndex
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch, IndexWatch, ServedIndex
-from ragserve.pipeline import RagPipeline
+from ragserve.request.pipeline import RagPipeline
+from ragserve.request.serving import ServingVersion
 from ragserve.rerank.base import Reranker, RerankerSource
 from ragserve.rerank.per_version import SameReranker, VersionRerankers
 
@@ -52,10 +53,7 @@ def make_index(settings: Settings) -> SearchIndex:
             settings.qdrant.api_key or None,
             timeout_s=settings.qdrant.timeout_s,
         )
-    threads, cpus = rerank_threads(settings.rerank)
-    return HnswIndex.load(
-        settings.index.path, embedder_threads=settings.embedder.threads, reranker_threads=threads, reranker_cpus=cpus
-    )
+    return HnswIndex.load(settings.index.path)
 
 
 def make_index_watch(settings: Settings, target: ServedIndex) -> IndexWatch:
@@ -64,10 +62,7 @@ def make_index_watch(settings: Settings, target: ServedIndex) -> IndexWatch:
         from ragserve.index.qdrant_index import QdrantWatch
 
         return QdrantWatch(target, settings.qdrant.collection)
-    threads, cpus = rerank_threads(settings.rerank)
-    return FolderWatch(
-        settings.index.path, embedder_threads=settings.embedder.threads, reranker_threads=threads, reranker_cpus=cpus
-    )
+    return FolderWatch(settings.index.path)
 
 
 def make_retrieval_options(settings: Settings) -> RetrievalOptions:
@@ -186,15 +181,80 @@ def make_answer_cache(settings: Settings | CacheSettings) -> AnswerCache | None:
     )
 
 
-def check_compatible(configured: Embedder, index: SearchIndex) -> None:
-    """An index is only meaningful with the embedder that built it: its own tuned one if it ships
-    one (checked when it was loaded), else the configured one."""
-    embedder = embedder_for(index, configured)
+def check_compatible(embedder: Embedder, index: SearchIndex) -> None:
+    """An index is only meaningful with the embedder that built it: the version's own tuned one if
+    it ships one (checked when that was loaded), else the configured one."""
     if index.embedder_id != embedder.model_id or index.dim != embedder.dim:
         raise ConfigError(
             f"index was built with embedder {index.embedder_id!r} (dim {index.dim}) but the server "
             f"is configured with {embedder.model_id!r} (dim {embedder.dim}); re-index or set RAGSERVE_EMBEDDER_MODEL"
         )
+
+
+class VersionBuilder:
+    """What an index version serves with: the index files, plus the tuned query embedder, tuned
+    cross-encoder and fitted fusion weight a folder version may ship (a Qdrant version ships none).
+    Blocking: loads ONNX models; the caller warms the reranker before the version serves."""
+
+    def __init__(
+        self,
+        configured: Embedder,
+        rerankers: RerankerSource | None,
+        options: RetrievalOptions,
+        *,
+        embedder_threads: int,
+        reranker_threads: int = 0,
+        reranker_cpus: frozenset[int] | None = None,
+    ) -> None:
+        self._configured = configured
+        self._rerankers = rerankers
+        self._options = options
+        self._embedder_threads = embedder_threads
+        self._reranker_threads = reranker_threads
+        self._reranker_cpus = reranker_cpus
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, configured: Embedder, rerankers: RerankerSource | None, options: RetrievalOptions
+    ) -> VersionBuilder:
+        threads, cpus = rerank_threads(settings.rerank)
+        return cls(
+            configured,
+            rerankers,
+            options,
+            embedder_threads=settings.embedder.threads,
+            reranker_threads=threads,
+            reranker_cpus=cpus,
+        )
+
+    def __call__(self, index: SearchIndex) -> ServingVersion:
+        from ragserve.embed.tuned import fitted_weight, load_tuned_embedder
+        from ragserve.rerank.tuned import load_tuned_reranker
+
+        embedder: Embedder = self._configured
+        tuned_reranker = None
+        options = self._options
+        if isinstance(index, HnswIndex):
+            folder, manifest = index.folder, index.manifest
+            embedder = load_tuned_embedder(folder, manifest, self._embedder_threads) or embedder
+            tuned_reranker = load_tuned_reranker(folder, manifest, self._reranker_threads, self._reranker_cpus)
+            options = options.for_version(fitted_weight(folder, manifest))
+        check_compatible(embedder, index)
+        if embedder is not self._configured:
+            log.info(
+                "index version %s ships its own tuned query embedder %s: queries use it",
+                index.version,
+                index.embedder_id,
+            )
+        reranker = self._rerankers.for_version(index.version, tuned_reranker) if self._rerankers is not None else None
+        return ServingVersion(index, embedder, reranker, options)
+
+
+def serve_version(index: SearchIndex, configured: Embedder, threads: int = 0) -> ServingVersion:
+    """A loaded version with the models it ships, as the server would serve it (no reranker
+    chosen): for the indexer's tuners, which verify what they publish this way (threads 0: every core)."""
+    builder = VersionBuilder(configured, None, RetrievalOptions(), embedder_threads=threads, reranker_threads=threads)
+    return builder(index)
 
 
 def parse_cpus(spec: str, setting: str) -> frozenset[int] | None:
@@ -289,13 +349,10 @@ def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipelin
     """Load and wire every part; the generator is started separately (it is async)."""
     embedder = make_embedder(settings.embedder)
     index = make_index(settings)
-    check_compatible(embedder, index)
     log.info("index version %s loaded: %d chunks from %s", index.version, index.count, settings.index.path)
-    if embedder_for(index, embedder) is not embedder:
-        log.info(
-            "index version %s ships its own tuned query embedder %s: queries use it", index.version, index.embedder_id
-        )
     rerankers = make_rerankers(settings)
+    options = make_retrieval_options(settings)
+    versions = VersionBuilder.from_settings(settings, embedder, rerankers, options)
     generator = make_generator(settings) if with_generator else None
     executor = ThreadPoolExecutor(max_workers=settings.limits.model_threads, thread_name_prefix="ragserve-model")
     rerank_executor = None
@@ -317,11 +374,12 @@ def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipelin
         executor,
         ef_search=settings.retrieval.hnsw_ef_search,
         cache=make_cache(settings),
-        retrieval=make_retrieval_options(settings),
+        retrieval=options,
         rerankers=rerankers,
         prompt_layout=settings.prompt_layout,
         rerank_executor=rerank_executor,
         answers=make_answer_cache(settings) if generator is not None else None,
         search_executor=search_executor,
         search_min_ms=settings.qdrant.min_search_ms,
+        versions=versions,
     )

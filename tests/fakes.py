@@ -1,8 +1,9 @@
 """Fakes shared by the unit tests (named as fakes: the end-to-end tests run the real engine).
 
-One module for them all: a generator, a clock, a cross-encoder, an embedder, a flaky cache
-store and a gRPC servicer, each implementing the contract the product code defines (Generator,
-a `() -> float` clock, CrossEncoder, Embedder, CacheStore, the RagService of the .proto).
+One module for them all: generators, a clock, a cross-encoder, an embedder, a flaky cache store,
+a gRPC servicer, a served index and vLLM's synchronous engine, each implementing the contract the
+product code defines (Generator, a `() -> float` clock, CrossEncoder, Embedder, CacheStore, the
+RagService of the .proto, ServedIndex, vLLM's LLMEngine as the engine thread drives it).
 Tests tune them with arguments instead of copying them.
 """
 
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import threading
 import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
@@ -121,6 +124,21 @@ class FakeEndlessGenerator(FakeGeneratorBase):
                 yield GenerationChunk(self.piece, False, "", None)
         finally:
             self.closed += 1
+
+
+class FakeSlowCountingGenerator(FakeGenerator):
+    """Its token counting blocks its thread, as a tokenizer call on a long prompt does."""
+
+    def count_tokens(self, text: str) -> int:
+        time.sleep(0.004)
+        return len(text.split())
+
+
+class FakeHangingHealthGenerator(FakeGeneratorBase):
+    """Its health probe never returns (an engine stuck inside a call)."""
+
+    async def check_health(self) -> None:
+        await asyncio.Event().wait()
 
 
 # --- Clock --------------------------------------------------------------------------------------
@@ -293,3 +311,66 @@ class FakeServing:
 
     def swap_index(self, index: SearchIndex) -> None:
         self.index = index
+
+
+# --- vLLM's synchronous engine (the engine-on-a-thread layout) --------------------------------
+
+
+@dataclass
+class FakeOutput:
+    request_id: str
+    text: str
+    finished: bool
+
+
+@dataclass
+class FakeSyncEngine:
+    """Each step gives every running request `per_step` more words of its prompt, echoed back."""
+
+    per_step: int = 1
+    fail_on_step: int = 0  # raise on this step (1-based); 0: never
+    steps: int = 0
+    running: dict[str, tuple[list[str], int]] = field(default_factory=dict)
+    aborted: list[str] = field(default_factory=list)
+    threads: set[str] = field(default_factory=set)
+    core_shut_down: bool = False
+
+    @property
+    def engine_core(self) -> FakeSyncEngine:
+        return self
+
+    def shutdown(self) -> None:
+        self.core_shut_down = True
+
+    def add_request(self, request_id: str, prompt: str, sampling: object) -> None:
+        self.threads.add(threading.current_thread().name)
+        if prompt == "too long":
+            raise ValueError("prompt is longer than the model's context")
+        self.running[request_id] = (prompt.split(), 0)
+
+    def abort_request(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self.running.pop(request_id, None)
+            self.aborted.append(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.running)
+
+    def step(self) -> list[FakeOutput]:
+        self.threads.add(threading.current_thread().name)
+        self.steps += 1
+        if self.steps == self.fail_on_step:
+            raise RuntimeError("engine step failed")
+        outputs = []
+        for request_id, (words, done) in list(self.running.items()):
+            done = min(len(words), done + self.per_step)
+            finished = done == len(words)
+            outputs.append(FakeOutput(request_id, " ".join(words[:done]), finished))
+            if finished:
+                del self.running[request_id]
+            else:
+                self.running[request_id] = (words, done)
+        return outputs

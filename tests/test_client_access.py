@@ -18,8 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from typer.testing import CliRunner, Result
 
 from ragserve.cli import app as cli
-from ragserve.client import RagClient, is_local_target
-from ragserve.config import ClientSettings
+from ragserve.client import ClientSettings, RagClient, is_local_target
 from ragserve.errors import ConfigError
 from ragserve.server.auth import BearerTokenInterceptor
 from ragserve.v1 import rag_pb2_grpc as pb_grpc

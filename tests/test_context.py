@@ -7,7 +7,7 @@ from dataclasses import replace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragserve.context import GAP, content_terms, fit_context, split_sentences
+from ragserve.request.context import GAP, content_terms, fit_context, split_sentences
 from ragserve.types import Chunk, Passage
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ragserve.config import ClientSettings, Settings
+from ragserve.client import ClientSettings
+from ragserve.config import Settings
 from ragserve.server.auth import is_loopback
 
 REPO = Path(__file__).resolve().parent.parent

@@ -21,8 +21,8 @@ from ragserve.budget import Deadline
 from ragserve.config import GeneratorSettings, default_generator_path
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.index.hnsw import HnswIndex
-from ragserve.pipeline import RagPipeline
 from ragserve.prompt import Prompt, canonical
+from ragserve.request.pipeline import RagPipeline
 from ragserve.types import GenerateParams, RetrieveParams, Usage
 from tests.fakes import FakeGenerator
 

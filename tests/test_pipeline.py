@@ -14,7 +14,7 @@ from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import DeadlineExpired
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
-from ragserve.pipeline import RagPipeline
+from ragserve.request.pipeline import RagPipeline
 from ragserve.types import (
     FinalSummary,
     GenerateParams,
@@ -23,7 +23,7 @@ from ragserve.types import (
     TokenDelta,
     Usage,
 )
-from tests.fakes import FakeGenerator
+from tests.fakes import FakeGenerator, FakeSlowCountingGenerator
 
 
 @pytest.fixture
@@ -136,20 +136,10 @@ def test_stream_pulls_only_as_fast_as_the_reader(pipeline_factory) -> None:
     assert max(ahead) <= 1
 
 
-class SlowCountingGenerator(FakeGenerator):
-    """A fake whose token counting blocks its thread, as a tokenizer call on a long prompt does."""
-
-    def count_tokens(self, text: str) -> int:
-        import time
-
-        time.sleep(0.004)
-        return len(text.split())
-
-
 def test_prompt_work_leaves_the_event_loop_free(pipeline_factory) -> None:
     """Fitting the context (a tokenizer call per sentence) runs off the loop: other streams and
     health checks keep being served while a top_k=10 prompt is built."""
-    pipeline = pipeline_factory(SlowCountingGenerator())
+    pipeline = pipeline_factory(FakeSlowCountingGenerator())
     params = RetrieveParams("How does the honey bee waggle dance encode direction?", top_k=10, budget_ms=10_000)
 
     async def run() -> tuple[float, float]:

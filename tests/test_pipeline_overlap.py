@@ -9,7 +9,7 @@ from pathlib import Path
 from ragserve.budget import Deadline
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.index.hnsw import HnswIndex
-from ragserve.pipeline import RagPipeline
+from ragserve.request.pipeline import RagPipeline
 from ragserve.types import GenerateParams, RetrievalResult, RetrieveParams, TokenDelta, Usage
 from tests.fakes import FakeGenerator
 

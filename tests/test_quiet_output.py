@@ -28,7 +28,7 @@ _EMIT = textwrap.dedent(
     logging.getLogger("sentence_transformers.SentenceTransformer").info("st info")
     logging.getLogger("urllib3.connectionpool").debug("urllib3 debug")
     logging.getLogger("transformers.modeling_utils").warning("third-party warning")
-    logging.getLogger("ragserve.model_prep").info("own info")
+    logging.getLogger("ragserve.generate.model_prep").info("own info")
     logging.getLogger("indexer.build").warning("own warning")
     warnings.warn("a tracer note", UserWarning)
     """

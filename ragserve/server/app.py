@@ -20,10 +20,10 @@ from grpc_reflection.v1alpha import reflection
 from ragserve import tracing
 from ragserve.config import Settings
 from ragserve.errors import ConfigError, Overloaded, RagError
-from ragserve.factory import check_compatible, make_index_watch, make_pipeline
+from ragserve.factory import make_index_watch, make_pipeline
 from ragserve.generate.base import Generator
 from ragserve.index.reload import IndexReloader
-from ragserve.pipeline import RagPipeline
+from ragserve.request.pipeline import RagPipeline
 from ragserve.server.auth import BearerTokenInterceptor, ClientIdentityInterceptor, check_exposure
 from ragserve.server.handlers import AroundCallInterceptor
 from ragserve.server.limiter import InFlightLimiter
@@ -235,7 +235,6 @@ class RagServer:
         return IndexReloader(
             make_index_watch(self.settings, pipeline),
             pipeline,
-            accept=lambda index: check_compatible(pipeline.embedder, index),
             interval_s=self.settings.index.reload_interval_s,
         )
 

@@ -17,7 +17,7 @@ from ragserve.types import (
 from ragserve.v1 import rag_pb2 as pb
 
 if TYPE_CHECKING:
-    from ragserve.pipeline import RagPipeline
+    from ragserve.request.pipeline import RagPipeline
 
 # The two messages that carry a retrieval result: the Retrieve reply and the Query stream's first event.
 RetrievalMessage = TypeVar("RetrievalMessage", pb.RetrieveResponse, pb.RetrievalEvent)

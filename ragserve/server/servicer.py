@@ -16,7 +16,7 @@ from ragserve import metrics, tracing
 from ragserve.budget import Deadline
 from ragserve.config import Settings
 from ragserve.errors import DeadlineExpired, RagError, Unavailable
-from ragserve.pipeline import RagPipeline
+from ragserve.request.pipeline import RagPipeline
 from ragserve.server.convert import info_response_pb, query_event_pb, retrieve_response_pb
 from ragserve.server.limiter import InFlightLimiter
 from ragserve.server.observability import observe_final, observe_request, observe_retrieval
@@ -218,9 +218,15 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
                     await events.aclose()
 
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
-        call = _Call("Info", context)
+        call = _Call("Info", context)  # counted like every call, outside the in-flight bound
+        cancelled = True
         try:
             pipeline = self._ready()
+            response = info_response_pb(pipeline, self._settings.requests.retrieval_budget_ms, self._limiter.in_flight)
+            cancelled = False
         except RagError as error:
+            cancelled = False
             await call.fail(error)
-        return info_response_pb(pipeline, self._settings.requests.retrieval_budget_ms, self._limiter.in_flight)
+        finally:
+            call.finish(cancelled)
+        return response

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from ragserve.config import Settings
-from ragserve.pipeline import RagPipeline
+from ragserve.request.pipeline import RagPipeline
 from ragserve.server.app import build_grpc_server
 from ragserve.server.limiter import InFlightLimiter
 from ragserve.server.servicer import RagServicer

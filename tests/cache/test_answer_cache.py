@@ -37,8 +37,9 @@ from ragserve.metrics import (
     ANSWER_CACHE_REJECTED,
     ANSWER_CACHE_REQUESTS,
 )
-from ragserve.pipeline import RagPipeline
 from ragserve.prompt import Prompt
+from ragserve.request.caches import replay
+from ragserve.request.pipeline import RagPipeline
 from ragserve.types import (
     Chunk,
     Degraded,
@@ -219,7 +220,7 @@ def test_a_new_index_version_misses(embedder, sample_index, executor, tmp_path) 
     (docs / "new-doc.md").write_text("# A new document\n\nPublished after the first index version.\n")
     report = build_index(docs, root, embedder, progress=False)
     assert report.published
-    pipeline.index = HnswIndex.load(root)  # what a reload does
+    pipeline.swap_index(HnswIndex.load(root))  # what a reload does
 
     v2_miss, v2_hit = asyncio.run(asked_twice())
     assert _retrieval(v2_miss).index_version == str(report.version) != _retrieval(v1_hit).index_version
@@ -316,7 +317,8 @@ def test_dedupe_and_generation_settings_are_in_the_pipeline_key(embedder, sample
         dedupe: bool = False, top_k: int = 3, max_tokens: int = 16, budget: int = 0, on: RagPipeline = pipeline
     ) -> str:
         params = RetrieveParams(Q, top_k, BUDGET_MS, dedupe)
-        answer_key = on.caches.answer_key(params, GenerateParams(max_tokens, 0.0, budget), result)
+        retrieval_key = on.caches.key_for(params, result.index_version, result.index_identity)
+        answer_key = on.caches.answer_key(retrieval_key, GenerateParams(max_tokens, 0.0, budget))
         assert answer_key is not None
         return answer_key.storage_key
 
@@ -328,7 +330,8 @@ def test_dedupe_and_generation_settings_are_in_the_pipeline_key(embedder, sample
     )
     assert key(on=naive) != base
     # Only greedy answers are reproducible: any other temperature has no key at all.
-    assert pipeline.caches.answer_key(RetrieveParams(Q, 3, BUDGET_MS), GenerateParams(16, 0.7), result) is None
+    greedy_key = pipeline.caches.key_for(RetrieveParams(Q, 3, BUDGET_MS), "7", "")
+    assert pipeline.caches.answer_key(greedy_key, GenerateParams(16, 0.7)) is None
 
 
 # --- keys and entries -----------------------------------------------------------------------------
@@ -461,7 +464,7 @@ def test_oversized_and_empty_answers_are_not_stored() -> None:
 
 def test_long_answers_replay_in_a_few_events() -> None:
     entry = _answer("y" * 10_000)
-    events = list(entry.replay(StageTimings(), lambda: 0.0))
+    events = list(replay(entry, StageTimings(), lambda: 0.0))
     tokens = [e for e in events if isinstance(e, TokenDelta)]
     assert 1 < len(tokens) <= 4 and "".join(t.text for t in tokens) == entry.text
 

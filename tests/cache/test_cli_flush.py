@@ -4,7 +4,8 @@ import redis
 from typer.testing import CliRunner
 
 from ragserve.cli import app
-from tests.cache.redis_proc import RedisProcess, free_port
+from tests.cache.redis_proc import RedisProcess
+from tests.helpers import free_port
 
 
 def test_cache_flush_drops_only_the_namespace(redis_server: RedisProcess, monkeypatch) -> None:

@@ -11,7 +11,7 @@ from ragserve.cache.memory import MemoryStore
 from ragserve.cache.redis_cache import RedisStore
 from ragserve.client import RagClient
 from ragserve.index.hnsw import HnswIndex
-from ragserve.pipeline import RagPipeline
+from ragserve.request.pipeline import RagPipeline
 from tests.cache.inproc_server import serve_pipeline
 from tests.cache.redis_proc import RedisProcess
 from tests.fakes import FakeGenerator

@@ -18,7 +18,7 @@ from ragserve.config import IndexSettings, QdrantSettings, Settings
 from ragserve.factory import make_index_watch
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import IndexReloader
-from ragserve.pipeline import RagPipeline
+from ragserve.request.pipeline import RagPipeline
 from ragserve.types import GenerateParams, RetrievalResult, RetrieveParams
 from tests.fakes import FakeEmbedder, FakeGeneratorBase, FakeServing
 from tests.index.tiny import DIM, publish_tiny
@@ -64,14 +64,17 @@ def test_two_corpora_published_as_v1_do_not_share_cache_entries(tmp_path: Path, 
 
     first_a = asyncio.run(_retrieve(pipeline))
     assert asyncio.run(_retrieve(pipeline)).cache_hit  # the cache works for one corpus
-    pipeline.index = index_b  # another corpus on the same cache, at the same version number
+    pipeline.swap_index(index_b)  # another corpus on the same cache, at the same version number
     first_b = asyncio.run(_retrieve(pipeline))
     assert not first_b.cache_hit
     assert _texts(first_b) <= set(CORPUS_B) and _texts(first_a) <= set(CORPUS_A)
     # Answers are keyed on the retrieval they came from: the two corpora's answers are apart too.
     gen = GenerateParams(max_tokens=16, temperature=0.0)
     params = RetrieveParams(Q, 3, 10_000)
-    answer_a, answer_b = (pipeline.caches.answer_key(params, gen, r) for r in (first_a, first_b))
+    caches = pipeline.caches
+    answer_a, answer_b = (
+        caches.answer_key(caches.key_for(params, r.index_version, r.index_identity), gen) for r in (first_a, first_b)
+    )
     assert answer_a is not None and answer_b is not None
     assert answer_a.storage_key != answer_b.storage_key
     assert index_a.identity != index_b.identity

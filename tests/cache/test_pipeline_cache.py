@@ -24,7 +24,7 @@ from ragserve.config import CacheSettings
 from ragserve.factory import make_cache
 from ragserve.index.hnsw import HnswIndex
 from ragserve.metrics import CACHE_REQUESTS
-from ragserve.pipeline import RagPipeline
+from ragserve.request.pipeline import RagPipeline
 from ragserve.types import RetrievalResult, RetrieveParams
 from tests.conftest import SAMPLE_DOCS
 
@@ -121,7 +121,7 @@ def test_new_index_version_makes_old_entries_unreachable(embedder, sample_index,
     (docs / "new-doc.md").write_text("# A new document\n\nPublished after the first index version.\n")
     report = build_index(docs, root, embedder, progress=False)
     assert report.published and str(report.version) != v1_hit.index_version
-    pipeline.index = HnswIndex.load(root)  # what a reload does
+    pipeline.swap_index(HnswIndex.load(root))  # what a reload does
 
     async def after() -> tuple[RetrievalResult, RetrievalResult]:
         return await _retrieve(pipeline, Q), await _retrieve(pipeline, Q)

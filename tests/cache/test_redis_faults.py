@@ -22,7 +22,7 @@ from ragserve.cache.layer import StoreBackedCache
 from ragserve.cache.redis_cache import RedisStore
 from ragserve.index.hnsw import HnswIndex
 from ragserve.metrics import CACHE_ERRORS, CACHE_REQUESTS
-from ragserve.pipeline import RagPipeline
+from ragserve.request.pipeline import RagPipeline
 from ragserve.types import RetrieveParams
 from tests.cache.redis_proc import RedisProcess
 
@@ -209,7 +209,7 @@ def test_redis_client_pause(embedder, sample_index, redis_server: RedisProcess) 
 
 @pytest.mark.parametrize("url", ["redis://127.0.0.1:{closed}/0"])
 def test_redis_refusing_connections_from_the_start(embedder, sample_index, url: str) -> None:
-    from tests.cache.redis_proc import free_port
+    from tests.helpers import free_port
 
     async def body() -> list[float]:
         executor = ThreadPoolExecutor(2)

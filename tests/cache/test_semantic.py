@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from ragserve.cache.keys import retrieval_key
-from ragserve.cache.semantic import SemanticIndex, meaning_change
+from ragserve.cache.meaning import meaning_change
+from ragserve.cache.semantic import SemanticIndex
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 
 THRESHOLD = 0.95

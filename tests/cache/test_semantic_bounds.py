@@ -20,7 +20,7 @@ from ragserve.cache.memory import MemoryStore
 from ragserve.cache.semantic import SemanticIndex
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.index.hnsw import HnswIndex
-from ragserve.pipeline import RagPipeline
+from ragserve.request.pipeline import RagPipeline
 from ragserve.types import RetrievalResult, RetrieveParams
 
 DIM = 8

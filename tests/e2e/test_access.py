@@ -18,7 +18,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 from tests.certs import Pki, make_pki
-from tests.e2e.conftest import LiveServer, free_port, spawn_server, wait_serving
+from tests.e2e.servers import LiveServer, spawn_server, wait_serving
+from tests.helpers import free_port
 
 RETRIEVAL_ONLY = {"RAGSERVE_GENERATION_ENABLED": "false"}
 TOKEN = "s3cret-token-that-must-never-be-logged"

@@ -9,7 +9,7 @@ import pytest
 
 from ragserve.client import RagClient
 from ragserve.v1 import rag_pb2 as pb
-from tests.e2e.conftest import LiveServer
+from tests.e2e.servers import LiveServer
 
 pytestmark = pytest.mark.e2e
 

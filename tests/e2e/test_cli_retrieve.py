@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from tests.e2e.conftest import LiveServer
+from tests.e2e.servers import LiveServer
 
 _PASSAGE = re.compile(r"^\[(\d+)\] (\S+) \((\S+)\) score=")
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
-from tests.e2e.conftest import LiveServer
+from tests.e2e.servers import LiveServer
 
 INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 FLOAT32 = st.floats(width=32, allow_nan=True, allow_infinity=True)

@@ -13,7 +13,7 @@ from grpc_status import rpc_status
 
 from ragserve.client import RagClient
 from ragserve.v1 import rag_pb2 as pb
-from tests.e2e.conftest import LiveServer
+from tests.e2e.servers import LiveServer
 
 
 async def _timed_query(target: str, question: str, **kwargs: object) -> list[tuple[float, pb.QueryEvent]]:

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.e2e.conftest import LiveServer
+from tests.e2e.servers import LiveServer
 
 
 def grpcurl(server: LiveServer, *args: str, data: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
-from tests.e2e.conftest import LiveServer, cancel_mid_stream, spawn_server, wait_engine_idle, wait_serving
+from tests.e2e.servers import LiveServer, cancel_mid_stream, spawn_server, wait_engine_idle, wait_serving
 
 LONG_QUESTION = "Describe every step of the TLS 1.3 handshake in detail."
 

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
-from tests.e2e.conftest import LiveServer
+from tests.e2e.servers import LiveServer
 
 
 def _scrape(server: LiveServer) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:

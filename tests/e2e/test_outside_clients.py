@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.e2e.conftest import LiveServer
+from tests.e2e.servers import LiveServer
 
 REPO = Path(__file__).resolve().parents[2]
 

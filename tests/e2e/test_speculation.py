@@ -19,7 +19,7 @@ import pytest
 
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
-from tests.e2e.conftest import LiveServer, cancel_mid_stream, serving, wait_engine_idle
+from tests.e2e.servers import LiveServer, cancel_mid_stream, serving, wait_engine_idle
 
 QUESTIONS = [
     "How many bits per element does a Bloom filter need for a 1 percent false positive rate?",

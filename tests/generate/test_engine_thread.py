@@ -4,71 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from dataclasses import dataclass, field
 
 import pytest
 
 from ragserve.generate.engine_thread import EngineThreadDead, ThreadedEngine
-
-
-@dataclass
-class FakeOutput:
-    request_id: str
-    text: str
-    finished: bool
-
-
-@dataclass
-class FakeSyncEngine:
-    """Each step gives every running request `per_step` more words of its prompt, echoed back."""
-
-    per_step: int = 1
-    fail_on_step: int = 0  # raise on this step (1-based); 0: never
-    steps: int = 0
-    running: dict[str, tuple[list[str], int]] = field(default_factory=dict)
-    aborted: list[str] = field(default_factory=list)
-    threads: set[str] = field(default_factory=set)
-    core_shut_down: bool = False
-
-    @property
-    def engine_core(self) -> FakeSyncEngine:
-        return self
-
-    def shutdown(self) -> None:
-        self.core_shut_down = True
-
-    def add_request(self, request_id: str, prompt: str, sampling: object) -> None:
-        self.threads.add(threading.current_thread().name)
-        if prompt == "too long":
-            raise ValueError("prompt is longer than the model's context")
-        self.running[request_id] = (prompt.split(), 0)
-
-    def abort_request(self, request_ids: list[str]) -> None:
-        for request_id in request_ids:
-            self.running.pop(request_id, None)
-            self.aborted.append(request_id)
-
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.running)
-
-    def get_num_unfinished_requests(self) -> int:
-        return len(self.running)
-
-    def step(self) -> list[FakeOutput]:
-        self.threads.add(threading.current_thread().name)
-        self.steps += 1
-        if self.steps == self.fail_on_step:
-            raise RuntimeError("engine step failed")
-        outputs = []
-        for request_id, (words, done) in list(self.running.items()):
-            done = min(len(words), done + self.per_step)
-            finished = done == len(words)
-            outputs.append(FakeOutput(request_id, " ".join(words[:done]), finished))
-            if finished:
-                del self.running[request_id]
-            else:
-                self.running[request_id] = (words, done)
-        return outputs
+from tests.fakes import FakeOutput, FakeSyncEngine
 
 
 def _started(fake: FakeSyncEngine) -> ThreadedEngine:

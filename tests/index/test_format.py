@@ -106,7 +106,7 @@ def test_index_from_before_bm25_still_loads_dense_only(index_copy: Path, embedde
     from concurrent.futures import ThreadPoolExecutor
 
     from ragserve.budget import Deadline
-    from ragserve.pipeline import RagPipeline
+    from ragserve.request.pipeline import RagPipeline
     from ragserve.types import RetrieveParams
 
     with ThreadPoolExecutor(1) as executor:

@@ -20,7 +20,7 @@ import pytest
 from ragserve.client import RagClient
 from ragserve.errors import Unavailable
 from ragserve.index.qdrant_index import QdrantIndex
-from ragserve.pipeline import RagPipeline
+from ragserve.request.pipeline import RagPipeline
 from tests.cache.inproc_server import serve_pipeline
 from tests.fakes import FakeEmbedder
 

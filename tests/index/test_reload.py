@@ -8,7 +8,6 @@ import dataclasses
 import gc
 import logging
 import shutil
-import socket
 import weakref
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from ragserve.server.app import RagServer
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 from tests.fakes import FakeClock, FakeServing
+from tests.helpers import free_port
 from tests.index.conftest import write_docs
 
 
@@ -57,12 +57,6 @@ def publish_corrupt(root: Path) -> None:
     data = (build / CHUNKS_FILE).read_bytes()
     (build / CHUNKS_FILE).write_bytes(data[: len(data) // 2])
     publish(root, build, dataclasses.replace(manifest, version=manifest.version + 1))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _wait_for(predicate, timeout_s: float = 60.0) -> None:
@@ -88,7 +82,7 @@ async def _hot_reload_under_load(
     build_index(docs, root, embedder, progress=False)
     settings = Settings(
         index=IndexSettings(path=root, reload_interval_s=0.1),
-        transport=TransportSettings(port=_free_port()),
+        transport=TransportSettings(port=free_port()),
         generation_enabled=False,
         observability=ObservabilitySettings(metrics_port=0),
         cache=CacheSettings(backend="off"),

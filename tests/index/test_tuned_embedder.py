@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,14 +15,18 @@ import numpy as np
 import pytest
 
 from indexer.tune.publish import build_tuned_version, export_tuned
-from ragserve.embed.base import embedder_for
-from ragserve.embed.tuned import TUNED_DIR, TUNED_ONNX, tuned_model_id
+from ragserve.embed.base import Embedder
+from ragserve.embed.tuned import TUNED_DIR, TUNED_ONNX, fitted_weight, tuned_model_id
 from ragserve.errors import IndexLoadError
-from ragserve.factory import check_compatible
+from ragserve.factory import VersionBuilder
 from ragserve.index.format import MANIFEST, latest_version, publish, resolve_current, sha256_file
+from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch, IndexReloader
-from tests.fakes import FakeEmbedder, FakeServing
+from ragserve.request.pipeline import RagPipeline
+from ragserve.request.serving import ServingVersion
+from ragserve.server.convert import info_response_pb
+from tests.fakes import FakeEmbedder
 from tests.index.tiny import DIM, publish_tiny
 from tests.index.tuned_fake import TINY_TEXTS, save_fake_tuned_model
 
@@ -57,16 +62,22 @@ def _edit_manifest(root: Path, change) -> None:  # type: ignore[no-untyped-def]
     path.write_text(json.dumps(data))
 
 
+def load_version(root: Path, configured: Embedder | None = None) -> ServingVersion:
+    """The published version as the server loads it: index files, then the models it ships."""
+    builder = VersionBuilder(configured or FakeEmbedder(dim=DIM), None, RetrievalOptions(), embedder_threads=1)
+    return builder(HnswIndex.load(root))
+
+
 def test_tuned_version_loads_with_its_own_embedder_and_searches(tuned_root: Path) -> None:
-    index = HnswIndex.load(tuned_root)
-    assert index.embedder is not None
-    assert index.dim == 32 and index.embedder.dim == 32
-    assert index.embedder_id == tuned_model_id("fake-base", index.manifest.files[TUNED_ONNX])
-    assert index.manifest.tuning == {"fusion_dense_weight": 0.5}
     configured = FakeEmbedder(dim=DIM)
-    assert embedder_for(index, configured) is index.embedder
-    check_compatible(configured, index)  # the version's own model, not the configured one
-    vector = embedder_for(index, configured).embed_query(TEXTS[3]).vector
+    serving = load_version(tuned_root, configured)  # compatible: the version's own model, not the configured one
+    index = serving.index
+    assert serving.embedder is not configured
+    assert index.dim == 32 and serving.embedder.dim == 32
+    assert index.embedder_id == tuned_model_id("fake-base", index.manifest.files[TUNED_ONNX])
+    assert serving.embedder.model_id == index.embedder_id
+    assert index.manifest.tuning == {"fusion_dense_weight": 0.5}
+    vector = serving.embedder.embed_query(TEXTS[3]).vector
     hits = index.search(vector, 5, 16)
     assert hits[0].chunk.text == TEXTS[3]  # its own text, embedded by the same model, comes first
     assert index.search_lexical("moon tides", 1)[0].chunk.text == TEXTS[3]  # BM25 carried over
@@ -75,9 +86,10 @@ def test_tuned_version_loads_with_its_own_embedder_and_searches(tuned_root: Path
 def test_version_without_a_tuned_model_keeps_the_configured_embedder(tmp_path: Path) -> None:
     root = tmp_path / "idx"
     publish_tiny(root, TEXTS)
-    index = HnswIndex.load(root)
     configured = FakeEmbedder(dim=DIM)
-    assert index.embedder is None and embedder_for(index, configured) is configured
+    serving = load_version(root, configured)
+    index = serving.index
+    assert serving.embedder is configured
     assert index.manifest.tuned_embedder == {} and index.manifest.tuning == {}
 
 
@@ -87,20 +99,20 @@ def test_flipped_byte_in_the_tuned_model_is_refused(tuned_root: Path) -> None:
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
     with pytest.raises(IndexLoadError, match="fails its checksum"):
-        HnswIndex.load(tuned_root)
+        load_version(tuned_root)
 
 
 @pytest.mark.parametrize("name", [TUNED_ONNX, f"{TUNED_DIR}/tokenizer.json", f"{TUNED_DIR}/config.json"])
 def test_missing_tuned_model_file_is_refused(tuned_root: Path, name: str) -> None:
     (resolve_current(tuned_root) / name).unlink()
     with pytest.raises(IndexLoadError, match="is missing"):
-        HnswIndex.load(tuned_root)
+        load_version(tuned_root)
 
 
 def test_unlisted_file_in_the_tuned_model_folder_is_refused(tuned_root: Path) -> None:
     (resolve_current(tuned_root) / TUNED_DIR / "added_tokens.json").write_text("{}")
     with pytest.raises(IndexLoadError, match="not listed"):
-        HnswIndex.load(tuned_root)
+        load_version(tuned_root)
 
 
 def _swap_model(root: Path, source: Path, rename_id: bool) -> None:
@@ -123,7 +135,7 @@ def test_tuned_model_of_another_dimension_is_refused(
     other = export_tuned(fake_models[16], tmp_path / "other16", 128)
     _swap_model(tuned_root, other, rename_id=True)  # consistent checksums and id, wrong width
     with pytest.raises(IndexLoadError, match="16-dim vectors"):
-        HnswIndex.load(tuned_root)
+        load_version(tuned_root)
 
 
 def test_tuned_model_that_is_not_the_one_its_vectors_name_is_refused(
@@ -134,7 +146,7 @@ def test_tuned_model_that_is_not_the_one_its_vectors_name_is_refused(
     other.write_bytes(bytes(data) + b"\x00")  # another file (valid checksum once listed), same shape
     _swap_model(tuned_root, other, rename_id=False)
     with pytest.raises(IndexLoadError, match="does not name its tuned model"):
-        HnswIndex.load(tuned_root)
+        load_version(tuned_root)
 
 
 @pytest.mark.parametrize(
@@ -144,23 +156,25 @@ def test_tuned_model_that_is_not_the_one_its_vectors_name_is_refused(
 def test_malformed_tuned_model_entry_is_refused(tuned_root: Path, spec: dict) -> None:
     _edit_manifest(tuned_root, lambda data: data.__setitem__("tuned_embedder", spec))
     with pytest.raises(IndexLoadError):
-        HnswIndex.load(tuned_root)
+        load_version(tuned_root)
 
 
 def test_hot_reload_swaps_the_embedder_with_the_version_and_refuses_a_corrupt_model(
     tmp_path: Path, fake_models: dict[int, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
+    executor = ThreadPoolExecutor(1)
     root = tmp_path / "idx"
     publish_tiny(root, TEXTS, bm25=True)
     configured = FakeEmbedder(dim=DIM)
-    holder = FakeServing(HnswIndex.load(root))
-    reloader = IndexReloader(
-        FolderWatch(root), holder, accept=lambda index: check_compatible(configured, index), clock=lambda: 0.0
-    )
-    assert embedder_for(holder.index, configured) is configured
+    versions = VersionBuilder(configured, None, RetrievalOptions(), embedder_threads=1)
+    holder = RagPipeline(configured, HnswIndex.load(root), None, executor, versions=versions)
+    reloader = IndexReloader(FolderWatch(root), holder, clock=lambda: 0.0)
+    assert holder.embedder is configured
     publish_tuned(root, fake_models[32])
     assert reloader.check_once()
-    tuned = embedder_for(holder.index, configured)
+    tuned = holder.embedder
+    # Info names what really serves: the version's own model, not the configured one.
+    assert info_response_pb(holder, 70, 0).embedder_model == tuned.model_id != configured.model_id
     assert tuned is not configured and tuned.dim == 32
     assert np.asarray(tuned.embed_queries(["tides"])).shape == (1, 32)
     # The next version ships a corrupt model: refused, the tuned version keeps serving with its model.
@@ -170,29 +184,28 @@ def test_hot_reload_swaps_the_embedder_with_the_version_and_refuses_a_corrupt_mo
     with caplog.at_level(logging.ERROR, logger="ragserve.index.reload"):
         assert not reloader.check_once()
     assert "fails its checksum" in caplog.text and reloader.refused == 1
-    assert embedder_for(holder.index, configured) is tuned
+    assert holder.embedder is tuned
     # Back to a version without a tuned model: the configured embedder serves again.
     publish_tiny(root, TEXTS, seed=3, bm25=True)
     assert reloader.check_once()
-    assert embedder_for(holder.index, configured) is configured
+    assert holder.embedder is configured
 
 
 def test_a_tuned_version_is_searched_with_its_fitted_weight_unless_switched_off(tuned_root: Path) -> None:
-    from ragserve.index.fusion import RetrievalOptions, options_for_index
-
     index = HnswIndex.load(tuned_root)
-    assert index.fusion_dense_weight == 0.5
-    assert options_for_index(RetrievalOptions(dense_weight=0.4), index).dense_weight == 0.5
-    assert options_for_index(RetrievalOptions(dense_weight=0.4, weight_from_index=False), index).dense_weight == 0.4
+    assert fitted_weight(index.folder, index.manifest) == 0.5
+    assert load_version(tuned_root).retrieval.dense_weight == 0.5
+    assert RetrievalOptions(dense_weight=0.4).for_version(0.5).dense_weight == 0.5
+    assert RetrievalOptions(dense_weight=0.4, weight_from_index=False).for_version(0.5).dense_weight == 0.4
     untuned = RetrievalOptions(dense_weight=0.4)
-    assert options_for_index(untuned, object()) is untuned  # no fitted weight: the settings, as before
+    assert untuned.for_version(None) is untuned  # no fitted weight: the settings, as before
 
 
 @pytest.mark.parametrize("weight", [1.5, "0.5", True, -0.1])
 def test_a_bad_fitted_weight_is_refused(tuned_root: Path, weight: object) -> None:
     _edit_manifest(tuned_root, lambda data: data["tuning"].__setitem__("fusion_dense_weight", weight))
     with pytest.raises(IndexLoadError, match="fusion_dense_weight"):
-        HnswIndex.load(tuned_root)
+        load_version(tuned_root)
 
 
 def test_a_stated_max_length_the_model_cannot_take_is_refused_at_load(tuned_root: Path) -> None:
@@ -203,7 +216,7 @@ def test_a_stated_max_length_the_model_cannot_take_is_refused_at_load(tuned_root
     digest = sha256_file(config)
     _edit_manifest(tuned_root, lambda data: data["files"].__setitem__(f"{TUNED_DIR}/sentence_bert_config.json", digest))
     with pytest.raises(IndexLoadError, match="cannot be loaded"):
-        HnswIndex.load(tuned_root)
+        load_version(tuned_root)
 
 
 def test_an_oversized_model_file_is_refused_before_it_is_opened(
@@ -213,4 +226,4 @@ def test_an_oversized_model_file_is_refused_before_it_is_opened(
 
     monkeypatch.setattr(ragserve.pretrained, "MAX_MODEL_FILE_BYTES", 1024)
     with pytest.raises(IndexLoadError, match="more than the 1024"):
-        HnswIndex.load(tuned_root)
+        load_version(tuned_root)

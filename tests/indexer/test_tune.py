@@ -118,9 +118,11 @@ def test_labelled_and_label_free_runs_publish_versions_the_server_loads(tmp_path
     import shutil
 
     from indexer.tune.embedder import TuneJob, run_tune
-    from ragserve.embed.base import embedder_for
+    from ragserve.embed.onnx_backend import OnnxEmbedder
     from ragserve.embed.tuned import TUNED_ONNX
+    from ragserve.factory import serve_version
     from ragserve.index.hnsw import HnswIndex
+    from tests.fakes import FakeEmbedder
 
     root = tmp_path / "idx"
     shutil.copytree(sample_index, root, symlinks=True)
@@ -131,12 +133,11 @@ def test_labelled_and_label_free_runs_publish_versions_the_server_loads(tmp_path
     assert report.published and report.version == 2 and report.examples >= 4
     assert report.fit_after is not None and report.weight_after in (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
     index = HnswIndex.load(root)
-    assert index.embedder is not None and TUNED_ONNX in index.manifest.files
-    assert index.fusion_dense_weight == report.weight_after
+    serving = serve_version(index, FakeEmbedder())  # as the server loads it: the version's own embedder
+    assert isinstance(serving.embedder, OnnxEmbedder) and TUNED_ONNX in index.manifest.files
+    assert serving.retrieval.dense_weight == report.weight_after
     assert index.manifest.tuning["method"] == "labels" and not (root / ".tune").exists()
-    hits = index.search(
-        embedder_for(index, index.embedder).embed_query("leader election and log replication").vector, 3, 64
-    )
+    hits = index.search(serving.embedder.embed_query("leader election and log replication").vector, 3, 64)
     assert "raft-consensus.md" in {h.chunk.doc_id for h in hits}
     free = run_tune(TuneJob(root, max_pairs=16, progress=False, train=opts), say=lambda _: None)
     assert free.published and free.method == "corpus" and free.fit_after is None

@@ -97,7 +97,7 @@ def test_a_tuned_reranker_is_published_with_the_version_and_loaded_by_the_server
 
     from indexer.tune.reranker import CE_WEIGHTS, FIT_DEPTHS, RerankTuneJob, run_tune_reranker
     from ragserve.index.hnsw import HnswIndex
-    from ragserve.rerank.tuned import TUNED_ONNX
+    from ragserve.rerank.tuned import TUNED_ONNX, load_tuned_reranker
 
     root = tmp_path / "idx"
     shutil.copytree(sample_index, root, symlinks=True)
@@ -108,14 +108,15 @@ def test_a_tuned_reranker_is_published_with_the_version_and_loaded_by_the_server
     assert report.version == 2 and report.groups >= 3 and report.fit_queries >= 1
     assert report.ce_weight in CE_WEIGHTS and set(report.by_depth) == set(FIT_DEPTHS)
     index = HnswIndex.load(root)
-    assert index.tuned_reranker is not None and TUNED_ONNX in index.manifest.files
-    assert index.tuned_reranker.ce_weight == report.ce_weight
-    assert index.tuned_reranker.beats_fused == report.beats_fused
+    tuned = load_tuned_reranker(index.folder, index.manifest, threads=1)  # as the server loads it
+    assert tuned is not None and TUNED_ONNX in index.manifest.files
+    assert tuned.ce_weight == report.ce_weight
+    assert tuned.beats_fused == report.beats_fused
     record = index.manifest.tuning["reranker"]
     assert record["layers"] == 1 and record["fit_queries"] == report.fit_queries
     assert not (root / ".tune-reranker").exists()
-    scores = index.tuned_reranker.encoder.score(
-        index.tuned_reranker.encoder.encode("how do plants turn light into sugar", ["chlorophyll", "tcp syn ack"])
+    scores = tuned.encoder.score(
+        tuned.encoder.encode("how do plants turn light into sugar", ["chlorophyll", "tcp syn ack"])
     )
     assert scores.shape == (2,)
     # Re-tuning the bi-encoder changes the fused order the blend was fitted on: the new version
@@ -126,7 +127,9 @@ def test_a_tuned_reranker_is_published_with_the_version_and_loaded_by_the_server
     retuned = TuneJob(root, queries, qrels, force=True, progress=False, train=TrainOptions(epochs=1, batch_size=4))
     assert run_tune(retuned, say=lambda _: None).published
     index = HnswIndex.load(root)
-    assert index.tuned_reranker is None and not any(f.startswith("reranker/") for f in index.manifest.files)
+    assert load_tuned_reranker(index.folder, index.manifest, threads=1) is None and not any(
+        f.startswith("reranker/") for f in index.manifest.files
+    )
 
 
 def test_cli_needs_labels_and_an_index(tmp_path: Path) -> None:

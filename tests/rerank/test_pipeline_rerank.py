@@ -11,7 +11,7 @@ import pytest
 from ragserve.budget import Deadline
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.index.hnsw import HnswIndex
-from ragserve.pipeline import RagPipeline
+from ragserve.request.pipeline import RagPipeline
 from ragserve.rerank.cross_encoder import OnnxCrossEncoder
 from ragserve.rerank.per_version import SameReranker
 from ragserve.rerank.tiered import Tier, TieredReranker

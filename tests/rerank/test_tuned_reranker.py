@@ -12,7 +12,6 @@ import math
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,17 +19,19 @@ import pytest
 from ragserve.budget import Deadline
 from ragserve.config import RerankSettings, Settings
 from ragserve.errors import IndexLoadError
-from ragserve.factory import make_rerankers
+from ragserve.factory import VersionBuilder, make_rerankers
 from ragserve.index.format import resolve_current
+from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch, IndexReloader
-from ragserve.pipeline import RagPipeline
+from ragserve.request.pipeline import RagPipeline
+from ragserve.request.serving import ServingVersion
 from ragserve.rerank.blend import blend, blended_order, normalized_fused
 from ragserve.rerank.cost import CostModel
 from ragserve.rerank.cross_encoder import RANDOM_HEAD_MARKER
 from ragserve.rerank.per_version import VersionRerankers
 from ragserve.rerank.tiered import Tier, TieredReranker
-from ragserve.rerank.tuned import TUNED_DIR, TUNED_ONNX, TunedCrossEncoder, tuned_reranker_id
+from ragserve.rerank.tuned import TUNED_DIR, TUNED_ONNX, TunedCrossEncoder, load_tuned_reranker, tuned_reranker_id
 from ragserve.types import RetrievalResult, RetrieveParams
 from tests.fakes import FakeCrossEncoder, FakeEmbedder
 from tests.index.tiny import DIM, publish_tiny, refresh_checksum, rewrite_manifest
@@ -66,9 +67,25 @@ def serve(index: HnswIndex, executor: ThreadPoolExecutor, mode: str) -> RagPipel
     little on its batch: one batch lets the test score the pairs exactly as served)."""
     rerank = RerankSettings(mode=mode, depth_policy="fixed", batch_size=len(TEXTS))  # type: ignore[arg-type]
     settings = Settings(rerank=rerank)
-    pipeline = RagPipeline(FakeEmbedder(dim=DIM), index, None, executor, rerankers=make_rerankers(settings))
+    embedder, rerankers = FakeEmbedder(dim=DIM), make_rerankers(settings)
+    versions = VersionBuilder.from_settings(settings, embedder, rerankers, RetrievalOptions())
+    pipeline = RagPipeline(embedder, index, None, executor, rerankers=rerankers, versions=versions)
     asyncio.run(pipeline.astart())
     return pipeline
+
+
+def tuned_of(index: HnswIndex) -> TunedCrossEncoder | None:
+    """The tuned cross-encoder a loaded version ships (as the factory loads it), or None."""
+    return load_tuned_reranker(index.folder, index.manifest, threads=1)
+
+
+def load_version(root: Path, mode: str = "auto") -> ServingVersion:
+    """The published version as the server loads it: index files, then the models it ships."""
+    settings = Settings(rerank=RerankSettings(mode=mode))  # type: ignore[arg-type]
+    builder = VersionBuilder.from_settings(
+        settings, FakeEmbedder(dim=DIM), make_rerankers(settings), RetrievalOptions()
+    )
+    return builder(HnswIndex.load(root))
 
 
 def retrieve(pipeline: RagPipeline) -> RetrievalResult:
@@ -83,10 +100,10 @@ def ids(result: RetrievalResult) -> list[str]:
 def test_version_loads_with_its_tuned_cross_encoder(tmp_path: Path, models: dict[str, Path]) -> None:
     root = tmp_path / "idx"
     publish(root, None)
-    assert HnswIndex.load(root).tuned_reranker is None
+    assert tuned_of(HnswIndex.load(root)) is None
     publish(root, models["plain"], ce_weight=0.25)
     index = HnswIndex.load(root)
-    tuned = index.tuned_reranker
+    tuned = tuned_of(index)
     assert tuned is not None
     assert tuned.model_id == tuned_reranker_id("fake-ce-base", index.manifest.files[TUNED_ONNX])
     assert tuned.model_id.startswith("fake-ce-base+reranker-") and tuned.encoder.model_id == tuned.model_id
@@ -105,7 +122,7 @@ def test_tuned_version_is_served_in_blended_order(
     pipeline = serve(index, executor, "auto")
     served = retrieve(pipeline)
     assert served.rerank_tiers == [f"tier1:{len(TEXTS)}"]
-    tuned = index.tuned_reranker
+    tuned = tuned_of(index)
     assert tuned is not None
     logits = tuned.encoder.score(tuned.encoder.encode(QUERY, [p.chunk.text for p in fused.passages]))
     fused_scores = [p.score for p in fused.passages]
@@ -213,7 +230,7 @@ def test_a_spoiled_tuned_cross_encoder_is_refused(
     publish(root, models["plain"])
     spoil(root)
     with pytest.raises(IndexLoadError, match=message):
-        HnswIndex.load(root)
+        load_version(root)
 
 
 def test_a_version_without_an_entry_field_is_refused(tmp_path: Path, models: dict[str, Path]) -> None:
@@ -221,7 +238,7 @@ def test_a_version_without_an_entry_field_is_refused(tmp_path: Path, models: dic
     publish(root, models["plain"])
     rewrite_manifest(root, lambda data: data["tuned_reranker"].pop("base"))
     with pytest.raises(IndexLoadError, match="base is missing"):
-        HnswIndex.load(root)
+        load_version(root)
 
 
 def test_hot_reload_brings_the_version_reranker_warmed_before_it_serves(
@@ -236,6 +253,7 @@ def test_hot_reload_brings_the_version_reranker_warmed_before_it_serves(
     pipeline = serve(HnswIndex.load(root), executor, "auto")
     reloader = IndexReloader(FolderWatch(root), pipeline, clock=lambda: 0.0)
     untuned = pipeline.index
+    untuned_serving = pipeline.serving
     assert pipeline.reranker is None and retrieve(pipeline).rerank_tiers == []
 
     warmed_while_serving: list[str] = []
@@ -258,16 +276,12 @@ def test_hot_reload_brings_the_version_reranker_warmed_before_it_serves(
     assert retrieve(pipeline).rerank_tiers == [f"tier1:{len(TEXTS)}"]
     assert len(warmed_while_serving) == 1
     # A request still holding the old version keeps that version's (no) reranker.
-    assert pipeline.search.rerankers.for_index(untuned) is None
+    assert untuned_serving.index is untuned and untuned_serving.reranker is None
 
     # The next version ships a random-head model: refused, the tuned one keeps serving with its reranker.
     publish(root, models["random-head"], seed=2)
     assert not reloader.check_once()
     assert reloader.refused == 1 and pipeline.index is tuned and pipeline.reranker is reranker
-
-
-def _fake_version(identity: str, tuned: TunedCrossEncoder | None) -> Any:
-    return SimpleNamespace(identity=identity, version=identity, tuned_reranker=tuned)
 
 
 def _fake_tuned(beats_fused: bool) -> TunedCrossEncoder:
@@ -279,18 +293,6 @@ def _one_tier(tuned: TunedCrossEncoder) -> TieredReranker:
     return TieredReranker([tier], candidates=20, reserve_ms=0.0)
 
 
-def test_version_rerankers_keep_the_serving_version_and_the_one_before() -> None:
-    source = VersionRerankers(_one_tier, require_beats_fused=True, tag="t")
-    versions = [_fake_version(name, _fake_tuned(True)) for name in ("a", "b", "c")]
-    for version in versions:
-        source.prepare(version)
-    assert source.for_index(versions[0]) is None  # dropped: two versions back
-    assert source.for_index(versions[1]) is not None and source.for_index(versions[2]) is not None
-    kept = source.for_index(versions[2])
-    source.prepare(versions[2])  # prepared again: the same reranker, not a new one
-    assert source.for_index(versions[2]) is kept and source.cache_tags() == ("t",)
-
-
 @pytest.mark.parametrize(
     ("require", "beats_fused", "reranks"), [(True, True, True), (True, False, False), (False, False, True)]
 )
@@ -298,12 +300,9 @@ def test_auto_needs_a_model_that_beat_the_fused_order_tuned_does_not(
     require: bool, beats_fused: bool, reranks: bool
 ) -> None:
     source = VersionRerankers(_one_tier, require_beats_fused=require, tag="t")
-    version = _fake_version("v", _fake_tuned(beats_fused))
-    source.prepare(version)
-    assert (source.for_index(version) is not None) is reranks
-    untuned = _fake_version("u", None)
-    source.prepare(untuned)
-    assert source.for_index(untuned) is None
+    assert (source.for_version("v", _fake_tuned(beats_fused)) is not None) is reranks
+    assert source.for_version("u", None) is None
+    assert source.cache_tags() == ("t",)
 
 
 def test_a_stated_max_length_the_graph_cannot_take_is_refused_at_load(tmp_path: Path, models: dict[str, Path]) -> None:
@@ -315,4 +314,4 @@ def test_a_stated_max_length_the_graph_cannot_take_is_refused_at_load(tmp_path: 
     config.write_text(json.dumps({**json.loads(config.read_text()), "max_position_embeddings": 4096}))
     refresh_checksum(root, f"{TUNED_DIR}/config.json")
     with pytest.raises(IndexLoadError, match="cannot be loaded"):
-        HnswIndex.load(root)
+        load_version(root)

@@ -150,3 +150,19 @@ def test_info_names_models_without_the_servers_paths() -> None:
     assert info.embedder_model == "minilm-tuned"
     assert model_name("./models/x") == "x" and model_name("C:\\models\\y") == "y"
     assert model_name("cross-encoder/ms-marco-MiniLM-L-6-v2") == "cross-encoder/ms-marco-MiniLM-L-6-v2"
+
+
+def test_info_calls_are_counted_like_every_other_call() -> None:
+    import asyncio
+
+    from ragserve import metrics
+    from ragserve.config import Settings
+    from ragserve.server.limiter import InFlightLimiter
+    from ragserve.server.servicer import RagServicer
+
+    servicer = RagServicer(Settings(), InFlightLimiter(4, 100), pipeline=_pipeline(None, None))
+    context = SimpleNamespace(invocation_metadata=lambda: ())
+    counted = metrics.REQUESTS.labels("Info", "OK")
+    before = counted._value.get()
+    info = asyncio.run(servicer.Info(pb.InfoRequest(), context))
+    assert info.index_version == "3" and counted._value.get() == before + 1

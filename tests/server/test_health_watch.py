@@ -8,14 +8,7 @@ from grpc_health.v1 import health_pb2
 
 from ragserve.config import ObservabilitySettings, Settings
 from ragserve.server.app import RagServer
-from tests.fakes import FakeGeneratorBase
-
-
-class HangingHealthGenerator(FakeGeneratorBase):
-    """A fake whose health probe never returns (an engine stuck inside a call)."""
-
-    async def check_health(self) -> None:
-        await asyncio.Event().wait()
+from tests.fakes import FakeHangingHealthGenerator
 
 
 def test_a_probe_that_never_answers_turns_health_not_serving() -> None:
@@ -24,7 +17,7 @@ def test_a_probe_that_never_answers_turns_health_not_serving() -> None:
     async def run() -> int:
         server = RagServer(Settings(observability=observability))  # grpc.aio wants a running loop
         await server.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        watcher = asyncio.ensure_future(server._watch_generator(HangingHealthGenerator()))
+        watcher = asyncio.ensure_future(server._watch_generator(FakeHangingHealthGenerator()))
         try:
             for _ in range(100):
                 await asyncio.sleep(0.02)

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from ragserve.config import LimitsSettings, Settings, TransportSettings
 from ragserve.index.hnsw import HnswIndex
-from ragserve.pipeline import RagPipeline
+from ragserve.request.pipeline import RagPipeline
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 from tests.cache.inproc_server import serve_pipeline

@@ -10,17 +10,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 
 from ragserve.budget import Deadline, StageTimer
 from ragserve.errors import DeadlineExpired, Unavailable
-from ragserve.index.base import ScoredChunk, SearchIndex
-from ragserve.index.fusion import RetrievalOptions, effective_mode, hybrid_search, options_for_index, plan_breadth
+from ragserve.index.base import ScoredChunk
+from ragserve.index.fusion import RetrievalOptions, effective_mode, hybrid_search, plan_breadth
 from ragserve.prompt import stable_order
+from ragserve.request.serving import ServingVersion
 from ragserve.rerank.base import Reranker, RerankerSource, RerankOutcome
-from ragserve.types import Degraded, Passage, RetrievalResult, RetrieveParams, StageTimings
+from ragserve.types import Degraded, Passage, RetrieveParams
 
 T = TypeVar("T")
 
@@ -31,6 +33,17 @@ _MIN_BUDGET_FOR_FULL_SEARCH_MS = 5.0
 def check_client(deadline: Deadline, stage: str) -> None:
     if deadline.client_expired():
         raise DeadlineExpired(f"client deadline passed before {stage}")
+
+
+@dataclass(frozen=True, slots=True)
+class Searched:
+    """What search and rerank found for one request, and what each took (the pipeline records it)."""
+
+    passages: list[Passage]
+    degraded: Degraded
+    rerank_tiers: list[str]
+    search_ms: float
+    rerank_ms: float
 
 
 class SearchStage:
@@ -46,7 +59,7 @@ class SearchStage:
     ) -> None:
         self.options = options
         self.ef_search = ef_search
-        self.rerankers = rerankers  # which reranker serves each index version (None: none)
+        self.rerankers = rerankers  # how a version's reranker is chosen (for cache keys; None: none)
         self._executor = executor
         # Reranking holds a thread for up to the whole budget; on its own pool, the next request's
         # few-millisecond embed and search never wait behind it.
@@ -60,29 +73,27 @@ class SearchStage:
         return {e for e in (self._executor, self._rerank_executor, self._search_executor) if e is not None}
 
     async def run(
-        self, params: RetrieveParams, index: SearchIndex, vector: np.ndarray, deadline: Deadline, timings: StageTimings
-    ) -> RetrievalResult:
+        self, params: RetrieveParams, serving: ServingVersion, vector: np.ndarray, deadline: Deadline
+    ) -> Searched:
         check_client(deadline, "search")
-        options = options_for_index(self.options, index)  # a tuned version's fitted weight
+        index, options, reranker = serving.index, serving.retrieval, serving.reranker
         mode = effective_mode(index, options)
-        reranker = self.reranker_for(index)  # the one for the version this request read
         # The reranker reorders a deeper candidate list than the caller asked for.
         k = params.top_k if reranker is None else max(params.top_k, reranker.candidates)
         narrow = deadline.budget_left_ms() < _MIN_BUDGET_FOR_FULL_SEARCH_MS
         breadth = plan_breadth(options, mode, k, self.ef_search, params.dedupe_documents, narrow)
-        with StageTimer("search") as t:
+        with StageTimer("search") as searched:
             hits = await self._search(
                 lambda: hybrid_search(index, params.query, vector, breadth, options, mode, params.dedupe_documents),
                 deadline,
             )
-        timings.search_ms = t.ms
         outcome = RerankOutcome(stable_order([Passage(hit.chunk, hit.score) for hit in hits]))
+        rerank_ms = 0.0
         if reranker is not None:
-            with StageTimer("rerank") as t:
+            with StageTimer("rerank") as reranked:
                 outcome = await self._rerank(reranker, params.query, outcome.passages, deadline)
-            timings.rerank_ms = t.ms
+            rerank_ms = reranked.ms
         top = [Passage(p.chunk, p.score, rank) for rank, p in enumerate(outcome.passages[: params.top_k], start=1)]
-        timings.retrieval_total_ms = deadline.elapsed_ms()
         degraded = Degraded.of_search(
             breadth_cut=breadth.cut,
             lexical_missing=mode != self.options.mode,
@@ -91,7 +102,7 @@ class SearchStage:
             rerank_notes=tuple(outcome.notes),
             budget_exhausted=deadline.budget_exhausted(),
         )
-        return RetrievalResult(top, timings, degraded, index.version, outcome.tiers, index_identity=index.identity)
+        return Searched(top, degraded, outcome.tiers, searched.ms, rerank_ms)
 
     async def _search(self, fn: Callable[[], list[ScoredChunk]], deadline: Deadline) -> list[ScoredChunk]:
         """A local index searches on the model threads; a remote one on its own, within the budget."""
@@ -120,14 +131,6 @@ class SearchStage:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._rerank_executor, lambda: reranker.rerank(query, passages, deadline))
 
-    def reranker_for(self, index: SearchIndex) -> Reranker | None:
-        return self.rerankers.for_index(index) if self.rerankers is not None else None
-
-    def prepare_blocking(self, index: SearchIndex) -> None:
-        """Build and warm the reranker for `index` (measures its cost: seconds, not per request)."""
-        if self.rerankers is not None:
-            self.rerankers.prepare(index)
-
-    async def prepare(self, index: SearchIndex) -> None:
-        """`prepare_blocking` on the rerank threads (start-up)."""
-        await asyncio.get_running_loop().run_in_executor(self._rerank_executor, lambda: self.prepare_blocking(index))
+    async def warm_up(self, serving: ServingVersion) -> None:
+        """The version's reranker measures its cost on the rerank threads (start-up)."""
+        await asyncio.get_running_loop().run_in_executor(self._rerank_executor, serving.warm_up)

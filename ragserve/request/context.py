@@ -9,7 +9,7 @@ added while they fit. Kept sentences stay in document order; a gap is marked wit
 Each passage's title is rendered in the prompt too, so it counts against the budget (whole).
 
 Lexical overlap needs no model call; the cost is counting tokens, one tokenizer call per sentence
-(4 ms p50 a request on a Zen 3 core, BENCHMARKS.md: batching those calls is the next saving).
+(BENCHMARKS.md, "Prompt work per Query by top_k": batching those calls is the next saving).
 The retrieval event still carries the whole passages; only the prompt is cut.
 """
 

@@ -8,8 +8,9 @@ the request still does not fail: the call is logged and treated as a miss (or a 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -17,11 +18,20 @@ import numpy as np
 
 from ragserve.cache.base import AnswerCache, CachedAnswer, CachedRetrieval, CacheHit, RetrievalCache
 from ragserve.cache.keys import AnswerKey, RetrievalKey, answer_key, prompt_template_id, retrieval_key
-from ragserve.context import FittedContext
-from ragserve.generate.answer import AnswerRun
 from ragserve.generate.base import Generator
-from ragserve.search_stage import SearchStage
-from ragserve.types import GenerateParams, RetrievalResult, RetrieveParams
+from ragserve.request.answer import AnswerRun
+from ragserve.request.context import FittedContext
+from ragserve.request.search import SearchStage
+from ragserve.types import (
+    Degraded,
+    FinalSummary,
+    GenerateParams,
+    QueryEvent,
+    RetrievalResult,
+    RetrieveParams,
+    StageTimings,
+    TokenDelta,
+)
 
 T = TypeVar("T")
 
@@ -95,9 +105,11 @@ class PipelineCaches:
             index_identity,
         )
 
-    def passages_key(self, params: RetrieveParams, index_version: str, index_identity: str) -> RetrievalKey | None:
-        """The retrieval cache's key for this request; None without a retrieval cache (no hashing)."""
-        return None if self.passages is None else self.retrieval_key(params, index_version, index_identity)
+    def key_for(self, params: RetrieveParams, index_version: str, index_identity: str) -> RetrievalKey | None:
+        """This request's key, built once for both caches; None without either (no hashing)."""
+        if self.passages is None and self.answers is None:
+            return None
+        return self.retrieval_key(params, index_version, index_identity)
 
     async def lookup(self, key: RetrievalKey | None, timeout_s: float | None) -> CacheHit | None:
         if self.passages is None or key is None:
@@ -128,14 +140,13 @@ class PipelineCaches:
         passages = self.passages
         _or_drop(lambda: passages.put(key, entry, vector), "retrieval cache")
 
-    def answer_key(self, params: RetrieveParams, gen: GenerateParams, retrieval: RetrievalResult) -> AnswerKey | None:
+    def answer_key(self, key: RetrievalKey | None, gen: GenerateParams) -> AnswerKey | None:
         """None when the answer is not to be cached: no answer cache, or not a greedy request (only
-        temperature 0 is reproducible). The key is built on the version the retrieval used (maybe a
-        retrieval cache hit), not on the index served now."""
-        if self.answers is None or gen.temperature != 0.0:
+        temperature 0 is reproducible). `key`: the request's retrieval key (`key_for`)."""
+        if self.answers is None or key is None or gen.temperature != 0.0:
             return None
         return answer_key(
-            self.retrieval_key(params, retrieval.index_version, retrieval.index_identity),
+            key,
             self.scope.generator,
             prompt_template_id(self.scope.prompt_layout),
             gen.context_token_budget,
@@ -173,3 +184,33 @@ class PipelineCaches:
         for cache in (self.passages, self.answers):
             if cache is not None:
                 await cache.close()  # flushes pending background writes
+
+
+# A hit's text goes out in pieces of at most this many characters (a few events, each small).
+_REPLAY_CHUNK_CHARS = 4096
+
+
+def replay(cached: CachedAnswer, timings: StageTimings, elapsed_ms: Callable[[], float]) -> Iterator[QueryEvent]:
+    """An answer-cache hit's events, as a generated answer's: the stored passages, the text, a final
+    summary. `timings` are this request's (retrieval so far, answer cache lookup), completed in a
+    copy; `elapsed_ms` counts from the request's start (TTFT is taken at the first token event)."""
+    # The stored passages replace this request's retrieval, so its degraded flags do not apply;
+    # only answers from a retrieval that was not cut short are ever stored.
+    degraded = Degraded()
+    yield RetrievalResult(
+        list(cached.passages), timings, degraded, cached.index_version, list(cached.rerank_tiers), cache_hit=True
+    )
+    ttft_ms = elapsed_ms()
+    for start in range(0, len(cached.text), _REPLAY_CHUNK_CHARS):
+        yield TokenDelta(cached.text[start : start + _REPLAY_CHUNK_CHARS])
+    final = dataclasses.replace(timings, ttft_ms=ttft_ms, total_ms=elapsed_ms())
+    yield FinalSummary(
+        cached.usage,
+        final,
+        degraded,
+        "stop",
+        cached.generator_model,
+        context_tokens=cached.context_tokens,
+        context_tokens_full=cached.context_tokens_full,
+        answer_cache_hit=True,
+    )

@@ -19,18 +19,20 @@ from typing import TypeVar
 
 from ragserve.budget import Deadline, StageTimer
 from ragserve.cache.base import AnswerCache, RetrievalCache
-from ragserve.cache.pipeline_caches import PipelineCaches, cache_scope
+from ragserve.cache.keys import RetrievalKey
 from ragserve.config import QdrantSettings, RetrievalSettings, Settings, default_of
-from ragserve.context import FittedContext, fit_context
-from ragserve.embed.base import Embedder, embedder_for
+from ragserve.embed.base import Embedder
 from ragserve.errors import ConfigError
-from ragserve.generate.answer import AnswerRun, stream_answer
 from ragserve.generate.base import Generator
 from ragserve.index.base import SearchIndex
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.prompt import Prompt, build_prompt
+from ragserve.request.answer import AnswerRun, AnswerStream
+from ragserve.request.caches import PipelineCaches, cache_scope, replay
+from ragserve.request.context import FittedContext, fit_context
+from ragserve.request.search import SearchStage, check_client
+from ragserve.request.serving import ServingVersion
 from ragserve.rerank.base import Reranker, RerankerSource
-from ragserve.search_stage import SearchStage, check_client
 from ragserve.types import (
     FinalSummary,
     GenerateParams,
@@ -39,7 +41,6 @@ from ragserve.types import (
     RetrievalResult,
     RetrieveParams,
     StageTimings,
-    TokenDelta,
 )
 
 T = TypeVar("T")
@@ -63,14 +64,17 @@ class RagPipeline:
         answers: AnswerCache | None = None,
         search_executor: ThreadPoolExecutor | None = None,
         search_min_ms: float = default_of(QdrantSettings, "min_search_ms"),
+        versions: Callable[[SearchIndex], ServingVersion] | None = None,
     ) -> None:
-        """`rerankers`: which reranker serves each index version (None: none ever does)."""
-        self.embedder = embedder
-        self.index = index  # replaced whole by swap_index; a request reads it once
+        """`rerankers`: how each index version's reranker is chosen (None: none ever is).
+        `versions`: what an index version serves with (the factory's `VersionBuilder` loads the models
+        a version ships); by default the configured embedder and reranker, whatever it ships."""
         self.generator = generator
         self.prompt_layout = prompt_layout  # "stable" keeps the template prefix first (prefix cache)
         self._executor = executor
         options = retrieval or RetrievalOptions()
+        self._versions = versions or _configured_parts(embedder, rerankers, options)
+        self.serving = self._versions(index)  # replaced whole by swap_index; a request reads it once
         self.search = SearchStage(
             options, ef_search, rerankers, executor, rerank_executor, search_executor, search_min_ms
         )
@@ -78,9 +82,18 @@ class RagPipeline:
         self.caches = PipelineCaches(scope, cache, answers)
 
     @property
+    def index(self) -> SearchIndex:
+        return self.serving.index
+
+    @property
+    def embedder(self) -> Embedder:
+        """The query embedder serving the current version (its own tuned one, if it ships one)."""
+        return self.serving.embedder
+
+    @property
     def reranker(self) -> Reranker | None:
         """The reranker serving the current index version (None: fused order)."""
-        return self.search.reranker_for(self.index)
+        return self.serving.reranker
 
     @property
     def cache(self) -> RetrievalCache | None:
@@ -91,24 +104,24 @@ class RagPipeline:
         return self.caches.answers
 
     def swap_index(self, index: SearchIndex) -> None:
-        """From the next request on (atomic under the GIL); calls in flight keep the one they read.
-        A version that ships its own tuned query embedder carries it (`embedder_for`), so the
-        embedder swaps with it in the same assignment. Blocking: a reranker the version brings is
-        built and warmed first (the reloader calls this on its own thread), so no request pays for it."""
-        self.search.prepare_blocking(index)
-        self.index = index
+        """From the next request on (one assignment, atomic under the GIL); calls in flight keep the
+        version they read, with its models. Blocking (the reloader calls it on its own thread): the
+        models the version ships are loaded and its reranker warmed first, so no request pays for
+        them; raises a RagError when the version cannot be served."""
+        serving = self._versions(index)
+        serving.warm_up()
+        self.serving = serving
 
     async def astart(self) -> None:
         """Warm every part before traffic: the embedder, the engine, the reranker, the cache pools."""
-        embedder = embedder_for(self.index, self.embedder)
-        await self._off_loop(lambda: embedder.embed_queries(["warm-up"]))
+        serving = self.serving
+        await self._off_loop(lambda: serving.embedder.embed_queries(["warm-up"]))
         if self.generator is not None:
             await self.generator.start()
         # After the engine is up: each tier measures its cost at the load it will serve under.
-        await self.search.prepare(self.index)
-        reranker = self.reranker
-        if reranker is not None:
-            log.info("rerank tiers: %s", "; ".join(reranker.describe()))
+        await self.search.warm_up(serving)
+        if serving.reranker is not None:
+            log.info("rerank tiers: %s", "; ".join(serving.reranker.describe()))
         await self.caches.start()
 
     async def aclose(self) -> None:
@@ -131,19 +144,25 @@ class RagPipeline:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
     async def retrieve(self, params: RetrieveParams, deadline: Deadline) -> RetrievalResult:
+        result, _ = await self._retrieve(params, deadline, self.serving)
+        return result
+
+    async def _retrieve(
+        self, params: RetrieveParams, deadline: Deadline, serving: ServingVersion
+    ) -> tuple[RetrievalResult, RetrievalKey | None]:
+        """The passages, and the request's cache key (built once, reused for the answer cache)."""
+        index = serving.index  # one version for the whole request, even if a reload swaps it
         timings = StageTimings()
-        index = self.index  # one version for the whole request, even if a reload swaps it
-        key = self.caches.passages_key(params, index.version, index.identity)
+        key = self.caches.key_for(params, index.version, index.identity)
         with StageTimer("cache") as t:
             hit = await self.caches.lookup(key, deadline.budget_left_ms() / 1000.0)
         timings.cache_ms = t.ms
         if hit is not None:
             timings.retrieval_total_ms = deadline.elapsed_ms()
-            return hit.result(index.identity, timings)
+            return hit.result(index.identity, timings), key
         check_client(deadline, "embedding")
-        embedder = embedder_for(index, self.embedder)  # a tuned version embeds with its own model
         with StageTimer("embed") as t:
-            embedded = await self._off_loop(lambda: embedder.embed_query(params.query))
+            embedded = await self._off_loop(lambda: serving.embedder.embed_query(params.query))
         timings.embed_ms = t.ms
         # A query longer than the embedder's window is embedded by its prefix alone: any two sharing
         # that prefix score a cosine near 1, so such a query is never matched or offered semantically.
@@ -152,13 +171,23 @@ class RagPipeline:
             with StageTimer("semantic_cache") as t:
                 hit = await self.caches.lookup_similar(key, semantic_vector, deadline.budget_left_ms() / 1000.0)
             timings.cache_ms += t.ms
-        if hit is not None:
-            timings.retrieval_total_ms = deadline.elapsed_ms()
-            return hit.result(index.identity, timings)
-        result = await self.search.run(params, index, embedded.vector, deadline, timings)
+            if hit is not None:
+                timings.retrieval_total_ms = deadline.elapsed_ms()
+                return hit.result(index.identity, timings), key
+        searched = await self.search.run(params, serving, embedded.vector, deadline)
+        timings.search_ms, timings.rerank_ms = searched.search_ms, searched.rerank_ms
+        timings.retrieval_total_ms = deadline.elapsed_ms()
+        result = RetrievalResult(
+            searched.passages,
+            timings,
+            searched.degraded,
+            index.version,
+            searched.rerank_tiers,
+            index_identity=index.identity,
+        )
         # The cache decides what a result cut short by the budget is worth (by default: not stored).
         self.caches.store(key, result, semantic_vector)
-        return result
+        return result, key
 
     def _fit_and_build(
         self, query: str, passages: list[Passage], budget: int, generator: Generator, timings: StageTimings
@@ -179,28 +208,29 @@ class RagPipeline:
         generator = self.generator
         if generator is None:
             raise ConfigError("generation is disabled on this server (RAGSERVE_GENERATION_ENABLED=false); use Retrieve")
-        retrieval = await self.retrieve(params, deadline)
+        retrieval, key = await self._retrieve(params, deadline, self.serving)
         # The final summary's timings start as a copy: the retrieval event's never change once sent.
         timings = dataclasses.replace(retrieval.timings)
-        answer_key = self.caches.answer_key(params, gen, retrieval)
+        answer_key = self.caches.answer_key(key, gen)
         if answer_key is not None:
             with StageTimer("answer_cache") as t:
                 cached = await self.caches.lookup_answer(answer_key, deadline.client_left_s())
             timings.answer_cache_ms = t.ms
             if cached is not None:
-                for event in cached.replay(timings, deadline.elapsed_ms):  # the engine is not asked at all
+                for event in replay(cached, timings, deadline.elapsed_ms):  # the engine is not asked at all
                     yield event
                 return
         context, prompt = await self._off_loop(
             lambda: self._fit_and_build(params.query, retrieval.passages, gen.context_token_budget, generator, timings)
         )
-        run = AnswerRun()
-        deadline_at = deadline.client_end(asyncio.get_running_loop())
-        events = stream_answer(generator, prompt, gen, request_id, deadline_at, deadline.elapsed_ms, run, retrieval)
-        async with contextlib.aclosing(events):  # a caller gone mid-stream aborts the engine request now
-            async for item in events:
-                yield TokenDelta(item) if isinstance(item, str) else item
-        run.record(timings)
+        # The engine has the prompt before the retrieval event is sent: prefill overlaps the send.
+        answer = AnswerStream.start(generator, prompt, gen, request_id, deadline.elapsed_ms)
+        async with contextlib.aclosing(answer):  # a caller gone mid-stream aborts the engine request now
+            yield retrieval
+            async for delta in answer.deltas(deadline.client_end(asyncio.get_running_loop())):
+                yield delta
+        run = answer.run
+        _record_answer(timings, run)
         # Reached only after a finish (a cancel, an engine failure or the deadline raised above);
         # a length-cut answer or one from passages cut short by the budget is never replayed.
         if answer_key is not None and run.finish_reason == "stop" and not retrieval.degraded.is_degraded():
@@ -214,3 +244,23 @@ class RagPipeline:
             context_tokens=context.tokens,
             context_tokens_full=context.tokens_full,
         )
+
+
+def _record_answer(timings: StageTimings, run: AnswerRun) -> None:
+    """The generation's times into the request's final timings (all counted from the request's start)."""
+    timings.generation_ms = run.ended_ms - run.started_ms
+    timings.ttft_ms = run.first_token_ms or 0.0
+    timings.time_per_output_token_ms = run.time_per_output_token_ms()
+    timings.total_ms = run.ended_ms
+
+
+def _configured_parts(
+    embedder: Embedder, rerankers: RerankerSource | None, options: RetrievalOptions
+) -> Callable[[SearchIndex], ServingVersion]:
+    """Every version with the configured embedder, reranker and options (nothing it ships is loaded)."""
+
+    def serving(index: SearchIndex) -> ServingVersion:
+        reranker = rerankers.for_version(index.version, None) if rerankers is not None else None
+        return ServingVersion(index, embedder, reranker, options)
+
+    return serving
