@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -87,6 +88,7 @@ def build(
     max_file_mb: _MaxFileMbOption = DEFAULT_MAX_FILE_MB,
     max_text_chars: _MaxTextCharsOption = DEFAULT_MAX_TEXT_CHARS,
     parse_timeout_s: _ParseTimeoutOption = DEFAULT_PARSE_TIMEOUT_S,
+    encoding: Annotated[str, typer.Option(help="Encoding of plain-text and Markdown files")] = "utf-8",
     verbose: _VerboseOption = False,
     log_file: _LogFileOption = None,
 ) -> None:
@@ -107,8 +109,13 @@ def build(
         overlap_tokens=overlap_tokens,
         batch_size=batch_size,
         progress=progress,
-        limits=LoadLimits(int(max_file_mb * 1024 * 1024), max_text_chars, parse_timeout_s),
+        limits=LoadLimits(int(max_file_mb * 1024 * 1024), max_text_chars, parse_timeout_s, encoding),
     )
+    try:
+        "".encode(encoding)
+    except LookupError:
+        typer.echo(f"error: --encoding {encoding!r} is not an encoding Python knows", err=True)
+        raise typer.Exit(2) from None
     try:
         report, qdrant_line = _run_build(job, _QdrantTarget(qdrant_url, qdrant_collection, qdrant_api_key))
     except (SourceError, RagError, ValueError, OSError, IndexRootLocked) as exc:
@@ -157,11 +164,11 @@ def _run_build(job: _BuildJob, qdrant: _QdrantTarget) -> tuple[BuildReport, str]
     # Also before the model: a second indexer on the same root stops at once. Held through the
     # Qdrant publish too, which reads the version this build published.
     with index_root_lock(job.target):
-        if not job.progress:
-            from transformers.utils import logging as hf_logging
+        from transformers.utils import logging as hf_logging
 
-            hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # --no-progress: quiet load too
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # one bar: the embedding's
         model = load_embedder(job.embedder, job.backend, job.device, job.int8)
+        _warn_if_the_embedder_changes(job.target, model.model_id)
         report = build_index(
             job.source,
             job.target,
@@ -180,6 +187,24 @@ def _run_build(job: _BuildJob, qdrant: _QdrantTarget) -> tuple[BuildReport, str]
     return report, qdrant_line
 
 
+def _warn_if_the_embedder_changes(root: Path, model_id: str) -> None:
+    """Servers check a version's embedder against their own: say so before they refuse it."""
+    from ragserve.index.format import MANIFEST, read_manifest_bytes, resolve_current
+
+    try:
+        published = json.loads(read_manifest_bytes(resolve_current(root)))
+    except (RagError, OSError, ValueError):
+        return  # nothing published yet (or unreadable: the build says why)
+    before = str((published.get("tuned_embedder") or {}).get("base") or published.get("embedder_id", ""))
+    if before and before != model_id:
+        typer.echo(
+            f"warning: the published version was built with embedder {before!r}, this one with {model_id!r}: "
+            f"servers set to RAGSERVE_EMBEDDER_MODEL={before} will refuse it until set to {model_id} "
+            f"({MANIFEST} of the new version names it)",
+            err=True,
+        )
+
+
 def _warn_skipped(item: Skipped) -> None:
     if not item.ignored:
         typer.echo(f"skipped {item.source}: {item.reason}", err=True)
@@ -191,9 +216,18 @@ def _summary(report: BuildReport) -> str:
         f"{what} at {report.folder}: {report.documents} documents ({report.embedded} embedded, "
         f"{report.reused} unchanged, {report.removed} removed), {report.chunks} chunks, "
         f"{sum(not s.ignored for s in report.skipped)} skipped, "
-        f"{sum(s.ignored for s in report.skipped)} ignored (unsupported type), "
+        f"{sum(s.ignored for s in report.skipped)} ignored{_ignored_names(report.skipped)}, "
         f"{report.seconds:.1f} s ({report.docs_per_second:.1f} documents/s)"
     )
+
+
+def _ignored_names(skipped: list[Skipped], shown: int = 5) -> str:
+    """The files left out on purpose (type, links), named: a person looks for their missing file."""
+    names = [f"{s.source} ({s.reason})" for s in skipped if s.ignored]
+    if not names:
+        return ""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ": " + "; ".join(names[:shown]) + more
 
 
 def _publish_to_qdrant(url: str, name: str, api_key: str, root: Path) -> str:

@@ -79,6 +79,8 @@ class LoadLimits:
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
     # HTML and PDF are parsed in a worker process that is killed when a file takes longer.
     parse_timeout_s: float = DEFAULT_PARSE_TIMEOUT_S
+    # How plain-text and Markdown files are decoded (`build --encoding`); HTML and PDF say their own.
+    encoding: str = "utf-8"
 
 
 class FileRejected(Exception):
@@ -91,7 +93,7 @@ def _check_text_size(chars: int, limits: LoadLimits) -> None:
 
 
 def _read_text(data: bytes, limits: LoadLimits) -> tuple[str, str]:
-    text = data.decode("utf-8")
+    text = data.decode(limits.encoding)
     _check_text_size(len(text), limits)
     return "", text
 
@@ -255,7 +257,11 @@ def iter_folder_files(
                 yield Skipped(relative, f"too large or slow: {exc}")
                 continue
             except UnicodeDecodeError as exc:
-                yield Skipped(relative, f"unreadable: not UTF-8 text ({exc.reason} at byte {exc.start})")
+                yield Skipped(
+                    relative,
+                    f"unreadable: not {limits.encoding.upper()} text ({exc.reason} at byte {exc.start}); "
+                    "convert it to UTF-8 or pass --encoding (cp1252 is common for Windows text)",
+                )
                 continue
             except OSError as exc:
                 yield Skipped(relative, f"unreadable: {exc.strerror or exc}")

@@ -30,10 +30,10 @@ DEFAULT_PORT: int = default_of(TransportSettings, "port")
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="ragserve: a low-latency RAG sidecar.")
 
 
-def _setup_logging(default_format: str = "json") -> None:
+def _setup_logging(default_format: str = "json", verbose: bool = False) -> None:
     from ragserve.logs import setup_logging
 
-    setup_logging(default_format)
+    setup_logging(default_format, verbose)
 
 
 @app.command()
@@ -42,9 +42,12 @@ def serve(
     port: Annotated[int | None, typer.Option(help=f"Listen port (default {DEFAULT_PORT})")] = None,
     uds: Annotated[str | None, typer.Option(help="Listen on this Unix socket path instead")] = None,
     index: Annotated[Path | None, typer.Option(help="Index root (RAGSERVE_INDEX_PATH)")] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Also log third-party libraries' INFO lines (vLLM's included)")
+    ] = False,
 ) -> None:
     """Run the gRPC service until SIGTERM or SIGINT."""
-    _setup_logging()
+    _setup_logging(verbose=verbose)
     from pydantic import ValidationError
 
     from ragserve.server.app import serve as serve_async
@@ -198,14 +201,16 @@ def _fail(exc: Exception, code: int = 2) -> NoReturn:
     raise typer.Exit(code) from None
 
 
-def _run_client(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+def _run_client(main: Callable[[], Coroutine[Any, Any, None]], target: str) -> None:
     """Run one client session: exit 1 when the call fails, 2 when the flags or environment are wrong."""
     import grpc
+
+    from ragserve.client import explain_status
 
     try:
         asyncio.run(main())
     except grpc.aio.AioRpcError as exc:
-        typer.echo(f"error: {exc.code().name}: {exc.details()}", err=True)
+        typer.echo(f"error: {explain_status(exc.code(), exc.details() or '', target)}", err=True)
         raise typer.Exit(1) from None
     except RagError as exc:
         _fail(exc)
@@ -241,7 +246,16 @@ def ask(
                 elif kind == "final":
                     _print_final(event.final, time.perf_counter() - started)
 
-    _run_client(run)
+    _run_client(run, flags.target)
+
+
+def _snippet(text: str, width: int = 100) -> str:
+    """The passage's start on one line, cut at a word near `width` characters."""
+    flat = " ".join(text.split())
+    if len(flat) <= width:
+        return flat
+    cut = flat[:width].rsplit(" ", 1)[0]
+    return cut + " ..."
 
 
 def _print_retrieval(r: Any) -> None:
@@ -280,8 +294,11 @@ def retrieve(
     async def run() -> None:
         async with RagClient(flags.target, access=flags.access()) as client:
             r = await client.retrieve(question, top_k=top_k, budget_ms=budget_ms, dedupe_documents=dedupe)
+            if r.cache_hit:
+                print(f"(from the retrieval cache, index v{r.index_version})")
             for p in r.passages:
                 print(f"[{p.rank}] {p.doc_id} ({p.chunk_id}) score={p.score:.3f}")
+                print(f"    {_snippet(p.text)}")
             t = r.timings
             print(
                 f"embed {t.embed_ms:.1f} ms, search {t.search_ms:.1f} ms, rerank {t.rerank_ms:.1f} ms, "
@@ -290,7 +307,7 @@ def retrieve(
             if r.rerank_tiers:
                 print("reranked: " + ", ".join(r.rerank_tiers))
 
-    _run_client(run)
+    _run_client(run, flags.target)
 
 
 @app.command()
@@ -309,14 +326,24 @@ def health(
         credentials = channel_credentials(access)
     except RagError as exc:
         _fail(exc)
-    status = _probe(target, access, credentials, metadata, wait)
-    typer.echo(status)
-    if status != "SERVING":
-        raise typer.Exit(1)
+    status, details = _probe(target, access, credentials, metadata, wait)
+    if status == "SERVING":
+        typer.echo(status)
+        return
+    from ragserve.client import explain_status
+
+    if status in ("NOT_SERVING", "SERVICE_UNKNOWN", "UNKNOWN"):
+        typer.echo(status)
+    else:
+        import grpc
+
+        typer.echo(f"{status}: {explain_status(grpc.StatusCode[status], details, target)}", err=True)
+    raise typer.Exit(1)
 
 
-def _probe(target: str, access: ClientSettings, credentials: Any, metadata: Any, wait: float) -> str:
-    """The service's health status; probes every half second, up to `wait` seconds, until SERVING."""
+def _probe(target: str, access: ClientSettings, credentials: Any, metadata: Any, wait: float) -> tuple[str, str]:
+    """The service's health status (and the error's details); probes every half second, up to
+    `wait` seconds, until SERVING. Refused credentials end the wait at once: retrying cannot help."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -324,7 +351,7 @@ def _probe(target: str, access: ClientSettings, credentials: Any, metadata: Any,
 
     options = channel_options(access)
     give_up = time.monotonic() + wait
-    status = "UNKNOWN"
+    status, details = "UNKNOWN", ""
     with (
         grpc.insecure_channel(target, options=options)
         if credentials is None
@@ -334,11 +361,12 @@ def _probe(target: str, access: ClientSettings, credentials: Any, metadata: Any,
         while True:
             try:
                 reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0, metadata=metadata)
-                status = str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+                status, details = str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)), ""
             except grpc.RpcError as exc:
-                status = exc.code().name
-            if status == "SERVING" or time.monotonic() >= give_up:
-                return status
+                status, details = exc.code().name, str(exc.details() or "")
+            final = status in ("SERVING", "UNAUTHENTICATED", "PERMISSION_DENIED")
+            if final or time.monotonic() >= give_up:
+                return status, details
             time.sleep(0.5)
 
 

@@ -214,3 +214,27 @@ class RagClient:
             pb.InfoRequest(), timeout=self.default_timeout_s, metadata=self._metadata
         )
         return response
+
+
+# What gRPC says when nothing accepts the connection (TCP refused, no socket file, no route).
+_UNREACHABLE = ("failed to connect", "connection refused", "no such file", "connect failed", "unreachable")
+
+
+def explain_status(code: grpc.StatusCode, details: str, target: str) -> str:
+    """One line that says what went wrong and what to do about it, for a call to `target`."""
+    if code == grpc.StatusCode.UNAVAILABLE and any(words in details.lower() for words in _UNREACHABLE):
+        return (
+            f"nothing answers on {target}: is `ragserve serve` running there? "
+            "(start it, or point --host/--port/--uds at it)"
+        )
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return (
+            f"the server refused the credentials ({details}): pass --token-file, or set "
+            "RAGSERVE_CLIENT_AUTH_TOKEN (or RAGSERVE_AUTH_TOKEN) to the server's RAGSERVE_AUTH_TOKEN"
+        )
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return (
+            f"the server refused this client ({details}): it needs a client certificate it trusts "
+            "(--tls-cert-file/--tls-key-file, RAGSERVE_CLIENT_TLS_CERT_FILE/_KEY_FILE)"
+        )
+    return f"{code.name}: {details}"

@@ -41,14 +41,61 @@ def _replace_root_handlers(handlers: list[logging.Handler], level: int) -> None:
     root.setLevel(level)
 
 
-def setup_logging(default_format: str = "json") -> None:
-    level = os.environ.get("RAGSERVE_LOG_LEVEL", "INFO").upper()
-    fmt = os.environ.get("RAGSERVE_LOG_FORMAT", default_format)
+# Third-party lines dropped knowingly at the default level: each is expected on the hosts this
+# runs on and leaves an operator nothing to do (`serve --verbose` shows them).
+KNOWN_NOISE: tuple[tuple[str, str], ...] = (
+    # The prepared model folder is float32 and a bf16 host downcasts it: one line per weight.
+    ("vllm", "Attempted to load weight"),
+    # The CPU build's optional accelerations (tcmalloc, Intel OpenMP, Triton) are not installed.
+    ("vllm", "libtcmalloc is not found"),
+    ("vllm", "libiomp is not found"),
+    ("vllm", "Speculative decoding on CPU without Intel OpenMP"),
+    ("vllm", "Triton is not installed"),
+    ("vllm", "Triton is installed, but"),
+    ("vllm", "Model Runner V2 requires Triton"),
+    # Consequences of settings the server chose on purpose (eager mode, n-gram speculation, a seed).
+    ("vllm", "Enforce eager set"),
+    ("vllm", "Inductor compilation was disabled"),
+    ("vllm", "Async scheduling not supported with ngram"),
+    ("vllm", "max_num_scheduled_tokens is set"),
+    ("vllm", "min_p and logit_bias parameters won't work with speculative decoding"),
+    ("vllm", "The global random seed is set"),
+    ("vllm", "Reset SSM cache type"),
+    ("vllm", "CPU backend doesn't allow to use `torch.set_num_threads`"),
+    ("vllm", "Passing raw prompts to InputProcessor is deprecated"),
+)
+
+
+class NoiseFilter(logging.Filter):
+    """Drops the KNOWN_NOISE lines (and nothing else)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if is_own(record.name):
+            return True
+        message = str(record.msg)
+        return not any(
+            (record.name == name or record.name.startswith(name + ".")) and message.startswith(prefix)
+            for name, prefix in KNOWN_NOISE
+        )
+
+
+def setup_logging(default_format: str = "json", verbose: bool = False) -> None:
+    """The server: one stream (stderr), one format, ours and third-party libraries' lines alike.
+
+    Our loggers log at RAGSERVE_LOG_LEVEL; third-party ones at WARNING, less the KNOWN_NOISE (at
+    INFO and with everything with `verbose`). vLLM is told not to set up logging of its own, so
+    its lines come through these handlers (in our format, on our stream) instead of its own.
+    """
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    own_level = _level(os.environ.get("RAGSERVE_LOG_LEVEL", "INFO"))
+    third_party_level = min(own_level, logging.INFO) if verbose else logging.WARNING
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_formatter(fmt))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
+    handler.setFormatter(_formatter(os.environ.get("RAGSERVE_LOG_FORMAT", default_format)))
+    handler.addFilter(ConsoleFilter(own_level, third_party_level))
+    if not verbose:
+        handler.addFilter(NoiseFilter())
+    _replace_root_handlers([handler], min(own_level, third_party_level))
+    logging.captureWarnings(True)  # Python warnings: third-party notes, shown with `verbose`
 
 
 def is_own(logger_name: str) -> bool:

@@ -159,6 +159,37 @@ def test_sidecar_probe_over_the_unix_socket_passes_the_servers_token(tmp_path: P
     with_env, without = asyncio.run(run())
     assert with_env.exit_code == 0 and with_env.output.strip() == "SERVING", with_env.output
     assert without.exit_code == 1 and "UNAUTHENTICATED" in without.output
+    # One line that names the fix.
+    assert len(without.output.strip().splitlines()) == 1 and "RAGSERVE_CLIENT_AUTH_TOKEN" in without.output
+
+
+def test_health_wait_stops_at_once_when_the_token_is_refused(tmp_path: Path) -> None:
+    import time
+
+    sock = tmp_path / "rag.sock"
+
+    async def run() -> tuple[Result, float]:
+        async with protected_server(f"unix:{sock}", None):
+            started = time.monotonic()
+            refused = await asyncio.to_thread(
+                _health(["--uds", str(sock), "--wait", "60"], {"RAGSERVE_AUTH_TOKEN": ""})
+            )
+            return refused, time.monotonic() - started
+
+    refused, seconds = asyncio.run(run())
+    assert refused.exit_code == 1 and "RAGSERVE_CLIENT_AUTH_TOKEN" in refused.output
+    assert seconds < 10, f"kept retrying refused credentials for {seconds:.1f} s"
+
+
+@pytest.mark.parametrize("command", [["health"], ["ask", "why?"], ["retrieve", "why?"]])
+def test_nothing_listening_says_to_start_the_server(command: list[str]) -> None:
+    from tests.helpers import free_port
+
+    port = str(free_port())
+    result = CliRunner().invoke(cli, [*command, "--port", port])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert "is `ragserve serve` running" in lines[0] and port in lines[0]
 
 
 def test_health_probe_over_mtls_with_a_token_file(pki: Pki, tmp_path: Path) -> None:

@@ -275,7 +275,7 @@ def _served_settings(monkeypatch: pytest.MonkeyPatch, *args: str) -> Settings:
         seen.append(settings)
 
     monkeypatch.setattr(app, "serve", fake_serve)
-    monkeypatch.setattr(cli, "_setup_logging", lambda default_format="json": None)
+    monkeypatch.setattr(cli, "_setup_logging", lambda default_format="json", verbose=False: None)
     result = CliRunner().invoke(cli.app, ["serve", *args])
     assert result.exit_code == 0, result.output
     return seen[0]
@@ -304,7 +304,7 @@ def test_serve_without_flags_keeps_the_environment(monkeypatch: pytest.MonkeyPat
 def test_serve_reports_a_broken_rule_as_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from ragserve import cli
 
-    monkeypatch.setattr(cli, "_setup_logging", lambda default_format="json": None)
+    monkeypatch.setattr(cli, "_setup_logging", lambda default_format="json", verbose=False: None)
     monkeypatch.setenv("RAGSERVE_DEFAULT_TOP_K", "99")
     result = CliRunner().invoke(cli.app, ["serve"])
     assert result.exit_code == 2

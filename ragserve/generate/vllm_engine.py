@@ -87,6 +87,7 @@ class VllmGenerator:
             "max_num_seqs": s.max_num_seqs,
             "seed": s.seed,
             "disable_log_stats": True,
+            "use_tqdm_on_load": False,  # a sub-second progress bar on the server's stream
         }
         if self._resolved.block_size is not None:
             kwargs["block_size"] = self._resolved.block_size

@@ -112,9 +112,25 @@ def bind(server: grpc.aio.Server, settings: Settings, address: str = "") -> str:
     return configured
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """A port in use is said in one line of ours (gRPC's own refusal also prints a C-core log line)."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc} (another server there? "
+                "set RAGSERVE_PORT or --port)"
+            ) from None
+
+
 async def bind_and_start(server: grpc.aio.Server, settings: Settings) -> str:
     """A Unix socket appears at its path only once it is 0600 (server/unix_socket.py)."""
     if not settings.transport.uds_path:
+        _check_port_free(settings.transport.host, settings.transport.port)
         address = bind(server, settings)
         await server.start()
         return address

@@ -17,18 +17,24 @@ def validate_retrieve(
         raise InvalidArgument("query", "must not be empty")
     if len(query) > settings.requests.max_query_chars:
         raise InvalidArgument(
-            "query", f"must be at most {settings.requests.max_query_chars} characters, got {len(query)}"
+            "query",
+            f"must be at most {settings.requests.max_query_chars} characters, got {len(query)} "
+            "(the server's RAGSERVE_MAX_QUERY_CHARS raises it)",
         )
     if "\x00" in query:
         raise InvalidArgument("query", "must not contain NUL characters")
     if top_k < 0 or top_k > settings.requests.max_top_k:
         raise InvalidArgument(
-            "top_k", f"must be between 0 (server default) and {settings.requests.max_top_k}, got {top_k}"
+            "top_k",
+            f"must be between 0 (server default) and {settings.requests.max_top_k}, got {top_k} "
+            "(the server's RAGSERVE_MAX_TOP_K raises the cap)",
         )
     # Refused, not clamped: a budget above the cap is a caller's mistake (often seconds for ms).
     if budget_ms < 0 or budget_ms > settings.requests.max_budget_ms:
         raise InvalidArgument(
-            "budget_ms", f"must be between 0 (server default) and {settings.requests.max_budget_ms}, got {budget_ms}"
+            "budget_ms",
+            f"must be between 0 (server default) and {settings.requests.max_budget_ms}, got {budget_ms} "
+            "(the server's RAGSERVE_MAX_BUDGET_MS raises the cap)",
         )
     return RetrieveParams(
         query=text,
@@ -43,14 +49,19 @@ def validate_generate(
 ) -> GenerateParams:
     limit = settings.generator.max_tokens_limit
     if max_tokens < 0 or max_tokens > limit:
-        raise InvalidArgument("max_tokens", f"must be between 0 (server default) and {limit}, got {max_tokens}")
+        raise InvalidArgument(
+            "max_tokens",
+            f"must be between 0 (server default) and {limit}, got {max_tokens} "
+            "(the server's RAGSERVE_GENERATOR_MAX_TOKENS_LIMIT raises the cap)",
+        )
     if not math.isfinite(temperature) or temperature < 0.0 or temperature > 2.0:
         raise InvalidArgument("temperature", f"must be between 0 and 2, got {temperature}")
     context_limit = settings.generator.max_model_len
     if context_token_budget is not None and not 0 <= context_token_budget <= context_limit:
         raise InvalidArgument(
             "context_token_budget",
-            f"must be between 0 (whole passages) and {context_limit} (the context length), got {context_token_budget}",
+            f"must be between 0 (whole passages) and {context_limit} (the context length, "
+            f"RAGSERVE_GENERATOR_MAX_MODEL_LEN), got {context_token_budget}",
         )
     return GenerateParams(
         max_tokens=max_tokens or settings.generator.default_max_tokens,

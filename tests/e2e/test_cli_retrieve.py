@@ -33,3 +33,14 @@ def test_retrieve_dedupe_returns_one_passage_per_document(retrieval_server: Live
     assert deduped and len(docs) == len(set(docs))
     # Deduping looks deeper, so it never returns fewer distinct documents than the plain list holds.
     assert len(docs) >= len({doc for doc, _ in plain})
+
+
+def test_retrieve_shows_a_snippet_and_says_when_it_came_from_the_cache(retrieval_server: LiveServer) -> None:
+    host, _, port = retrieval_server.target.rpartition(":")
+    command = [sys.executable, "-m", "ragserve.cli", "retrieve", "--host", host, "--port", port, "tides moon gravity"]
+    first, second = (subprocess.run(command, capture_output=True, text=True, timeout=60) for _ in range(2))
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    lines = first.stdout.splitlines()
+    passage = next(i for i, line in enumerate(lines) if _PASSAGE.match(line))
+    assert lines[passage + 1].startswith("    ") and len(lines[passage + 1].strip()) > 10  # the passage's start
+    assert "from the retrieval cache" not in first.stdout and "from the retrieval cache" in second.stdout

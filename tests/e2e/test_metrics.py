@@ -83,3 +83,14 @@ def test_metrics_cover_every_stage(live_server: LiveServer) -> None:
     # series exist and are empty.
     for tier in ("tier1", "tier2"):
         assert _value(samples, "ragserve_rerank_depth_count", tier=tier) == 0
+
+
+def test_a_server_start_is_quiet_on_the_terminal(live_server: LiveServer) -> None:
+    """Default level: our own lines and third-party warnings an operator can act on, one format,
+    one stream; no per-weight dtype lines, no engine config dump, no progress bar."""
+    text = live_server.log_text()
+    start = text[: text.index("serving on")].splitlines()
+    assert len(start) <= 25, "\n".join(start)
+    assert "Attempted to load weight" not in text and "with config:" not in text
+    assert "Loading safetensors checkpoint shards" not in text
+    assert "vllm_process_name" not in text

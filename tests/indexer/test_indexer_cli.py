@@ -39,9 +39,27 @@ def test_bad_file_is_skipped_and_reported(tmp_path: Path) -> None:
     (docs / "bad.txt").write_bytes(b"\xff\xfe\xfa not utf-8 \xff")
     result = _run("build", str(docs), "--out", str(tmp_path / "idx"), "--no-progress")
     assert result.returncode == 0, result.stderr
-    assert "skipped bad.txt" in result.stderr
+    assert "skipped bad.txt" in result.stderr and "--encoding" in result.stderr  # the fix, named
     assert "1 documents" in result.stdout and "1 skipped" in result.stdout
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow  # runs the indexer CLI in a child process (loads MiniLM)
+def test_windows_text_with_its_encoding_and_an_embedder_switch_warned_about(tmp_path: Path) -> None:
+    from tests.index.tuned_fake import save_fake_tuned_model
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "cafe.txt").write_bytes("Caf\xe9 r\xe9sum\xe9: na\xefve \u2013 \u201cquoted\u201d".encode("cp1252"))
+    result = _run("build", str(docs), "--out", str(tmp_path / "idx"), "--no-progress", "--encoding", "cp1252")
+    assert result.returncode == 0 and "1 documents" in result.stdout, result.stderr
+    assert "warning" not in result.stderr
+    other = save_fake_tuned_model(tmp_path / "other-embedder")
+    args = ["build", str(docs), "--out", str(tmp_path / "idx"), "--no-progress", "--encoding", "cp1252"]
+    switched = _run(*args, "--full", "--embedder", str(other))
+    assert switched.returncode == 0, switched.stderr
+    assert "warning: the published version was built with embedder" in switched.stderr
+    assert "RAGSERVE_EMBEDDER_MODEL" in switched.stderr
 
 
 @pytest.mark.slow  # runs the indexer CLI in a child process (loads MiniLM)
@@ -62,6 +80,7 @@ def test_mixed_tree_with_bad_pdf_html_and_unsupported_files(tmp_path: Path) -> N
     assert "skipped broken.pdf: cannot extract text" in result.stderr
     assert "photo.jpg" not in result.stderr  # not a document: counted, not warned about
     assert "3 documents" in result.stdout and "1 skipped" in result.stdout and "1 ignored" in result.stdout
+    assert "photo.jpg (unsupported file type '.jpg')" in result.stdout  # named where it is counted
     assert "Traceback" not in result.stderr
 
 
