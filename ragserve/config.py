@@ -331,7 +331,7 @@ class RequestSettings(BaseSettings):
     max_budget_ms: int = Field(default=60_000, ge=1)
     max_query_chars: int = 2000
     # Most passage tokens in a Query's prompt: each passage is cut to the sentences that best match
-    # the question (ragserve/context.py). 0 keeps whole passages. Per request: context_token_budget.
+    # the question (ragserve/request/context.py). 0 keeps whole passages. Per request: context_token_budget.
     context_token_budget: int = Field(default=128, ge=0)
 
     @model_validator(mode="after")

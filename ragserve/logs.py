@@ -72,7 +72,7 @@ class NoiseFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if is_own(record.name):
             return True
-        message = str(record.msg)
+        message = record.getMessage()
         return not any(
             (record.name == name or record.name.startswith(name + ".")) and message.startswith(prefix)
             for name, prefix in KNOWN_NOISE

@@ -21,6 +21,7 @@ def _emit(monkeypatch: pytest.MonkeyPatch, verbose: bool) -> str:
     logging.getLogger("vllm.model_executor.models.utils").warning(
         "Attempted to load weight %s with dtype %s into a parameter", "w", "float32"
     )
+    logging.getLogger("vllm.v1.worker.cpu_worker").warning("%s is not found in LD_PRELOAD.", "libtcmalloc")
     logging.getLogger("vllm.config").info("Initializing a V1 LLM engine with config: ...")
     logging.getLogger("vllm.worker").warning("the KV cache is too small for max_model_len")
     return stream.getvalue()
@@ -30,7 +31,7 @@ def test_default_level_keeps_our_lines_and_actionable_warnings(monkeypatch: pyte
     monkeypatch.delenv("VLLM_CONFIGURE_LOGGING", raising=False)
     out = _emit(monkeypatch, verbose=False)
     assert "serving on here" in out and "KV cache is too small" in out
-    assert "Attempted to load weight" not in out and "with config" not in out
+    assert "Attempted to load weight" not in out and "with config" not in out and "LD_PRELOAD" not in out
     assert logs.os.environ["VLLM_CONFIGURE_LOGGING"] == "0"  # vLLM's lines come through these handlers
 
 
