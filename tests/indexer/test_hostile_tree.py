@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from indexer.loaders import Document, Skipped, iter_source
+from tests.helpers import pdf_file
 
 if TYPE_CHECKING:
     from indexer.loaders import LoadLimits
@@ -51,17 +52,7 @@ def bomb_pdf(pages: int, chars_per_page: int) -> bytes:
         b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
         b"/Resources << /Font << /F1 5 0 R >> >> >>"
     ] * pages
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += f"{number} 0 obj\n".encode() + body + b"\nendobj\n"
-    xref = len(out)
-    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
-    for offset in offsets:
-        out += f"{offset:010d} 00000 n \n".encode()
-    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
-    return bytes(out)
+    return pdf_file(objects, "")
 
 
 def slow_reader(data: bytes, limits: LoadLimits) -> tuple[str, str]:

@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from indexer.loaders import MAX_TITLE_CHARS, Document, LoadLimits, Skipped, iter_source
+from tests.helpers import pdf_file
 
 
 def tiny_pdf(text: str, title: str = "") -> bytes:
@@ -24,17 +25,7 @@ def tiny_pdf(text: str, title: str = "") -> bytes:
         b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
         info,
     ]
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += f"{number} 0 obj\n".encode() + body + b"\nendobj\n"
-    xref = len(out)
-    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
-    for offset in offsets:
-        out += f"{offset:010d} 00000 n \n".encode()
-    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R /Info 6 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
-    return bytes(out)
+    return pdf_file(objects, "/Info 6 0 R ")
 
 
 def _by_id(folder: Path) -> dict[str, Document | Skipped]:
