@@ -103,14 +103,7 @@ def test_a_failing_build_is_raised_by_start() -> None:
 
 def test_shutdown_ends_streams_in_flight() -> None:
     fake = FakeSyncEngine()
-    gate = threading.Event()
-    original_step = fake.step
-
-    def slow_step() -> list[FakeOutput]:
-        gate.wait(5)
-        return original_step()
-
-    fake.step = slow_step  # type: ignore[method-assign]
+    gate = _gated(fake)
     engine = _started(fake)
 
     async def run() -> None:
