@@ -262,6 +262,12 @@ def _print_retrieval(r: Any) -> None:
     print(f"retrieved {len(r.passages)} passages in {r.timings.retrieval_total_ms:.1f} ms (index v{r.index_version}):")
     for p in r.passages:
         print(f"  [{p.rank}] {p.doc_id}  score={p.score:.3f}  {p.title}")
+    if r.passages and r.passages[0].HasField("highlight"):
+        top = r.passages[0]
+        # Evidence, shown before the first token; the answer follows.
+        print(f"evidence [1]: {_snippet(top.text[top.highlight.start : top.highlight.end], 160)}")
+    if r.support.low:
+        print("(low support: the documents may not answer this)")
     print("answer: ", end="", flush=True)
 
 

@@ -449,8 +449,32 @@ class Settings(BaseSettings):
     rerank: RerankSettings = Field(default_factory=RerankSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
 
-    # "stable": fixed template prefix first (default). "naive": a benchmark baseline only.
-    prompt_layout: Literal["stable", "naive"] = "stable"
+    # The template prefix always comes first and the question last. "reusable": the top passage
+    # goes in whole (up to prompt_whole_passage_max_tokens), the same for every question, so a
+    # later question retrieving it first reuses its KV from the prefix cache; the other passages
+    # get what is left of the context budget. "stable": every passage cut to the question's best
+    # sentences. "naive": question first, a benchmark baseline only (docs/ttft.md).
+    prompt_layout: Literal["reusable", "stable", "naive"] = "reusable"
+    # A longer top passage is cut to the question like the others (its prefill would cost more
+    # than reuse could win back).
+    prompt_whole_passage_max_tokens: int = Field(default=384, ge=1)
+    # The retrieval event flags low support when the best highlight holds less than this share of
+    # the question's weight (calibrated on SQuAD v2: docs/evidence.md); 0 never flags.
+    low_support_below: float = Field(default=0.2, ge=0.0, le=1.0)
+    # true: a Query with low support is answered "The documents do not contain the answer."
+    # without calling the generator (off by default: docs/evidence.md has its precision and recall).
+    abstain_on_low_support: bool = False
+    # At start and after a hot reload, pre-fill the engine's prefix cache with this many of the
+    # passages Query retrieval ranked first most often (reusable layout only; 0 = off).
+    warm_passages: int = Field(default=32, ge=0)
+    # The most of the engine's KV cache that warming may fill (the prefix cache evicts the least
+    # recently used blocks first, so warming more would only push out what traffic needs).
+    warm_kv_share: float = Field(default=0.25, gt=0.0, le=1.0)
+    # Where the retrieval counts persist. Empty: hot-passages.json in the index root (hnsw), or
+    # hot-passages-<collection>.json in the ragserve home (Qdrant).
+    hot_passages_path: Path | None = None
+    # How often the counts are written (and once at shutdown).
+    hot_passages_save_s: float = Field(default=60.0, gt=0)
     # Retrieval-only mode: no generator is loaded and Query answers FAILED_PRECONDITION.
     generation_enabled: bool = True
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ragserve.cache.base import AnswerCache, CacheStore, RetrievalCache
 from ragserve.cache.integrity import MIN_KEY_BYTES, EntrySeal
-from ragserve.config import CacheSettings, EmbedderSettings, RerankSettings, Settings
+from ragserve.config import CacheSettings, EmbedderSettings, RerankSettings, Settings, default_home
 from ragserve.embed.base import Embedder
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import ConfigError
@@ -17,7 +18,9 @@ from ragserve.index.base import SearchIndex
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch, IndexWatch, ServedIndex
+from ragserve.request.hot import HotPassages
 from ragserve.request.pipeline import RagPipeline
+from ragserve.request.policy import AnswerPolicy
 from ragserve.request.serving import ServingVersion
 from ragserve.rerank.base import Reranker, RerankerSource
 from ragserve.rerank.per_version import SameReranker, VersionRerankers
@@ -345,6 +348,15 @@ def make_rerankers(settings: Settings) -> RerankerSource:
     return SameReranker(make_reranker(settings))
 
 
+def hot_passages_path(settings: Settings) -> Path:
+    """Where the retrieval counts persist: the setting, else beside the index it counts."""
+    if settings.hot_passages_path is not None:
+        return settings.hot_passages_path
+    if settings.index.backend == "qdrant":
+        return default_home() / f"hot-passages-{settings.qdrant.collection}.json"
+    return settings.index.path / "hot-passages.json"
+
+
 def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipeline:
     """Load and wire every part; the generator is started separately (it is async)."""
     embedder = make_embedder(settings.embedder)
@@ -376,7 +388,8 @@ def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipelin
         cache=make_cache(settings),
         retrieval=options,
         rerankers=rerankers,
-        prompt_layout=settings.prompt_layout,
+        policy=AnswerPolicy.from_settings(settings),
+        hot=HotPassages(hot_passages_path(settings)),
         rerank_executor=rerank_executor,
         answers=make_answer_cache(settings) if generator is not None else None,
         search_executor=search_executor,

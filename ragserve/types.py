@@ -27,12 +27,33 @@ class Chunk:
 
 
 @dataclass(frozen=True, slots=True)
+class Highlight:
+    """Evidence, not an answer: the sentence of a passage that best matches the question, by its
+    character offsets in the passage text, and the share of the question's weight it holds (0..1)."""
+
+    start: int
+    end: int
+    coverage: float
+
+
+@dataclass(frozen=True, slots=True)
 class Passage:
     """A retrieved chunk with its score, in the order it is given to the prompt."""
 
     chunk: Chunk
     score: float
     rank: int = 0
+    # Set per request (never cached: it depends on the question's words).
+    highlight: Highlight | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Support:
+    """How well the retrieved passages support an answer: the best highlight's coverage, and
+    whether that is below the server's threshold (the documents likely do not answer)."""
+
+    coverage: float
+    low: bool
 
 
 @dataclass(slots=True)
@@ -51,6 +72,7 @@ class StageTimings:
     cache_ms: float = 0.0  # retrieval cache lookups (exact, and semantic when enabled)
     answer_cache_ms: float = 0.0
     context_ms: float = 0.0  # fitting the passages into the context token budget
+    evidence_ms: float = 0.0  # highlights and support (request/evidence.py), within retrieval_total_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +157,8 @@ class RetrievalResult:
     # The identity of the index version the passages came from (SearchIndex.identity): an answer is
     # keyed on it. Empty when replayed from the answer cache (nothing is keyed on that result).
     index_identity: str = ""
+    # Set per request with the passages' highlights (request/evidence.py).
+    support: Support | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,7 @@ class FakeGeneratorBase:
     model_id = "fake-generator"
     engine_choices: tuple[EngineChoice, ...] = ()
     host_cpu = "fake CPU"
+    kv_tokens = 100_000
 
     async def start(self) -> None:
         return None
@@ -55,6 +56,9 @@ class FakeGeneratorBase:
 
     def unfinished_requests(self) -> int:
         return 0
+
+    async def kv_cache_tokens(self) -> int:
+        return self.kv_tokens
 
     async def close(self) -> None:
         return None

@@ -7,7 +7,8 @@ from dataclasses import replace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragserve.request.context import GAP, content_terms, fit_context, split_sentences
+from ragserve.request.context import GAP, fit_context
+from ragserve.request.sentences import content_terms, split_sentences
 from ragserve.types import Chunk, Passage
 
 
@@ -118,3 +119,28 @@ def test_the_budget_is_never_exceeded(budget: int, question: str) -> None:
     # Titles are never cut: under their own size, only one gap marker a passage is added.
     assert fitted.tokens <= max(budget, TITLES + 2)
     assert [p.chunk.chunk_id for p in fitted.passages] == ["doc1#0", "doc2#0"]
+
+
+def test_reusable_layout_keeps_the_top_passage_whole_whatever_the_question() -> None:
+    budget = TITLES + 12
+    fits = {
+        question: fit_context(question, [BEES, TCP], budget, _words, whole_first_max_tokens=100)
+        for question in ("How does the waggle dance encode distance?", "What does the client send first in TCP?")
+    }
+    for context in fits.values():
+        # The same text for both questions: its KV can be reused. The budget left after the top
+        # passage is spent on the rest; here none is left, and a passage with nothing quoted is left out.
+        assert context.passages == [BEES]
+        assert context.tokens == _words("Doc 1") + _words(BEES.chunk.text)
+        assert context.tokens_full == TITLES + _words(BEES.chunk.text) + _words(TCP.chunk.text)
+    roomy_budget = TITLES + _words(BEES.chunk.text) + 12
+    roomy = fit_context(
+        "What does the client send first?", [BEES, TCP], roomy_budget, _words, whole_first_max_tokens=100
+    )
+    assert roomy.passages[0] == BEES and roomy.passages[1].chunk.text.startswith(GAP)
+    # A top passage longer than the cap is cut to the question like the others.
+    cut = fit_context(
+        "How does the waggle dance encode distance?", [BEES, TCP], budget + 10, _words, whole_first_max_tokens=5
+    )
+    assert cut.passages[0].chunk.text != BEES.chunk.text and "waggle" in cut.passages[0].chunk.text
+    assert cut.tokens <= budget + 10

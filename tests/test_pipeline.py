@@ -15,6 +15,7 @@ from ragserve.errors import DeadlineExpired
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
 from ragserve.request.pipeline import RagPipeline
+from ragserve.request.policy import ABSTAIN_ANSWER, AnswerPolicy
 from ragserve.types import (
     FinalSummary,
     GenerateParams,
@@ -30,9 +31,13 @@ from tests.fakes import FakeGenerator, FakeSlowCountingGenerator
 def pipeline_factory(sample_index: Path, embedder: SentenceTransformerEmbedder):
     executor = ThreadPoolExecutor(2)
 
-    def make(generator: FakeGenerator | None = None, retrieval: RetrievalOptions | None = None) -> RagPipeline:
+    def make(
+        generator: FakeGenerator | None = None,
+        retrieval: RetrievalOptions | None = None,
+        policy: AnswerPolicy | None = None,
+    ) -> RagPipeline:
         index = HnswIndex.load(sample_index)
-        return RagPipeline(embedder, index, generator or FakeGenerator(), executor, retrieval=retrieval)
+        return RagPipeline(embedder, index, generator or FakeGenerator(), executor, retrieval=retrieval, policy=policy)
 
     yield make
     executor.shutdown()
@@ -162,3 +167,35 @@ def test_prompt_work_leaves_the_event_loop_free(pipeline_factory) -> None:
     context_ms, worst_gap_ms = asyncio.run(run())
     assert context_ms > 40  # the context stage really took a while here
     assert worst_gap_ms < context_ms / 2
+
+
+def test_retrieval_carries_each_passages_highlight_and_the_support(pipeline_factory) -> None:
+    pipeline = pipeline_factory()
+    result = asyncio.run(pipeline.retrieve(RetrieveParams("Who discovered penicillin?", 3, 10_000), Deadline(10_000)))
+    top = result.passages[0]
+    assert top.highlight is not None and top.chunk.doc_id == "discovery-of-penicillin.txt"
+    sentence = top.chunk.text[top.highlight.start : top.highlight.end]
+    assert "penicillin" in sentence.lower() and "discover" in sentence.lower()
+    assert result.support is not None and not result.support.low
+    assert 0 < result.timings.evidence_ms <= result.timings.retrieval_total_ms
+
+
+def test_low_support_is_answered_without_the_engine_when_asked(pipeline_factory) -> None:
+    question = "Which quarterback won the 1987 Heisman trophy?"  # in no sample document
+
+    async def ask(policy: AnswerPolicy) -> tuple[list[object], FakeGenerator]:
+        fake = FakeGenerator()
+        pipeline = pipeline_factory(fake, policy=policy)
+        params = RetrieveParams(question, top_k=3, budget_ms=10_000)
+        return [e async for e in pipeline.query(params, GenerateParams(16, 0.0), Deadline(10_000), "r1")], fake
+
+    events, fake = asyncio.run(ask(AnswerPolicy(abstain_on_low_support=True)))
+    assert fake.calls == 0
+    retrieval, token, final = events
+    assert isinstance(retrieval, RetrievalResult) and retrieval.support is not None and retrieval.support.low
+    assert isinstance(token, TokenDelta) and token.text == ABSTAIN_ANSWER
+    assert isinstance(final, FinalSummary) and final.finish_reason == "abstained" and final.usage.prompt_tokens == 0
+    # Flagged but not acted on by default: the engine answers.
+    events, fake = asyncio.run(ask(AnswerPolicy()))
+    assert fake.calls == 1 and isinstance(events[0], RetrievalResult) and events[0].support.low
+    assert isinstance(events[-1], FinalSummary) and events[-1].finish_reason == "stop"

@@ -44,7 +44,7 @@ from ragserve.factory import serve_version
 from ragserve.index.format import latest_version, publish
 from ragserve.index.fusion import weighted
 from ragserve.index.hnsw import HnswIndex
-from ragserve.request.context import split_sentences
+from ragserve.request.sentences import split_sentences
 from ragserve.request.serving import ServingVersion
 from ragserve.types import Chunk
 

@@ -86,11 +86,13 @@ def retrieval_key(
 
 
 @lru_cache(maxsize=8)
-def prompt_template_id(layout: str) -> str:
-    """A hash of a probe prompt rendered by the real template: it changes with SYSTEM_PREFIX, the
-    layout and the passage markup alike, so an edited template never serves answers of the old one."""
+def prompt_template_id(prompt_id: str) -> str:
+    """A hash of a probe prompt rendered by the real template and of the prompt policy's id
+    ("reusable:384", "stable"): it changes with SYSTEM_PREFIX, the layout, the passage markup and
+    how passages are cut alike, so an edited template never serves answers of the old one."""
+    layout = prompt_id.partition(":")[0]
     probe = build_prompt("?", [Passage(Chunk("c", "d", "t", "n"), 1.0, 1)], layout)
-    return hashlib.blake2b(f"{probe.system}\x00{probe.user}".encode(), digest_size=8).hexdigest()
+    return hashlib.blake2b(f"{prompt_id}\x00{probe.system}\x00{probe.user}".encode(), digest_size=8).hexdigest()
 
 
 def answer_key(

@@ -214,6 +214,16 @@ class VllmGenerator:
             return 0
         return int(self._engine.get_num_unfinished_requests())
 
+    async def kv_cache_tokens(self) -> int:
+        engine = self._engine
+        if engine is None:
+            return 0
+        if isinstance(engine, ThreadedEngine):  # its config is the engine thread's to read
+            config = await engine.call(lambda core: core.vllm_config.cache_config)
+        else:
+            config = engine.vllm_config.cache_config
+        return int((config.num_gpu_blocks or 0) * (config.block_size or 0))
+
     async def check_health(self) -> None:
         if self._engine is None:
             raise Unavailable("generator is not started")

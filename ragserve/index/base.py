@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -55,4 +56,13 @@ class LexicalSearch(Protocol):
 
     def search_lexical(self, query: str, k: int) -> list[ScoredChunk]:
         """The k best chunks by BM25 score (only chunks sharing a term with the query)."""
+        ...
+
+
+@runtime_checkable
+class ChunkLookup(Protocol):
+    """An index that can hand back chunks by id (to pre-fill the engine's KV with known passages)."""
+
+    def chunks_by_id(self, chunk_ids: Sequence[str]) -> list[Chunk]:
+        """The chunks with these ids that this version holds, in the order asked; others skipped."""
         ...

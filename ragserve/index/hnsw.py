@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import hnswlib
@@ -93,6 +94,7 @@ class HnswIndex:
         self._bm25 = bm25
         self._identity = identity
         self._lock = threading.Lock()
+        self._by_id: dict[str, Chunk] | None = None  # built on first use (warming only)
 
     @classmethod
     def load(cls, root: Path) -> HnswIndex:
@@ -125,6 +127,11 @@ class HnswIndex:
     def chunks(self) -> list[Chunk]:
         """Row i of the version (the docstore); do not modify."""
         return self._chunks
+
+    def chunks_by_id(self, chunk_ids: Sequence[str]) -> list[Chunk]:
+        if self._by_id is None:
+            self._by_id = {chunk.chunk_id: chunk for chunk in self._chunks}
+        return [self._by_id[c] for c in chunk_ids if c in self._by_id]
 
     @property
     def version(self) -> str:

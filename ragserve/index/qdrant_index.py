@@ -280,6 +280,17 @@ class QdrantIndex(PublishedMeta):
             log.warning("Qdrant query failed: %s: %s", type(exc).__name__, exc)
             raise Unavailable(f"the Qdrant index is unavailable ({type(exc).__name__})") from exc
 
+    def chunks_by_id(self, chunk_ids: Sequence[str]) -> list[Chunk]:
+        try:
+            points = self._client.retrieve(self.collection, ids=[point_id(c) for c in chunk_ids], with_payload=True)
+        except Exception as exc:
+            if not isinstance(exc, _unreachable_errors()):
+                raise
+            log.warning("Qdrant retrieve failed: %s: %s", type(exc).__name__, exc)
+            raise Unavailable(f"the Qdrant index is unavailable ({type(exc).__name__})") from exc
+        found = {chunk.chunk_id: chunk for chunk in (_chunk_of(p.payload) for p in points if p.payload)}
+        return [found[c] for c in chunk_ids if c in found]
+
     def search(self, query_vector: np.ndarray, k: int, ef: int) -> list[ScoredChunk]:
         from qdrant_client import models
 

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -104,7 +104,9 @@ class IndexReloader:
         accept: Callable[[SearchIndex], None] | None = None,
         interval_s: float = default_of(IndexSettings, "reload_interval_s"),
         clock: Callable[[], float] = time.monotonic,
+        after_swap: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
+        """`after_swap`: awaited on the event loop after each swap (e.g. warming the new version)."""
         self._watch = watch
         self._target = target
         self._accept = accept
@@ -114,6 +116,7 @@ class IndexReloader:
         seen = watch.served(target.index)
         self._seen = seen if seen is not None else watch.published()
         self._clock = clock
+        self._after_swap = after_swap
         self._failures = 0
         self._retry_at = 0.0
         self.reloads = 0
@@ -179,7 +182,8 @@ class IndexReloader:
         while True:
             await asyncio.sleep(self.interval_s)
             try:
-                await asyncio.to_thread(self.check_once)
+                if await asyncio.to_thread(self.check_once) and self._after_swap is not None:
+                    await self._after_swap()
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug here must not kill the watcher or the server

@@ -64,10 +64,10 @@ class CacheScope:
     retrieval_tags: tuple[str, str]
     # Generator model and the engine settings that can change a greedy answer (dtype, speculation).
     generator: str
-    prompt_layout: str
+    prompt_id: str  # AnswerPolicy.prompt_id
 
 
-def cache_scope(embedder_id: str, search: SearchStage, generator: Generator | None, prompt_layout: str) -> CacheScope:
+def cache_scope(embedder_id: str, search: SearchStage, generator: Generator | None, prompt_id: str) -> CacheScope:
     # The configured tiers, or for a per-version choice the mode and its settings: the model a
     # version ships is that version's, and its identity is in every key already.
     rerank = search.rerankers.cache_tags() if search.rerankers is not None else ()
@@ -82,7 +82,7 @@ def cache_scope(embedder_id: str, search: SearchStage, generator: Generator | No
         (f"ef={search.ef_search}", *rerank),
         (options.cache_tag(False), options.cache_tag(True)),
         generator_tag,
-        prompt_layout,
+        prompt_id,
     )
 
 
@@ -148,7 +148,7 @@ class PipelineCaches:
         return answer_key(
             key,
             self.scope.generator,
-            prompt_template_id(self.scope.prompt_layout),
+            prompt_template_id(self.scope.prompt_id),
             gen.context_token_budget,
             gen.max_tokens,
         )

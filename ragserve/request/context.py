@@ -15,49 +15,14 @@ The retrieval event still carries the whole passages; only the prompt is cut.
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import lru_cache
-
-import Stemmer
-from bm25s.stopwords import STOPWORDS_EN_PLUS
 
 from ragserve.prompt import passage_label
+from ragserve.request.sentences import content_terms, question_weights, split_sentences
 from ragserve.types import Passage
 
-# A sentence ends at . ! or ? followed by space and something that starts a sentence.
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
-_ABBREVIATION_END = re.compile(r"\b(?:Dr|Mr|Mrs|Ms|Prof|St|Jr|Sr|Inc|Ltd|Co|vs|No|Fig|e\.g|i\.e|etc)\.$")
-_WORD = re.compile(r"[^\W_]+", re.UNICODE)
 GAP = "…"
-
-# Question words and function words carry no evidence of where the answer is.
-_STOPWORDS = frozenset(STOPWORDS_EN_PLUS) | {"many", "much", "also", "called", "known", "named"}
-
-
-@lru_cache(maxsize=1)
-def _stemmer() -> Stemmer.Stemmer:
-    return Stemmer.Stemmer("english")
-
-
-def content_terms(text: str) -> set[str]:
-    words = [w for w in _WORD.findall(text.lower()) if w not in _STOPWORDS]
-    return set(_stemmer().stemWords(words))
-
-
-def split_sentences(text: str) -> list[str]:
-    sentences: list[str] = []
-    for piece in _SENTENCE_END.split(text.strip()):
-        piece = piece.strip()
-        if not piece:
-            continue
-        if sentences and _ABBREVIATION_END.search(sentences[-1]):
-            sentences[-1] = f"{sentences[-1]} {piece}"  # "Dr. Smith" is one sentence
-        else:
-            sentences.append(piece)
-    return sentences
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,27 +45,50 @@ class _Sentence:
 
 
 def fit_context(
-    question: str, passages: list[Passage], budget_tokens: int, count_tokens: Callable[[str], int]
+    question: str,
+    passages: list[Passage],
+    budget_tokens: int,
+    count_tokens: Callable[[str], int],
+    whole_first_max_tokens: int = 0,
 ) -> FittedContext:
     """`budget_tokens` 0 keeps the whole passages (only counting them). Titles count but are never
-    cut: when they alone fill the budget, every passage is quoted as a gap marker."""
+    cut: when they alone fill the budget, every passage is quoted as a gap marker.
+
+    `whole_first_max_tokens` > 0 (the reusable prompt layout): the top passage, when it has at most
+    that many tokens, goes in whole, the same whatever the question, so a later question that
+    retrieves it first finds the template and that passage in the engine's prefix cache; the rest
+    are cut to what is left of the budget, and left out when nothing of theirs fits."""
     titles = sum(_title_tokens(p, count_tokens) for p in passages)
     full = [count_tokens(p.chunk.text.strip()) for p in passages]
     if budget_tokens <= 0 or titles + sum(full) <= budget_tokens:
         return FittedContext(list(passages), titles + sum(full), titles + sum(full))
+    if passages and 0 < full[0] <= whole_first_max_tokens:
+        rest = _fit_sentences(question, passages[1:], budget_tokens - titles - full[0], count_tokens)
+        # A passage reduced to a gap marker tells the model nothing and costs uncached tokens on
+        # every request: left out (the retrieval event still has it; citations keep their numbers).
+        fitted = [passages[0], *(p for p in rest if p.chunk.text != GAP)]
+    else:
+        fitted = _fit_sentences(question, passages, budget_tokens - titles, count_tokens)
+    # Titles of passages left out are not in the prompt.
+    tokens = sum(_title_tokens(p, count_tokens) + count_tokens(p.chunk.text.strip()) for p in fitted)
+    return FittedContext(fitted, tokens, titles + sum(full))
 
+
+def _fit_sentences(
+    question: str, passages: list[Passage], budget_tokens: int, count_tokens: Callable[[str], int]
+) -> list[Passage]:
+    """Each passage cut to its sentences that best match the question, all within `budget_tokens`."""
     sentences = [
         _Sentence(i, j, text, count_tokens(text), content_terms(text))
         for i, passage in enumerate(passages)
         for j, text in enumerate(split_sentences(passage.chunk.text))
     ]
-    _score_sentences(content_terms(question), sentences)
-    chosen = _choose_sentences(sentences, len(passages), budget_tokens - titles, count_tokens(GAP))
-    fitted = [
+    _score_sentences(question, sentences)
+    chosen = _choose_sentences(sentences, len(passages), budget_tokens, count_tokens(GAP))
+    return [
         replace(passage, chunk=replace(passage.chunk, text=_quote([s for s in sentences if s.passage == i], chosen)))
         for i, passage in enumerate(passages)
     ]
-    return FittedContext(fitted, titles + sum(count_tokens(p.chunk.text) for p in fitted), titles + sum(full))
 
 
 def _title_tokens(passage: Passage, count_tokens: Callable[[str], int]) -> int:
@@ -108,16 +96,11 @@ def _title_tokens(passage: Passage, count_tokens: Callable[[str], int]) -> int:
     return count_tokens(passage_label(passage))
 
 
-def _score_sentences(question_terms: set[str], sentences: list[_Sentence]) -> None:
+def _score_sentences(question: str, sentences: list[_Sentence]) -> None:
     """Each sentence scores the idf of the question terms it holds (rarer terms weigh more)."""
-    n = len(sentences)
-    for term in question_terms:
-        df = sum(1 for s in sentences if term in s.terms)
-        if df:
-            idf = math.log(1.0 + n / df)
-            for s in sentences:
-                if term in s.terms:
-                    s.score += idf
+    weights = question_weights(question, [s.terms for s in sentences])
+    for s in sentences:
+        s.score = weights.score(s.terms)
 
 
 def _choose_sentences(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,16 +21,19 @@ from typing import TypeVar
 from ragserve.budget import Deadline, StageTimer
 from ragserve.cache.base import AnswerCache, RetrievalCache
 from ragserve.cache.keys import RetrievalKey
-from ragserve.config import QdrantSettings, RetrievalSettings, Settings, default_of
+from ragserve.config import QdrantSettings, RetrievalSettings, default_of
 from ragserve.embed.base import Embedder
 from ragserve.errors import ConfigError
 from ragserve.generate.base import Generator
-from ragserve.index.base import SearchIndex
+from ragserve.index.base import ChunkLookup, SearchIndex
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.prompt import Prompt, build_prompt
 from ragserve.request.answer import AnswerRun, AnswerStream
 from ragserve.request.caches import PipelineCaches, cache_scope, replay
 from ragserve.request.context import FittedContext, fit_context
+from ragserve.request.evidence import with_evidence
+from ragserve.request.hot import HotPassages
+from ragserve.request.policy import ABSTAIN_ANSWER, AnswerPolicy
 from ragserve.request.search import SearchStage, check_client
 from ragserve.request.serving import ServingVersion
 from ragserve.rerank.base import Reranker, RerankerSource
@@ -41,9 +45,14 @@ from ragserve.types import (
     RetrievalResult,
     RetrieveParams,
     StageTimings,
+    TokenDelta,
+    Usage,
 )
 
 T = TypeVar("T")
+
+# Passages whose highlights are chosen on the event loop (more go to the model threads).
+_EVIDENCE_ON_LOOP_MAX = 10
 
 log = logging.getLogger(__name__)
 
@@ -59,18 +68,20 @@ class RagPipeline:
         cache: RetrievalCache | None = None,
         retrieval: RetrievalOptions | None = None,
         rerankers: RerankerSource | None = None,
-        prompt_layout: str = default_of(Settings, "prompt_layout"),
+        policy: AnswerPolicy | None = None,
         rerank_executor: ThreadPoolExecutor | None = None,
         answers: AnswerCache | None = None,
         search_executor: ThreadPoolExecutor | None = None,
         search_min_ms: float = default_of(QdrantSettings, "min_search_ms"),
         versions: Callable[[SearchIndex], ServingVersion] | None = None,
+        hot: HotPassages | None = None,
     ) -> None:
         """`rerankers`: how each index version's reranker is chosen (None: none ever is).
         `versions`: what an index version serves with (the factory's `VersionBuilder` loads the models
         a version ships); by default the configured embedder and reranker, whatever it ships."""
         self.generator = generator
-        self.prompt_layout = prompt_layout  # "stable" keeps the template prefix first (prefix cache)
+        self.policy = policy or AnswerPolicy()
+        self.hot = hot or HotPassages(None)  # the top passages Query retrieves, for warm_hot_passages
         self._executor = executor
         options = retrieval or RetrievalOptions()
         self._versions = versions or _configured_parts(embedder, rerankers, options)
@@ -78,7 +89,7 @@ class RagPipeline:
         self.search = SearchStage(
             options, ef_search, rerankers, executor, rerank_executor, search_executor, search_min_ms
         )
-        scope = cache_scope(embedder.model_id, self.search, generator, prompt_layout)
+        scope = cache_scope(embedder.model_id, self.search, generator, self.policy.prompt_id)
         self.caches = PipelineCaches(scope, cache, answers)
 
     @property
@@ -118,15 +129,53 @@ class RagPipeline:
         await self._off_loop(lambda: serving.embedder.embed_queries(["warm-up"]))
         if self.generator is not None:
             await self.generator.start()
+            self.hot.load()
+            await self.warm_hot_passages()
         # After the engine is up: each tier measures its cost at the load it will serve under.
         await self.search.warm_up(serving)
         if serving.reranker is not None:
             log.info("rerank tiers: %s", "; ".join(serving.reranker.describe()))
         await self.caches.start()
 
+    async def warm_hot_passages(self) -> int:
+        """Pre-fill the engine's prefix cache with the serving version's most retrieved top passages,
+        one at a time, within the policy's share of the KV cache; how many were warmed. Only the
+        reusable layout renders a passage the same for every question, so only it can reuse them."""
+        generator, serving, policy = self.generator, self.serving, self.policy
+        if generator is None or policy.warm_passages <= 0 or policy.prompt_layout != "reusable":
+            return 0
+        index = serving.index
+        if not isinstance(index, ChunkLookup):
+            return 0
+        ids = self.hot.top(policy.warm_passages)
+        chunks = await self._off_loop(lambda: index.chunks_by_id(ids)) if ids else []
+        room = int(policy.warm_kv_share * await generator.kv_cache_tokens())
+        warmed = 0
+        for chunk in chunks:
+            passage = Passage(chunk, 1.0, 1)
+            text_tokens = generator.count_tokens(chunk.text.strip())
+            tokens = fit_context("", [passage], 0, generator.count_tokens).tokens  # with its title
+            if text_tokens > policy.whole_passage_max_tokens or tokens > room:
+                continue  # served cut to the question (never reused), or past the share
+            room -= tokens
+            # The question comes last: every full KV block before it is this passage's, as served.
+            prompt = build_prompt("", [passage], policy.prompt_layout)
+            async for _ in generator.stream(prompt, GenerateParams(max_tokens=1, temperature=0.0), "warm-up"):
+                pass
+            warmed += 1
+        if warmed:
+            log.info("pre-filled the prefix cache with %d of the most retrieved passages", warmed)
+        return warmed
+
+    def save_counts(self) -> None:
+        """Persist the retrieval counts (blocking: call it off the event loop)."""
+        self.hot.save()
+
     async def aclose(self) -> None:
-        """After in-flight calls have finished: flush cache writes, stop the engine, free the threads."""
+        """After in-flight calls have finished: flush cache writes and the retrieval counts, stop the
+        engine, free the threads."""
         await self.caches.close()
+        await asyncio.to_thread(self.save_counts)
         if self.generator is not None:
             await self.generator.close()
         for executor in self.search.executors():
@@ -150,7 +199,22 @@ class RagPipeline:
     async def _retrieve(
         self, params: RetrieveParams, deadline: Deadline, serving: ServingVersion
     ) -> tuple[RetrievalResult, RetrievalKey | None]:
-        """The passages, and the request's cache key (built once, reused for the answer cache)."""
+        """The passages with this question's evidence, and the request's cache key (built once,
+        reused for the answer cache)."""
+        found, key = await self._find(params, deadline, serving)
+        with StageTimer("evidence") as t:
+            # Per request, on whatever the passages came from (a cache hit was another question's).
+            # Under a millisecond at the default top_k; at 50 passages ~5 ms, too long for the loop
+            # (BENCHMARKS.md, "Highlights and abstention").
+            evidence = functools.partial(with_evidence, params.query, found, self.policy.low_support_below)
+            result = evidence() if len(found.passages) <= _EVIDENCE_ON_LOOP_MAX else await self._off_loop(evidence)
+        result.timings.evidence_ms = t.ms
+        result.timings.retrieval_total_ms = deadline.elapsed_ms()
+        return result, key
+
+    async def _find(
+        self, params: RetrieveParams, deadline: Deadline, serving: ServingVersion
+    ) -> tuple[RetrievalResult, RetrievalKey | None]:
         index = serving.index  # one version for the whole request, even if a reload swaps it
         timings = StageTimings()
         key = self.caches.key_for(params, index.version, index.identity)
@@ -195,10 +259,10 @@ class RagPipeline:
         """Off the event loop: a tokenizer call per sentence (and more at a large top_k) would stall
         every other stream and health check while it runs."""
         with StageTimer("context") as t:
-            context = fit_context(query, passages, budget, generator.count_tokens)
+            context = fit_context(query, passages, budget, generator.count_tokens, self.policy.whole_first_max_tokens)
         timings.context_ms = t.ms
         with StageTimer("prompt") as t:
-            prompt = build_prompt(query, context.passages, self.prompt_layout)
+            prompt = build_prompt(query, context.passages, self.policy.prompt_layout)
         timings.prompt_ms = t.ms
         return context, prompt
 
@@ -209,8 +273,14 @@ class RagPipeline:
         if generator is None:
             raise ConfigError("generation is disabled on this server (RAGSERVE_GENERATION_ENABLED=false); use Retrieve")
         retrieval, key = await self._retrieve(params, deadline, self.serving)
+        if retrieval.passages:
+            self.hot.record(retrieval.passages[0].chunk.chunk_id)
         # The final summary's timings start as a copy: the retrieval event's never change once sent.
         timings = dataclasses.replace(retrieval.timings)
+        if self.policy.abstain_on_low_support and retrieval.support is not None and retrieval.support.low:
+            for event in _abstain(retrieval, timings, generator.model_id, deadline.elapsed_ms):
+                yield event
+            return
         answer_key = self.caches.answer_key(key, gen)
         if answer_key is not None:
             with StageTimer("answer_cache") as t:
@@ -218,6 +288,8 @@ class RagPipeline:
             timings.answer_cache_ms = t.ms
             if cached is not None:
                 for event in replay(cached, timings, deadline.elapsed_ms):  # the engine is not asked at all
+                    if isinstance(event, RetrievalResult):  # the passages the answer cites, this question's evidence
+                        event = with_evidence(params.query, event, self.policy.low_support_below)
                     yield event
                 return
         context, prompt = await self._off_loop(
@@ -244,6 +316,18 @@ class RagPipeline:
             context_tokens=context.tokens,
             context_tokens_full=context.tokens_full,
         )
+
+
+def _abstain(
+    retrieval: RetrievalResult, timings: StageTimings, model_id: str, elapsed_ms: Callable[[], float]
+) -> list[QueryEvent]:
+    """The documents do not support an answer: say so without calling the engine."""
+    timings.ttft_ms = timings.total_ms = elapsed_ms()
+    return [
+        retrieval,
+        TokenDelta(ABSTAIN_ANSWER),
+        FinalSummary(Usage(0, 0, 0), timings, retrieval.degraded, "abstained", model_id),
+    ]
 
 
 def _record_answer(timings: StageTimings, run: AnswerRun) -> None:

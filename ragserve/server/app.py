@@ -242,6 +242,8 @@ class RagServer:
         self._servicer.pipeline = pipeline
         if self.settings.index.reload_interval_s > 0:
             self._background.append(asyncio.create_task(self._index_reloader(pipeline).run()))
+        if pipeline.generator is not None:
+            self._background.append(asyncio.create_task(self._save_counts(pipeline)))
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("serving on %s (index version %s)", address, pipeline.index.version)
         return address
@@ -252,7 +254,14 @@ class RagServer:
             make_index_watch(self.settings, pipeline),
             pipeline,
             interval_s=self.settings.index.reload_interval_s,
+            after_swap=pipeline.warm_hot_passages,
         )
+
+    async def _save_counts(self, pipeline: RagPipeline) -> None:
+        """The retrieval counts warming reads at the next start, written now and then."""
+        while True:
+            await asyncio.sleep(self.settings.hot_passages_save_s)
+            await asyncio.to_thread(pipeline.save_counts)
 
     async def _watch_generator(self, generator: Generator) -> None:
         """A dead engine turns overall health NOT_SERVING; Retrieve's own health stays SERVING."""

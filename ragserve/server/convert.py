@@ -8,9 +8,11 @@ from ragserve.types import (
     Degraded,
     EngineChoice,
     FinalSummary,
+    Highlight,
     Passage,
     RetrievalResult,
     StageTimings,
+    Support,
     TokenDelta,
     model_name,
 )
@@ -32,7 +34,18 @@ def passage_pb(passage: Passage) -> pb.Passage:
         score=passage.score,
         title=chunk.title,
         rank=passage.rank,
+        highlight=highlight_pb(passage.highlight),
     )
+
+
+def highlight_pb(highlight: Highlight | None) -> pb.Highlight | None:
+    if highlight is None:
+        return None
+    return pb.Highlight(start=highlight.start, end=highlight.end, coverage=highlight.coverage)
+
+
+def support_pb(support: Support | None) -> pb.Support | None:
+    return None if support is None else pb.Support(coverage=support.coverage, low=support.low)
 
 
 def timings_pb(t: StageTimings) -> pb.StageTimings:
@@ -49,6 +62,7 @@ def timings_pb(t: StageTimings) -> pb.StageTimings:
         cache_ms=t.cache_ms,
         answer_cache_ms=t.answer_cache_ms,
         context_ms=t.context_ms,
+        evidence_ms=t.evidence_ms,
     )
 
 
@@ -71,6 +85,7 @@ def retrieval_pb(result: RetrievalResult, message: type[RetrievalMessage]) -> Re
         index_version=result.index_version,
         rerank_tiers=list(result.rerank_tiers),
         cache_hit=result.cache_hit,
+        support=support_pb(result.support),
     )
 
 

@@ -19,23 +19,43 @@ class RetrieveRequest(_message.Message):
     def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ..., dedupe_documents: _Optional[bool] = ...) -> None: ...
 
 class Passage(_message.Message):
-    __slots__ = ("doc_id", "chunk_id", "text", "score", "title", "rank")
+    __slots__ = ("doc_id", "chunk_id", "text", "score", "title", "rank", "highlight")
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
     CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     TITLE_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
+    HIGHLIGHT_FIELD_NUMBER: _ClassVar[int]
     doc_id: str
     chunk_id: str
     text: str
     score: float
     title: str
     rank: int
-    def __init__(self, doc_id: _Optional[str] = ..., chunk_id: _Optional[str] = ..., text: _Optional[str] = ..., score: _Optional[float] = ..., title: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
+    highlight: Highlight
+    def __init__(self, doc_id: _Optional[str] = ..., chunk_id: _Optional[str] = ..., text: _Optional[str] = ..., score: _Optional[float] = ..., title: _Optional[str] = ..., rank: _Optional[int] = ..., highlight: _Optional[_Union[Highlight, _Mapping]] = ...) -> None: ...
+
+class Highlight(_message.Message):
+    __slots__ = ("start", "end", "coverage")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    COVERAGE_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    coverage: float
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ..., coverage: _Optional[float] = ...) -> None: ...
+
+class Support(_message.Message):
+    __slots__ = ("coverage", "low")
+    COVERAGE_FIELD_NUMBER: _ClassVar[int]
+    LOW_FIELD_NUMBER: _ClassVar[int]
+    coverage: float
+    low: bool
+    def __init__(self, coverage: _Optional[float] = ..., low: _Optional[bool] = ...) -> None: ...
 
 class StageTimings(_message.Message):
-    __slots__ = ("embed_ms", "search_ms", "rerank_ms", "retrieval_total_ms", "prompt_ms", "ttft_ms", "generation_ms", "total_ms", "time_per_output_token_ms", "cache_ms", "answer_cache_ms", "context_ms")
+    __slots__ = ("embed_ms", "search_ms", "rerank_ms", "retrieval_total_ms", "prompt_ms", "ttft_ms", "generation_ms", "total_ms", "time_per_output_token_ms", "cache_ms", "answer_cache_ms", "context_ms", "evidence_ms")
     EMBED_MS_FIELD_NUMBER: _ClassVar[int]
     SEARCH_MS_FIELD_NUMBER: _ClassVar[int]
     RERANK_MS_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +68,7 @@ class StageTimings(_message.Message):
     CACHE_MS_FIELD_NUMBER: _ClassVar[int]
     ANSWER_CACHE_MS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_MS_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_MS_FIELD_NUMBER: _ClassVar[int]
     embed_ms: float
     search_ms: float
     rerank_ms: float
@@ -60,7 +81,8 @@ class StageTimings(_message.Message):
     cache_ms: float
     answer_cache_ms: float
     context_ms: float
-    def __init__(self, embed_ms: _Optional[float] = ..., search_ms: _Optional[float] = ..., rerank_ms: _Optional[float] = ..., retrieval_total_ms: _Optional[float] = ..., prompt_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., generation_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., time_per_output_token_ms: _Optional[float] = ..., cache_ms: _Optional[float] = ..., answer_cache_ms: _Optional[float] = ..., context_ms: _Optional[float] = ...) -> None: ...
+    evidence_ms: float
+    def __init__(self, embed_ms: _Optional[float] = ..., search_ms: _Optional[float] = ..., rerank_ms: _Optional[float] = ..., retrieval_total_ms: _Optional[float] = ..., prompt_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., generation_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., time_per_output_token_ms: _Optional[float] = ..., cache_ms: _Optional[float] = ..., answer_cache_ms: _Optional[float] = ..., context_ms: _Optional[float] = ..., evidence_ms: _Optional[float] = ...) -> None: ...
 
 class DegradedFlags(_message.Message):
     __slots__ = ("budget_exhausted", "search_truncated", "rerank_skipped", "rerank_truncated", "notes")
@@ -77,20 +99,22 @@ class DegradedFlags(_message.Message):
     def __init__(self, budget_exhausted: _Optional[bool] = ..., search_truncated: _Optional[bool] = ..., rerank_skipped: _Optional[bool] = ..., rerank_truncated: _Optional[bool] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RetrieveResponse(_message.Message):
-    __slots__ = ("passages", "timings", "degraded", "index_version", "rerank_tiers", "cache_hit")
+    __slots__ = ("passages", "timings", "degraded", "index_version", "rerank_tiers", "cache_hit", "support")
     PASSAGES_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
     INDEX_VERSION_FIELD_NUMBER: _ClassVar[int]
     RERANK_TIERS_FIELD_NUMBER: _ClassVar[int]
     CACHE_HIT_FIELD_NUMBER: _ClassVar[int]
+    SUPPORT_FIELD_NUMBER: _ClassVar[int]
     passages: _containers.RepeatedCompositeFieldContainer[Passage]
     timings: StageTimings
     degraded: DegradedFlags
     index_version: str
     rerank_tiers: _containers.RepeatedScalarFieldContainer[str]
     cache_hit: bool
-    def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., index_version: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., cache_hit: _Optional[bool] = ...) -> None: ...
+    support: Support
+    def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., index_version: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., cache_hit: _Optional[bool] = ..., support: _Optional[_Union[Support, _Mapping]] = ...) -> None: ...
 
 class QueryRequest(_message.Message):
     __slots__ = ("query", "top_k", "budget_ms", "max_tokens", "temperature", "dedupe_documents", "context_token_budget")
@@ -111,20 +135,22 @@ class QueryRequest(_message.Message):
     def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., dedupe_documents: _Optional[bool] = ..., context_token_budget: _Optional[int] = ...) -> None: ...
 
 class RetrievalEvent(_message.Message):
-    __slots__ = ("passages", "timings", "degraded", "index_version", "rerank_tiers", "cache_hit")
+    __slots__ = ("passages", "timings", "degraded", "index_version", "rerank_tiers", "cache_hit", "support")
     PASSAGES_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
     INDEX_VERSION_FIELD_NUMBER: _ClassVar[int]
     RERANK_TIERS_FIELD_NUMBER: _ClassVar[int]
     CACHE_HIT_FIELD_NUMBER: _ClassVar[int]
+    SUPPORT_FIELD_NUMBER: _ClassVar[int]
     passages: _containers.RepeatedCompositeFieldContainer[Passage]
     timings: StageTimings
     degraded: DegradedFlags
     index_version: str
     rerank_tiers: _containers.RepeatedScalarFieldContainer[str]
     cache_hit: bool
-    def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., index_version: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., cache_hit: _Optional[bool] = ...) -> None: ...
+    support: Support
+    def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., index_version: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., cache_hit: _Optional[bool] = ..., support: _Optional[_Union[Support, _Mapping]] = ...) -> None: ...
 
 class TokenEvent(_message.Message):
     __slots__ = ("text",)

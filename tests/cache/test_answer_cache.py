@@ -40,6 +40,7 @@ from ragserve.metrics import (
 from ragserve.prompt import Prompt
 from ragserve.request.caches import replay
 from ragserve.request.pipeline import RagPipeline
+from ragserve.request.policy import AnswerPolicy
 from ragserve.types import (
     Chunk,
     Degraded,
@@ -326,7 +327,12 @@ def test_dedupe_and_generation_settings_are_in_the_pipeline_key(embedder, sample
     assert base.startswith("a1:7:")
     assert len({base, key(dedupe=True), key(top_k=4), key(max_tokens=17), key(budget=160)}) == 5
     naive = RagPipeline(
-        embedder, pipeline.index, scripted_generator(), executor, answers=answers, prompt_layout="naive"
+        embedder,
+        pipeline.index,
+        scripted_generator(),
+        executor,
+        answers=answers,
+        policy=AnswerPolicy(prompt_layout="naive"),
     )
     assert key(on=naive) != base
     # Only greedy answers are reproducible: any other temperature has no key at all.

@@ -12,6 +12,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from ragserve.client import RagClient
+from ragserve.request.sentences import sentence_spans
 from ragserve.v1 import rag_pb2 as pb
 from tests.e2e.servers import LiveServer
 
@@ -116,10 +117,34 @@ def test_query_context_budget_cuts_the_prompt_not_the_passages(live_server: Live
     cut = asyncio.run(_timed_query(live_server.target, question, max_tokens=4, context_token_budget=64))
     full_final, cut_final = full[-1][1].final, cut[-1][1].final
     assert full_final.usage.context_tokens == full_final.usage.context_tokens_full > 64
-    assert 0 < cut_final.usage.context_tokens <= 64
+    # The reusable layout (the default) keeps the top passage whole; the budget cuts the others.
+    assert 0 < cut_final.usage.context_tokens < full_final.usage.context_tokens
     assert cut_final.usage.prompt_tokens < full_final.usage.prompt_tokens
-    # The retrieval event still carries the whole passages.
+    # The retrieval event still carries every passage whole.
     assert [p.text for p in cut[0][1].retrieval.passages] == [p.text for p in full[0][1].retrieval.passages]
+
+
+def test_a_new_question_about_a_passage_seen_before_reuses_its_kv(live_server: LiveServer) -> None:
+    """The reusable layout renders the top passage the same for every question: a second question
+    that retrieves it first finds the template and the whole passage in the prefix cache."""
+    first, second = (
+        asyncio.run(_timed_query(live_server.target, question, max_tokens=4))
+        for question in (
+            "How does a Bloom filter answer membership queries?",
+            "What is a false positive in a Bloom filter?",
+        )
+    )
+    top = first[0][1].retrieval.passages[0]
+    assert second[0][1].retrieval.passages[0].chunk_id == top.chunk_id
+    usage = second[-1][1].final.usage
+    passage_tokens = usage.context_tokens  # the top passage, and any sentences of the others
+    assert usage.prefix_cache_hit_tokens >= _template_tokens() + 64, usage
+    # What is computed again is the question and what follows the top passage, not the passage.
+    assert usage.prompt_tokens - usage.prefix_cache_hit_tokens < passage_tokens, usage
+    # A highlight of the top passage came with the retrieval event, before any token: one of its
+    # sentences (which one is the unit tests' business), holding words of the question.
+    highlight = second[0][1].retrieval.passages[0].highlight
+    assert (highlight.start, highlight.end) in sentence_spans(top.text) and highlight.coverage > 0, highlight
 
 
 def test_retrieve_returns_passages_and_timings(live_server: LiveServer) -> None:

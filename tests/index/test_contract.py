@@ -15,7 +15,7 @@ import pytest
 from indexer.qdrant_publish import publish_folder_to_qdrant
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import IndexLoadError
-from ragserve.index.base import LexicalSearch, SearchIndex
+from ragserve.index.base import ChunkLookup, LexicalSearch, SearchIndex
 from ragserve.index.format import CHUNKS_FILE, VECTORS_FILE, read_verified_manifest, resolve_current
 from ragserve.index.fusion import RetrievalOptions, effective_mode, hybrid_search, plan_breadth
 from ragserve.index.hnsw import HnswIndex, read_chunks
@@ -92,6 +92,16 @@ def test_lexical_search(index: SearchIndex) -> None:
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
     assert index.search_lexical("the of and", 5) == []  # stopwords only: no terms, no hits
     assert index.search_lexical("zzxxqqv", 5) == []
+
+
+def test_chunks_by_id(index: SearchIndex, embedder: SentenceTransformerEmbedder) -> None:
+    if type(index).__name__ == "EdgeIndex":
+        pytest.skip("the qdrant-edge test backend has no lookup (warming only needs the served backends)")
+    assert isinstance(index, ChunkLookup)
+    hits = index.search(embedder.embed_queries(["Bloom filter"])[0], k=3, ef=64)
+    wanted = [hits[2].chunk.chunk_id, "no-such-chunk#0", hits[0].chunk.chunk_id]
+    assert index.chunks_by_id(wanted) == [hits[2].chunk, hits[0].chunk]  # in the order asked, unknown ids skipped
+    assert index.chunks_by_id([]) == []
 
 
 def test_k_larger_than_the_index(index: SearchIndex, embedder: SentenceTransformerEmbedder) -> None:

@@ -18,9 +18,11 @@ from ragserve.types import (
     Degraded,
     EngineChoice,
     FinalSummary,
+    Highlight,
     Passage,
     RetrievalResult,
     StageTimings,
+    Support,
     TokenDelta,
     Usage,
 )
@@ -30,7 +32,7 @@ from ragserve.v1 import rag_pb2 as pb
 def _result() -> RetrievalResult:
     return RetrievalResult(
         passages=[
-            Passage(Chunk("d1#0", "d1", "first text", title="One"), score=0.91, rank=1),
+            Passage(Chunk("d1#0", "d1", "first text", title="One"), score=0.91, rank=1, highlight=Highlight(0, 5, 0.5)),
             Passage(Chunk("d2#3", "d2", "second text", title="Two"), score=0.5, rank=2),
         ],
         timings=StageTimings(embed_ms=1.5, search_ms=2.25, rerank_ms=3.0, retrieval_total_ms=7.0, cache_ms=0.25),
@@ -38,6 +40,7 @@ def _result() -> RetrievalResult:
         index_version="7",
         rerank_tiers=["tier1:20"],
         cache_hit=True,
+        support=Support(0.5, low=True),
     )
 
 
@@ -64,6 +67,10 @@ def test_retrieve_response_carries_the_result() -> None:
     assert response.index_version == "7"
     assert list(response.rerank_tiers) == ["tier1:20"]
     assert response.cache_hit
+    first, second = response.passages
+    assert (first.highlight.start, first.highlight.end, first.highlight.coverage) == (0, 5, 0.5)
+    assert not second.HasField("highlight")  # a passage with no sentence has none
+    assert response.support.low and response.support.coverage == 0.5
 
 
 def test_retrieve_response_and_retrieval_event_carry_the_same_fields_from_the_same_result() -> None:

@@ -1,0 +1,152 @@
+"""Retrieval counts and pre-filling the engine's prefix cache with the most retrieved passages."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from ragserve.budget import Deadline
+from ragserve.embed.torch_backend import SentenceTransformerEmbedder
+from ragserve.index.hnsw import HnswIndex
+from ragserve.prompt import Prompt
+from ragserve.request.context import fit_context
+from ragserve.request.hot import HotPassages
+from ragserve.request.pipeline import RagPipeline
+from ragserve.request.policy import AnswerPolicy
+from ragserve.types import GenerateParams, GenerationChunk, Passage, RetrieveParams, Usage
+from tests.fakes import FakeGenerator
+
+
+def test_counts_persist_and_survive_a_bad_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "hot-passages.json"
+    hot = HotPassages(path)
+    for chunk_id in ["a", "b", "b", "c", "b", "c"]:
+        hot.record(chunk_id)
+    hot.save()
+    again = HotPassages(path)
+    again.load()
+    assert again.top(2) == ["b", "c"]
+    path.write_text("{not json")
+    broken = HotPassages(path)
+    with caplog.at_level(logging.WARNING):
+        broken.load()
+    assert broken.top(5) == [] and "counting starts over" in caplog.text
+    for bad in ('{"format": 1, "counts": {"a": "many"}}', '{"format": 2, "counts": {}}', "[1, 2]"):
+        path.write_text(bad)
+        refused = HotPassages(path)
+        refused.load()
+        assert refused.top(5) == []
+    path.write_text('{"format": 1, "counts": {"a": 1}, "pad": "' + "x" * (9 << 20) + '"}')
+    oversized = HotPassages(path)
+    oversized.load()
+    assert oversized.top(5) == []
+
+
+def test_a_read_only_place_is_reported_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    hot = HotPassages(tmp_path / "missing-folder" / "hot.json")
+    hot.record("a")
+    with caplog.at_level(logging.WARNING):
+        hot.save()
+        hot.record("b")
+        hot.save()
+    assert caplog.text.count("cannot save retrieval counts") == 1
+    assert hot.top(2) == ["a", "b"]  # still counted in memory
+
+
+def test_tracking_is_bounded(tmp_path: Path) -> None:
+    hot = HotPassages(None, max_tracked=10)
+    for i in range(10):
+        for _ in range(i + 1):
+            hot.record(f"c{i}")
+    hot.record("new")
+    assert len(hot.top(100)) == 5 and hot.top(1) == ["c9"]
+
+
+class FakeRecordingGenerator(FakeGenerator):
+    """Records the prompts and params of every stream (warming calls included)."""
+
+    def __init__(self) -> None:
+        super().__init__(words=["ok"], usage=Usage(10, 1, 0))
+        self.params: list[GenerateParams] = []
+
+    async def stream(self, prompt: Prompt, params: GenerateParams, trace_id: str) -> AsyncIterator[GenerationChunk]:
+        self.params.append(params)
+        async for chunk in super().stream(prompt, params, trace_id):
+            yield chunk
+
+
+@pytest.fixture
+def make_pipeline(sample_index: Path, embedder: SentenceTransformerEmbedder):
+    executors: list[ThreadPoolExecutor] = []
+
+    def make(generator: FakeGenerator, hot: HotPassages, policy: AnswerPolicy | None = None) -> RagPipeline:
+        executors.append(ThreadPoolExecutor(2))  # a closed pipeline shuts its threads down
+        index = HnswIndex.load(sample_index)
+        return RagPipeline(embedder, index, generator, executors[-1], policy=policy, hot=hot)
+
+    yield make
+    for executor in executors:
+        executor.shutdown()
+
+
+def test_the_most_retrieved_top_passages_are_prefilled_at_start(make_pipeline, tmp_path: Path) -> None:
+    path = tmp_path / "hot.json"
+    questions = [
+        "Who discovered penicillin?",
+        "In which year was penicillin discovered, and by whom?",
+        "How does a Bloom filter work?",
+    ]
+
+    async def serve_then_restart() -> tuple[list[str], FakeRecordingGenerator]:
+        first = make_pipeline(FakeGenerator(), HotPassages(path))
+        async with first:
+            tops = []
+            for q in questions:
+                events = [
+                    e
+                    async for e in first.query(
+                        RetrieveParams(q, 3, 10_000), GenerateParams(8, 0.0), Deadline(10_000), "r"
+                    )
+                ]
+                tops.append(events[0].passages[0].chunk.chunk_id)
+        generator = FakeRecordingGenerator()
+        async with make_pipeline(generator, HotPassages(path)):
+            pass
+        return tops, generator
+
+    tops, generator = asyncio.run(serve_then_restart())
+    assert json.loads(path.read_text())["counts"][tops[0]] == 2
+    warm = [p for p, params in zip(generator.prompts, generator.params, strict=True) if params.max_tokens == 1]
+    assert len(warm) == 2  # the two distinct top passages, the most retrieved first
+    assert "Discovery of Penicillin" in warm[0].user and "Bloom" in warm[1].user
+    # Rendered as a Query renders its top passage, with nothing of any question before it.
+    assert warm[0].user.startswith('<passages>\n<passage id="1" title="The Discovery of Penicillin">')
+
+
+def test_warming_stays_within_its_share_of_the_kv_cache(make_pipeline) -> None:
+    async def warm(kv_tokens: int | None, policy: AnswerPolicy) -> int:
+        generator = FakeRecordingGenerator()
+        hot = HotPassages(None)
+        pipeline = make_pipeline(generator, hot, policy)
+        index = pipeline.index
+        assert isinstance(index, HnswIndex)
+        chunks = index.chunks[:8]
+        for chunk in chunks:
+            hot.record(chunk.chunk_id)
+        # The fake counts words; each warmed passage is charged its title and text.
+        first = fit_context("", [Passage(chunks[0], 1.0, 1)], 0, generator.count_tokens).tokens
+        generator.kv_tokens = 4 * first if kv_tokens is None else kv_tokens  # share 0.25: room for one
+        return await pipeline.warm_hot_passages()
+
+    assert asyncio.run(warm(10_000_000, AnswerPolicy())) == 8
+    assert asyncio.run(warm(None, AnswerPolicy(warm_kv_share=0.25))) == 1
+    assert asyncio.run(warm(0, AnswerPolicy())) == 0
+    assert asyncio.run(warm(10_000_000, AnswerPolicy(warm_passages=0))) == 0
+    # Only the reusable layout renders a passage the same for every question.
+    assert asyncio.run(warm(10_000_000, AnswerPolicy(prompt_layout="stable"))) == 0
