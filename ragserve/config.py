@@ -75,6 +75,35 @@ class GeneratorSettings(BaseSettings):
     max_tokens_limit: int = Field(default=1024, ge=1)
     seed: int = 0
 
+    # local: the vLLM engine in this process (the default). remote: vLLM OpenAI-compatible servers
+    # (`python -m vllm.entrypoints.openai.api_server`); no engine starts here (docs/remote.md).
+    backend: Literal["local", "remote"] = "local"
+    # remote: comma-separated server base URLs (http://host:8000), or one router's URL.
+    remote_urls: str = ""
+    # The name the servers serve the model under (/v1/models); empty: the one whose name or folder
+    # matches `model` (the tokenizer here must be the servers' model's).
+    remote_model: str = ""
+    # Several URLs: document (rendezvous hashing on the prompt's top passage, so questions about
+    # one document land where its KV sits) or round_robin (for comparison). One URL is used as is.
+    remote_routing: Literal["document", "round_robin"] = "document"
+    # The header carrying the routing key to a router (vLLM router consistent_hash policy, or the
+    # production-stack router's session policy: --session-key with the same name). Never a client id.
+    remote_routing_header: str = "x-session-id"
+    # Bearer token for servers started with --api-key.
+    remote_api_key: SecretStr | None = None
+    # A server that does not accept a connection by then is down for this call (the next one is asked).
+    remote_connect_timeout_s: float = Field(default=2.0, gt=0)
+    # Connections per server (HTTP/1.1: one stream each); 0: RAGSERVE_MAX_IN_FLIGHT.
+    remote_pool_size: int = Field(default=0, ge=0)
+    # Idle connections close before the server's own keep-alive (uvicorn: 5 s) drops them.
+    remote_keepalive_s: float = Field(default=4.0, gt=0)
+    # A second server gets the same prompt when the first has sent no token by then; the first token
+    # wins, the other is aborted. 0: the first server's measured TTFT p95 (after 20 answers; no
+    # hedge before); negative: never hedge.
+    remote_hedge_after_ms: float = 0.0
+    # A server failing this many calls or probes in a row is left alone until a probe succeeds.
+    remote_breaker_failures: int = Field(default=2, ge=1)
+
     @model_validator(mode="after")
     def _lookup_range(self) -> Self:
         if self.prompt_lookup_min > self.prompt_lookup_max:
@@ -82,6 +111,11 @@ class GeneratorSettings(BaseSettings):
                 f"RAGSERVE_GENERATOR_PROMPT_LOOKUP_MIN={self.prompt_lookup_min} is above "
                 f"RAGSERVE_GENERATOR_PROMPT_LOOKUP_MAX={self.prompt_lookup_max}"
             )
+        if self.backend == "remote" and not self.remote_url_list():
+            raise ValueError("RAGSERVE_GENERATOR_BACKEND=remote needs RAGSERVE_GENERATOR_REMOTE_URLS")
+        bad = [url for url in self.remote_url_list() if not url.startswith(("http://", "https://"))]
+        if bad:
+            raise ValueError(f"RAGSERVE_GENERATOR_REMOTE_URLS: not an http(s) URL: {', '.join(bad)}")
         # A request that sets no max_tokens would otherwise be refused for the server's own default.
         if self.default_max_tokens > self.max_tokens_limit:
             raise ValueError(
@@ -92,6 +126,9 @@ class GeneratorSettings(BaseSettings):
 
     def resolved_model(self) -> str:
         return self.model or str(default_generator_path())
+
+    def remote_url_list(self) -> list[str]:
+        return [url.strip().rstrip("/") for url in self.remote_urls.split(",") if url.strip()]
 
 
 class CacheSettings(BaseSettings):

@@ -80,6 +80,13 @@ def make_retrieval_options(settings: Settings) -> RetrievalOptions:
 
 
 def make_generator(settings: Settings) -> Generator:
+    if settings.generator.backend == "remote":
+        from ragserve.generate.remote import RemoteVllmGenerator
+
+        # As many connections per server as calls may be in flight: no call waits for a connection.
+        return RemoteVllmGenerator(
+            settings.generator, settings.limits.max_in_flight, settings.observability.health_probe_timeout_s
+        )
     from ragserve.generate.vllm_engine import VllmGenerator
 
     return VllmGenerator(settings.generator)

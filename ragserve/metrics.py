@@ -49,6 +49,16 @@ SPEC_DRAFT_TOKENS = Counter("ragserve_spec_draft_tokens_total", "Speculative dra
 SPEC_ACCEPTED_TOKENS = Counter("ragserve_spec_accepted_tokens_total", "Speculative draft tokens accepted")
 COMPLETION_TOKENS = Counter("ragserve_completion_tokens_total", "Tokens generated")
 
+# A remote generator's servers (RAGSERVE_GENERATOR_BACKEND=remote), by base URL.
+REPLICA_UP = Gauge("ragserve_generator_server_up", "1 while the generation server can take requests", ["server"])
+REPLICA_IN_FLIGHT = Gauge("ragserve_generator_server_in_flight", "Requests open on the generation server", ["server"])
+REPLICA_REQUESTS = Counter(
+    "ragserve_generator_server_requests_total",
+    "Requests to a generation server by outcome (ok, failed)",
+    ["server", "outcome"],
+)
+REPLICA_HEDGES = Counter("ragserve_generator_hedges_total", "Prompts sent to a second server after the hedge bound")
+
 # Export the rerank series from the start, at zero, so dashboards see them even with reranking off.
 for _tier in ("tier1", "tier2"):
     RERANK_DEPTH.labels(_tier)

@@ -49,6 +49,9 @@ class Prompt:
 
     system: str
     user: str
+    # What this prompt shares with others beyond the template: the top passage's chunk id, whose
+    # KV a server that answered about it before still holds (remote generators route by it).
+    reuse_key: str = ""
 
 
 def canonical(text: str) -> str:
@@ -119,4 +122,4 @@ def build_prompt(question: str, passages: list[Passage], layout: str = "stable")
     parts.append(f"Question: {_neutralize(question.strip())}")
     if layout == "naive":
         return Prompt(system=f"Question: {_neutralize(question.strip())}\n\n{SYSTEM_PREFIX}", user="\n".join(parts))
-    return Prompt(system=SYSTEM_PREFIX, user="\n".join(parts))
+    return Prompt(SYSTEM_PREFIX, "\n".join(parts), passages[0].chunk.chunk_id if passages else "")

@@ -203,6 +203,15 @@ QueryEvent = RetrievalResult | TokenDelta | FinalSummary
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaState:
+    """One generation server of a remote pool, as Info and the metrics report it."""
+
+    url: str
+    up: bool
+    in_flight: int
+
+
+@dataclass(frozen=True, slots=True)
 class EngineChoice:
     """One engine setting as resolved at start-up, and why (an explicit setting, or the host)."""
 

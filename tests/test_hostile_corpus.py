@@ -18,7 +18,7 @@ import pytest
 
 from indexer.build import build_index
 from ragserve.budget import Deadline
-from ragserve.config import GeneratorSettings, default_generator_path
+from ragserve.config import default_generator_path
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.index.hnsw import HnswIndex
 from ragserve.prompt import Prompt, canonical
@@ -76,14 +76,14 @@ def _special_token_counts(tokenizer, rendered: str) -> Counter[str]:
 def test_hostile_corpus_is_served_as_text_and_prompts_keep_the_templates_control_tokens(
     hostile_index: Path, embedder: SentenceTransformerEmbedder, context_token_budget: int
 ) -> None:
-    from ragserve.generate.vllm_engine import VllmGenerator
+    from ragserve.generate.rendering import ChatRenderer
 
     model = default_generator_path()
     if not (model / "config.json").is_file():
         pytest.skip("the generator is not prepared (ragserve prepare-models)")
-    renderer = VllmGenerator(GeneratorSettings(model=str(model)))
-    renderer.load_tokenizer()
-    tokenizer = renderer._tokenizer
+    renderer = ChatRenderer(str(model))
+    renderer.load()
+    tokenizer = renderer.tokenizer
     recorder = FakeGenerator(["ok"], usage=Usage(1, 1, 0))  # keeps every prompt; answers one word
     executor = ThreadPoolExecutor(2)
     pipeline = RagPipeline(embedder, HnswIndex.load(hostile_index), recorder, executor)

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
 from ragserve.prompt import Prompt
-from ragserve.types import EngineChoice, GenerateParams, GenerationChunk
+from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, ReplicaState
 
 
 @runtime_checkable
@@ -50,3 +50,12 @@ class Generator(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class ServerPool(Protocol):
+    """A generator that spreads requests over several generation servers."""
+
+    def replica_states(self) -> list[ReplicaState]:
+        """Each server: its base URL, whether it is up, and the requests open on it."""
+        ...

@@ -20,8 +20,8 @@ from ragserve.config import GeneratorSettings
 from ragserve.errors import ConfigError, InvalidArgument, Unavailable
 from ragserve.generate.engine_thread import EngineThreadDead, ThreadedEngine, in_process_engine_env
 from ragserve.generate.host import HostCpu, ResolvedEngine, read_host_cpu, resolve_engine
-from ragserve.pretrained import load_options
-from ragserve.prompt import SYSTEM_PREFIX, Prompt, break_special_tokens, build_prompt
+from ragserve.generate.rendering import ChatRenderer
+from ragserve.prompt import SYSTEM_PREFIX, Prompt, build_prompt
 from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, Usage, model_name
 
 log = logging.getLogger(__name__)
@@ -58,8 +58,7 @@ class VllmGenerator:
         self._settings = settings
         self._model = settings.resolved_model()
         self._engine: Any = None
-        self._tokenizer: Any = None
-        self._special_tokens: frozenset[str] = frozenset()
+        self._renderer = ChatRenderer(self._model)
         self._dead: BaseException | None = None
         self._host: HostCpu = read_host_cpu()
         self._resolved: ResolvedEngine = resolve_engine(settings, self._host)
@@ -140,24 +139,10 @@ class VllmGenerator:
         log.info("generator ready: %s (prefix of %d chars cached)", self._model, len(SYSTEM_PREFIX))
 
     def load_tokenizer(self) -> None:
-        """The model's tokenizer and every special or added token it knows (what untrusted text must
-        never spell out)."""
-        from transformers import AutoTokenizer
-
-        self._tokenizer = AutoTokenizer.from_pretrained(self._model, **load_options(self._model))
-        added = (token.content for token in self._tokenizer.added_tokens_decoder.values())
-        self._special_tokens = frozenset([*self._tokenizer.all_special_tokens, *added])
+        self._renderer.load()
 
     def render(self, prompt: Prompt) -> str:
-        """Apply the model's chat template; the system message comes first, so it is the stable prefix.
-
-        Both messages may hold untrusted text (the passages and the question; the naive layout puts
-        the question in the system message): the tokenizer's special tokens in them are broken up
-        so they tokenize as plain text. The fixed template has none, so its prefix is unchanged."""
-        system, user = (break_special_tokens(text, self._special_tokens) for text in (prompt.system, prompt.user))
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        text = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return str(text)
+        return self._renderer.render(prompt)
 
     async def stream(self, prompt: Prompt, params: GenerateParams, trace_id: str) -> AsyncIterator[GenerationChunk]:
         from vllm import SamplingParams
@@ -205,9 +190,7 @@ class VllmGenerator:
             raise GenerationFailed("generation failed") from exc
 
     def count_tokens(self, text: str) -> int:
-        if self._tokenizer is None:
-            raise Unavailable("generator is not started")
-        return len(self._tokenizer.encode(text, add_special_tokens=False))
+        return self._renderer.count_tokens(text)
 
     def unfinished_requests(self) -> int:
         if self._engine is None:

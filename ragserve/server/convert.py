@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypeVar
 
+from ragserve.generate.base import ServerPool
 from ragserve.types import (
     Degraded,
     EngineChoice,
     FinalSummary,
     Highlight,
     Passage,
+    ReplicaState,
     RetrievalResult,
     StageTimings,
     Support,
@@ -125,6 +127,7 @@ def engine_setting_pb(choice: EngineChoice) -> pb.EngineSetting:
 def info_response_pb(pipeline: RagPipeline, retrieval_budget_ms: int, requests_in_flight: int) -> pb.InfoResponse:
     """What a loaded server runs; the budget and the in-flight count are the server's, not the pipeline's."""
     generator = pipeline.generator
+    servers: list[ReplicaState] = generator.replica_states() if isinstance(generator, ServerPool) else []
     return pb.InfoResponse(
         index_version=pipeline.index.version,
         index_chunks=pipeline.index.count,
@@ -136,4 +139,5 @@ def info_response_pb(pipeline: RagPipeline, retrieval_budget_ms: int, requests_i
         requests_in_flight=requests_in_flight,
         generator_settings=[engine_setting_pb(c) for c in (generator.engine_choices if generator else ())],
         host_cpu=generator.host_cpu if generator else "",
+        generator_servers=[pb.GeneratorServer(url=r.url, up=r.up, in_flight=r.in_flight) for r in servers],
     )

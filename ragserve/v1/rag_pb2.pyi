@@ -207,7 +207,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("index_version", "index_chunks", "embedder_model", "generator_model", "rerank_tiers", "retrieval_budget_ms", "generator_unfinished_requests", "requests_in_flight", "generator_settings", "host_cpu")
+    __slots__ = ("index_version", "index_chunks", "embedder_model", "generator_model", "rerank_tiers", "retrieval_budget_ms", "generator_unfinished_requests", "requests_in_flight", "generator_settings", "host_cpu", "generator_servers")
     INDEX_VERSION_FIELD_NUMBER: _ClassVar[int]
     INDEX_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDER_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +218,7 @@ class InfoResponse(_message.Message):
     REQUESTS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     GENERATOR_SETTINGS_FIELD_NUMBER: _ClassVar[int]
     HOST_CPU_FIELD_NUMBER: _ClassVar[int]
+    GENERATOR_SERVERS_FIELD_NUMBER: _ClassVar[int]
     index_version: str
     index_chunks: int
     embedder_model: str
@@ -228,7 +229,18 @@ class InfoResponse(_message.Message):
     requests_in_flight: int
     generator_settings: _containers.RepeatedCompositeFieldContainer[EngineSetting]
     host_cpu: str
-    def __init__(self, index_version: _Optional[str] = ..., index_chunks: _Optional[int] = ..., embedder_model: _Optional[str] = ..., generator_model: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., retrieval_budget_ms: _Optional[int] = ..., generator_unfinished_requests: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., generator_settings: _Optional[_Iterable[_Union[EngineSetting, _Mapping]]] = ..., host_cpu: _Optional[str] = ...) -> None: ...
+    generator_servers: _containers.RepeatedCompositeFieldContainer[GeneratorServer]
+    def __init__(self, index_version: _Optional[str] = ..., index_chunks: _Optional[int] = ..., embedder_model: _Optional[str] = ..., generator_model: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., retrieval_budget_ms: _Optional[int] = ..., generator_unfinished_requests: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., generator_settings: _Optional[_Iterable[_Union[EngineSetting, _Mapping]]] = ..., host_cpu: _Optional[str] = ..., generator_servers: _Optional[_Iterable[_Union[GeneratorServer, _Mapping]]] = ...) -> None: ...
+
+class GeneratorServer(_message.Message):
+    __slots__ = ("url", "up", "in_flight")
+    URL_FIELD_NUMBER: _ClassVar[int]
+    UP_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    url: str
+    up: bool
+    in_flight: int
+    def __init__(self, url: _Optional[str] = ..., up: _Optional[bool] = ..., in_flight: _Optional[int] = ...) -> None: ...
 
 class EngineSetting(_message.Message):
     __slots__ = ("name", "value", "reason")

@@ -1,0 +1,106 @@
+"""FakeVllmServer: an HTTP server on loopback that speaks the part of vLLM's OpenAI-compatible API the
+remote generator uses (/health, /v1/models, streaming /v1/completions), scripted per test. A fake,
+named as such: the end-to-end tests run real vLLM servers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class FakeVllmServer:
+    model: str = "/models/SmolLM2-135M-Instruct"
+    words: list[str] = field(default_factory=lambda: ["The", " answer", "."])
+    first_token_delay_s: float = 0.0
+    token_delay_s: float = 0.0
+    status: int = 200  # anything else: /v1/completions answers this status
+    die_after_words: int | None = None  # drop the connection after this many words
+    healthy: bool = True
+    cached_tokens: int = 64
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    connections: set[tuple[str, int]] = field(default_factory=set)
+    running: int = 0
+    aborted: int = 0
+    completed: int = 0
+    url: str = ""
+    _runner: web.AppRunner | None = None
+
+    async def start(self) -> FakeVllmServer:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/completions", self._completions)
+        # Like vLLM, notice a client that went away: the handler is cancelled (counted as aborted).
+        self._runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def _seen(self, request: web.Request) -> None:
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        if peer:
+            self.connections.add((str(peer[0]), int(peer[1])))
+
+    async def _health(self, request: web.Request) -> web.Response:
+        self._seen(request)
+        return web.Response(status=200 if self.healthy else 500)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self._seen(request)
+        return web.json_response({"object": "list", "data": [{"id": self.model, "root": self.model}]})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        self._seen(request)
+        body = await request.json()
+        self.bodies.append(body)
+        self.headers.append(dict(request.headers))
+        if self.status != 200:
+            return web.Response(status=self.status, text='{"error": "scripted"}')
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        self.running += 1
+        try:
+            await asyncio.sleep(self.first_token_delay_s)
+            words = self.words[: body.get("max_tokens", len(self.words))]
+            for i, word in enumerate(words):
+                if self.die_after_words is not None and i == self.die_after_words:
+                    assert request.transport is not None
+                    request.transport.close()
+                    return response
+                if i:
+                    await asyncio.sleep(self.token_delay_s)
+                finish = "stop" if i == len(words) - 1 else None
+                await _send(response, {"choices": [{"index": 0, "text": word, "finish_reason": finish}], "usage": None})
+            usage = {
+                "prompt_tokens": len(body["prompt"]),
+                "completion_tokens": len(words),
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            }
+            await _send(response, {"choices": [], "usage": usage})
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            self.completed += 1
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.aborted += 1  # the client closed the stream: vLLM aborts the request here
+            raise
+        finally:
+            self.running -= 1
+        return response
+
+
+async def _send(response: web.StreamResponse, chunk: dict[str, Any]) -> None:
+    await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")

@@ -1,0 +1,227 @@
+"""The remote generator against scripted HTTP servers (FakeVllmServer): routing, fail-over, the
+hedge, errors, aborts, health and connection reuse. Real vLLM servers: tests/e2e/test_remote.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from ragserve.config import GeneratorSettings, default_generator_path
+from ragserve.errors import ConfigError, InvalidArgument, Overloaded, Unavailable
+from ragserve.generate.remote import RemoteVllmGenerator, routing_key
+from ragserve.prompt import Prompt, build_prompt
+from ragserve.types import Chunk, GenerateParams, GenerationChunk, Passage
+from tests.generate.fake_vllm_server import FakeVllmServer
+
+PARAMS = GenerateParams(max_tokens=8, temperature=0.0)
+
+
+def _prompt(chunk_id: str = "bees.txt#0") -> Prompt:
+    return build_prompt("How do bees dance?", [Passage(Chunk(chunk_id, "bees.txt", "Bees dance."), 1.0, 1)])
+
+
+async def _collect(stream: AsyncIterator[GenerationChunk]) -> list[GenerationChunk]:
+    return [chunk async for chunk in stream]
+
+
+def run(
+    test: Callable[[RemoteVllmGenerator, list[FakeVllmServer]], Awaitable[None]],
+    servers: int = 2,
+    start: bool = True,
+    **settings: Any,
+) -> None:
+    async def main() -> None:
+        fakes = [await FakeVllmServer(model=str(default_generator_path())).start() for _ in range(servers)]
+        generator = RemoteVllmGenerator(
+            GeneratorSettings(backend="remote", remote_urls=",".join(f.url for f in fakes), **settings), 4, 2.0
+        )
+        try:
+            if start:
+                await generator.start()
+            await test(generator, fakes)
+        finally:
+            await generator.close()
+            for fake in fakes:
+                await fake.stop()
+
+    asyncio.run(main())
+
+
+def _serving(fakes: list[FakeVllmServer]) -> list[int]:
+    """How many completions (warm-up excluded) each fake received."""
+    return [sum(1 for b in f.bodies if b["max_tokens"] != 1) for f in fakes]
+
+
+def test_streams_text_and_usage_with_our_own_request_id() -> None:
+    async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
+        chunks = await _collect(generator.stream(_prompt(), PARAMS, "client-trace-id"))
+        assert "".join(c.text for c in chunks) == "The answer."
+        last = chunks[-1]
+        assert last.finished and last.finish_reason == "stop" and last.usage is not None
+        assert last.usage.prefix_cache_hit_tokens == 64 and last.usage.completion_tokens == 3
+        (body,) = [b for f in fakes for b in f.bodies if b["max_tokens"] == 8]
+        # Token ids of the locally rendered prompt, our own id, never the caller's.
+        assert body["prompt"] and all(isinstance(t, int) for t in body["prompt"])
+        assert body["request_id"] != "client-trace-id" and len(body["request_id"]) == 32
+        assert body["stream"] and body["stream_options"] == {"include_usage": True}
+        # Every server got the template prefix at start.
+        assert all(any(b["max_tokens"] == 1 for b in f.bodies) for f in fakes)
+
+    run(test)
+
+
+def test_one_document_goes_to_one_server_and_moves_only_when_it_is_down() -> None:
+    async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
+        for _ in range(3):
+            await _collect(generator.stream(_prompt("bees.txt#0"), PARAMS, "t"))
+        counts = _serving(fakes)
+        assert sorted(counts) == [0, 3]  # all three on one server
+        # Different documents spread over both servers.
+        for i in range(20):
+            await _collect(generator.stream(_prompt(f"doc{i}.txt#0"), PARAMS, "t"))
+        assert min(_serving(fakes)) >= 4
+        # That server stops: its documents move to the other, without an error.
+        home = fakes[counts.index(3)]
+        await home.stop()
+        before = _serving(fakes)
+        chunks = await _collect(generator.stream(_prompt("bees.txt#0"), PARAMS, "t"))
+        assert chunks[-1].finished
+        assert sum(_serving(fakes)) == sum(before) + 1
+        assert [r.up for r in generator.replica_states()].count(False) == 1
+
+    run(test)
+
+
+def test_round_robin_alternates() -> None:
+    async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
+        for _ in range(4):
+            await _collect(generator.stream(_prompt("bees.txt#0"), PARAMS, "t"))
+        assert _serving(fakes) == [2, 2]
+
+    run(test, remote_routing="round_robin")
+
+
+def test_a_failing_server_is_left_for_the_next_one_before_the_first_token() -> None:
+    async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
+        first = generator._order(routing_key(_prompt()))[0]
+        failing = next(f for f in fakes if f.url == first.url)
+        failing.status = 500
+        chunks = await _collect(generator.stream(_prompt(), PARAMS, "t"))
+        assert chunks[-1].finished  # answered by the other one
+        assert _serving(fakes) == [1, 1]  # asked both: the failing one first
+
+    run(test)
+
+
+def test_both_servers_down_is_unavailable_at_once() -> None:
+    async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
+        for fake in fakes:
+            await fake.stop()
+        with pytest.raises(Unavailable):
+            await _collect(generator.stream(_prompt(), PARAMS, "t"))
+        with pytest.raises(Unavailable):
+            await generator.check_health()
+        # Once down, the next call does not even try.
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(Unavailable):
+            await _collect(generator.stream(_prompt(), PARAMS, "t"))
+        assert loop.time() - started < 0.1
+
+    run(test)
+
+
+def test_health_needs_only_one_server_and_a_probe_brings_a_server_back() -> None:
+    async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
+        fakes[0].healthy = False
+        await generator.check_health()  # one is enough
+        assert [r.up for r in generator.replica_states()] == [False, True]
+        fakes[0].healthy = True
+        await generator.check_health()
+        assert [r.up for r in generator.replica_states()] == [True, True]
+
+    run(test)
+
+
+@pytest.mark.parametrize(("status", "error"), [(503, Overloaded), (429, Overloaded), (400, InvalidArgument)])
+def test_server_answers_map_to_the_callers_error(status: int, error: type[Exception]) -> None:
+    async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
+        fakes[0].status = status
+        with pytest.raises(error):
+            await _collect(generator.stream(_prompt(), PARAMS, "t"))
+
+    run(test, servers=1)
+
+
+def test_a_server_dying_mid_answer_is_unavailable_never_a_short_answer() -> None:
+    async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
+        fakes[0].die_after_words = 2
+        got: list[GenerationChunk] = []
+        with pytest.raises(Unavailable):
+            async for chunk in generator.stream(_prompt(), PARAMS, "t"):
+                got.append(chunk)
+        assert "".join(c.text for c in got) == "The answer" and not any(c.finished for c in got)
+
+    run(test, servers=1)
+
+
+def test_closing_the_stream_aborts_the_request_on_the_server() -> None:
+    async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
+        fakes[0].token_delay_s = 0.5
+        stream = generator.stream(_prompt(), PARAMS, "t")
+        assert (await anext(stream)).text == "The"
+        await stream.aclose()  # aclose: what the pipeline does on cancel and deadline
+        for _ in range(50):
+            if fakes[0].running == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert fakes[0].running == 0 and fakes[0].aborted == 1
+        assert generator.unfinished_requests() == 0
+
+    run(test, servers=1)
+
+
+def test_one_hedge_when_the_first_token_is_late() -> None:
+    async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
+        key = routing_key(_prompt())
+        first = generator._order(key)[0]
+        slow = next(f for f in fakes if f.url == first.url)
+        slow.first_token_delay_s = 2.0
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        chunks = await _collect(generator.stream(_prompt(), PARAMS, "t"))
+        assert chunks[-1].finished and loop.time() - started < 1.0  # the second server answered
+        await asyncio.sleep(0.1)
+        assert slow.aborted == 1 and slow.running == 0  # the loser was aborted
+
+    run(test, remote_hedge_after_ms=100)
+
+
+def test_the_pool_is_opened_at_start_and_reused() -> None:
+    async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
+        opened = set(fakes[0].connections)
+        assert len(opened) == 4  # the pool's size (the in-flight limit), opened before serving
+        for _ in range(5):
+            await _collect(generator.stream(_prompt(), PARAMS, "t"))
+        assert fakes[0].connections == opened  # five calls, no new connection
+
+    run(test, servers=1)
+
+
+def test_a_server_with_another_model_is_refused_at_start() -> None:
+    async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
+        fakes[0].model = "/models/some-other-model"
+        with pytest.raises(ConfigError, match="some-other-model"):
+            await generator.start()
+
+    run(test, servers=1, start=False)
+
+
+def test_the_routing_key_names_no_document_and_follows_the_top_passage() -> None:
+    assert routing_key(_prompt("bees.txt#0")) == routing_key(_prompt("bees.txt#0"))
+    assert routing_key(_prompt("bees.txt#0")) != routing_key(_prompt("bees.txt#1"))
+    assert "bees" not in routing_key(_prompt("bees.txt#0"))
+    assert routing_key(build_prompt("No passages?", [])) == ""
