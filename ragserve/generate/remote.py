@@ -309,9 +309,12 @@ class RemoteVllmGenerator:
                 wait = hedge_after if spare else None
                 done, _ = await asyncio.wait(running, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
                 if not done:  # the hedge bound passed without a token
-                    REPLICA_HEDGES.inc()
-                    launch(spare.pop(0))
                     hedge_after = None
+                    # Only onto a server less busy than the slow one: when all are slow because all
+                    # are loaded, a hedge would only add load.
+                    if spare[0].in_flight < order[0].in_flight:
+                        REPLICA_HEDGES.inc()
+                        launch(spare.pop(0))
                     continue
                 for task in done:
                     replica, events, started = running.pop(task)

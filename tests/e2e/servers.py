@@ -148,3 +148,105 @@ def cancel_mid_stream(stub: Any, question: str, after_tokens: int = 3) -> None:
             break
     assert stub.Info(pb.InfoRequest(), timeout=5).generator_unfinished_requests == 1
     call.cancel()
+
+
+@dataclass
+class HttpProcess:
+    """A vLLM OpenAI-compatible server or a vLLM router started by a test, on loopback."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def _spawn_http(command: list[str], log: Path, env: dict[str, str] | None = None) -> HttpProcess:
+    port = free_port()
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [*command, "--host", "127.0.0.1", "--port", str(port)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+    return HttpProcess(f"http://127.0.0.1:{port}", process, log)
+
+
+def spawn_vllm_server(model: Path, log: Path, cpus: str, dtype: str) -> HttpProcess:
+    """`python -m vllm.entrypoints.openai.api_server` with the flags ragserve needs (docs/remote.md),
+    its OpenMP threads on `cpus`."""
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--dtype", dtype,
+        "--block-size", "32", "--enable-prefix-caching", "--enable-prompt-tokens-details",
+        "--max-model-len", "2048", "--enforce-eager", "--max-num-seqs", "16",
+    ]  # fmt: skip
+    # Dev mode: POST /reset_prefix_cache, so a test can start from cold caches.
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cpus, "VLLM_SERVER_DEV_MODE": "1"}
+    return _spawn_http(command, log, env)
+
+
+def reset_prefix_cache(server: HttpProcess) -> None:
+    import urllib.request
+
+    with urllib.request.urlopen(urllib.request.Request(server.url + "/reset_prefix_cache", method="POST"), timeout=30):
+        pass
+
+
+def spawn_router(workers: list[str], policy: str, log: Path) -> HttpProcess:
+    """vLLM's router (the `vllm-router` wheel) in front of `workers`."""
+    metrics = ["--prometheus-port", str(free_port())]  # its default port is shared by every router
+    return _spawn_http([router_command(), "--worker-urls", *workers, "--policy", policy, *metrics], log)
+
+
+def router_command() -> str:
+    """The router installed beside this Python (its venv's bin, on PATH or not)."""
+    beside = Path(sys.executable).parent / "vllm-router"
+    return str(beside) if beside.is_file() else "vllm-router"
+
+
+def wait_http_ok(server: HttpProcess, path: str = "/health", timeout_s: float = START_TIMEOUT_S) -> None:
+    import urllib.request
+
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        if server.process.poll() is not None:
+            pytest.fail(f"{server.url} exited with {server.process.returncode} during start-up:\n{server.log_tail()}")
+        try:
+            with urllib.request.urlopen(server.url + path, timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"{server.url} not answering {path} after {timeout_s} s:\n{server.log_tail()}")
+
+
+def running_requests(server: HttpProcess) -> float:
+    """What the vLLM server's own metrics say it is running (vllm:num_requests_running)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(server.url + "/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "vllm:num_requests_running"
+    )

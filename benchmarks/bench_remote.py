@@ -1,0 +1,245 @@
+"""Generation on vLLM servers against the in-process engine, and routing across two servers.
+
+    python benchmarks/bench_remote.py --out bench-results/remote
+    python benchmarks/bench_remote.py --out /tmp/remote-smoke --paragraphs 3
+
+Indexes `<data>/corpus.jsonl` (SQuAD v2 dev; not shipped) and asks the recurring workload of
+benchmarks/bench_reuse.py (every question of `--paragraphs` paragraphs, shuffled) through `Query`,
+one request at a time, temperature 0, answer cache off, one configuration after another:
+
+  local              the in-process engine (the default; both CPUs)
+  remote-1           one vLLM server (`python -m vllm.entrypoints.openai.api_server`, both CPUs)
+  2x document        two servers (one CPU each), the sidecar routing by document (rendezvous)
+  2x round_robin     the same two servers, round robin
+  router cache_aware the same two servers behind vLLM's router, its prefix-aware policy
+  router consistent_hash   ... its consistent_hash policy on the sidecar's routing header
+  2x document, one killed  the first server killed a third of the way through
+
+The servers' prefix caches are reset between configurations (vLLM's dev-mode /reset_prefix_cache).
+Reported: client TTFT p50/p95, time to the whole answer, prompt and cached tokens per request,
+errors; for the kill run, the requests each server answered before and after. Writes results.md,
+results.json and ttft.png (TTFT distributions) to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.bench_reuse import WARMUP, ask, recurring  # noqa: E402
+from benchmarks.bench_ttft import Question, build_index, load_questions  # noqa: E402
+from benchmarks.harness import free_port, load_avg, percentile, start_server, stop_server  # noqa: E402
+from ragserve.client import RagClient  # noqa: E402
+from ragserve.config import GeneratorSettings, default_generator_path  # noqa: E402
+from ragserve.generate.host import read_host_cpu, resolve_engine  # noqa: E402
+from tests.e2e.servers import router_command  # noqa: E402
+
+
+def spawn(command: list[str], log: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [*command, "--host", "127.0.0.1", "--port", str(port)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+    return process, f"http://127.0.0.1:{port}"
+
+
+def vllm_server(log: Path, cpus: str, dtype: str) -> tuple[subprocess.Popen[bytes], str]:
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(default_generator_path()),
+        "--dtype", dtype, "--block-size", "32", "--enable-prefix-caching", "--enable-prompt-tokens-details",
+        "--max-model-len", "2048", "--enforce-eager",
+    ]  # fmt: skip
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cpus, "VLLM_SERVER_DEV_MODE": "1"}
+    return spawn(command, log, env)
+
+
+def wait_ok(url: str, timeout_s: float = 600) -> None:
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            time.sleep(1)
+    raise SystemExit(f"{url} did not come up")
+
+
+def reset_prefix_cache(url: str) -> None:
+    request = urllib.request.Request(url + "/reset_prefix_cache", method="POST")
+    with urllib.request.urlopen(request, timeout=30):
+        pass
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+async def drive(
+    target: str, questions: list[Question], max_tokens: int, kill: tuple[int, subprocess.Popen[bytes]] | None = None
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    async with RagClient(target, default_timeout_s=120) as client:
+        await ask(client, Question("warmup", WARMUP, [], False, ""), max_tokens)
+        for i, q in enumerate(questions):
+            if kill is not None and i == kill[0]:
+                kill[1].kill()
+            try:
+                row = await ask(client, q, max_tokens)
+            except Exception as exc:
+                row = {
+                    "id": q.id,
+                    "ok": False,
+                    "error": type(exc).__name__ + ": " + str(getattr(exc, "code", lambda: "")()),
+                }
+            row["index"] = i
+            rows.append(row)
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in rows if r["ok"] and "ttft_ms" in r]
+    return {
+        "n": len(rows),
+        "errors": len(rows) - len(ok),
+        "ttft_p50": percentile([r["ttft_ms"] for r in ok], 50),
+        "ttft_p95": percentile([r["ttft_ms"] for r in ok], 95),
+        "total_p50": percentile([r["total_ms"] for r in ok], 50),
+        "prompt_mean": sum(r["prompt_tokens"] for r in ok) / max(1, len(ok)),
+        "cached_mean": sum(r["cached_tokens"] for r in ok) / max(1, len(ok)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "squad2-dev")
+    parser.add_argument("--out", type=Path, default=REPO / "bench-results" / "remote")
+    parser.add_argument("--index", type=Path)
+    parser.add_argument("--paragraphs", type=int, default=12)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.index is None:
+        args.index = args.out / "index"
+        if not (args.index / "CURRENT").exists():
+            build_index(args.data / "corpus.jsonl", args.index)
+    questions = recurring(load_questions(args.data, args.seed), args.paragraphs, args.seed)
+    dtype = resolve_engine(GeneratorSettings(), read_host_cpu()).dtype  # what the local engine picks here
+    base = {"RAGSERVE_CACHE_ANSWERS": "false"}
+    results: dict[str, dict[str, Any]] = {}
+    load_before = load_avg()
+
+    def run(name: str, env: dict[str, str], kill: tuple[int, subprocess.Popen[bytes]] | None = None) -> None:
+        process, target = start_server(args.index, {**base, **env}, args.out / f"sidecar-{name.replace(' ', '-')}.log")
+        try:
+            rows = asyncio.run(drive(target, questions, args.max_tokens, kill))
+        finally:
+            stop_server(process)
+        results[name] = {"rows": rows, "summary": summarize(rows)}
+        s = results[name]["summary"]
+        print(f"[{name}] TTFT p50 {s['ttft_p50']:.0f} ms, cached {s['cached_mean']:.0f}/{s['prompt_mean']:.0f}, "
+              f"errors {s['errors']}; load {load_avg()}", flush=True)  # fmt: skip
+
+    def remote(urls: list[str], **extra: str) -> dict[str, str]:
+        return {"RAGSERVE_GENERATOR_BACKEND": "remote", "RAGSERVE_GENERATOR_REMOTE_URLS": ",".join(urls), **extra}
+
+    run("local", {})
+    server, url = vllm_server(args.out / "vllm-both.log", "0-1", dtype)
+    try:
+        wait_ok(url)
+        run("remote-1", remote([url]))
+    finally:
+        stop(server)
+
+    pair = [vllm_server(args.out / f"vllm-{i}.log", str(i), dtype) for i in range(2)]
+    urls = [u for _, u in pair]
+    routers: list[subprocess.Popen[bytes]] = []
+    try:
+        for u in urls:
+            wait_ok(u)
+        for routing in ("document", "round_robin"):
+            run(f"2x {routing}", remote(urls, RAGSERVE_GENERATOR_REMOTE_ROUTING=routing))
+            for u in urls:
+                reset_prefix_cache(u)
+        for policy in ("cache_aware", "consistent_hash"):
+            router, router_url = spawn(
+                [router_command(), "--worker-urls", *urls, "--policy", policy, "--prometheus-port", str(free_port())],
+                args.out / f"router-{policy}.log",
+            )
+            routers.append(router)
+            wait_ok(router_url)
+            run(f"router {policy}", remote([router_url]))
+            stop(router)
+            for u in urls:
+                reset_prefix_cache(u)
+        run("2x document, one killed", remote(urls), kill=(len(questions) // 3, pair[0][0]))
+    finally:
+        for router in routers:
+            stop(router)
+        for process, _ in pair:
+            stop(process)
+
+    lines = [
+        "# Generation on vLLM servers (SQuAD v2 dev, recurring documents, through Query)",
+        "",
+        f"Host: {read_host_cpu().describe()}; dtype {dtype}. Load before: {load_before}. {len(questions)} questions "
+        f"of {args.paragraphs} paragraphs, max_tokens {args.max_tokens}, one at a time, answer cache off.",
+        "",
+        "| configuration | n | errors | TTFT p50 / p95 ms | answer p50 ms | prompt tokens / request "
+        "| cached / request |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        s = r["summary"]
+        lines.append(
+            f"| {name} | {s['n']} | {s['errors']} | {s['ttft_p50']:.0f} / {s['ttft_p95']:.0f} | {s['total_p50']:.0f} "
+            f"| {s['prompt_mean']:.0f} | {s['cached_mean']:.0f} |"
+        )
+    text = "\n".join(lines) + "\n"
+    (args.out / "results.md").write_text(text)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    plot(results, args.out)
+    print(text)
+
+
+def plot(results: dict[str, dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, r in results.items():
+        values = sorted(row["ttft_ms"] for row in r["rows"] if row.get("ok") and "ttft_ms" in row)
+        if values:
+            ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=name)
+    ax.set_xlabel("client TTFT (ms)")
+    ax.set_ylabel("share of requests")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "ttft.png", dpi=110)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+"""Generation on real vLLM servers (`python -m vllm.entrypoints.openai.api_server`, started here on
+loopback, one CPU each) and through a real vLLM router: streaming, cached tokens, answers equal to
+the local engine's, aborts, routing by document, and servers dying. The last test kills the
+servers: it stays last in this module."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ragserve.client import RagClient
+from ragserve.config import default_generator_path
+from ragserve.v1 import rag_pb2 as pb
+from ragserve.v1 import rag_pb2_grpc
+from tests.e2e.servers import (
+    HttpProcess,
+    LiveServer,
+    reset_prefix_cache,
+    running_requests,
+    spawn_router,
+    spawn_server,
+    spawn_vllm_server,
+    wait_http_ok,
+    wait_serving,
+)
+from tests.e2e.test_grpc_stream import _template_tokens
+
+# float32 on both sides: bf16 greedy decoding is not token-exact between engine layouts (limitations.md).
+DTYPE = "float32"
+# One question each about different sample documents (for comparing answers with the local engine).
+QUESTIONS = [
+    "Who discovered penicillin?",
+    "How does a Bloom filter answer membership queries?",
+    "What does the CAP theorem say?",
+    "What does a circuit breaker do when a dependency fails?",
+    "What is the TCP three-way handshake?",
+    "How does the honey bee waggle dance encode distance?",
+    "What is HNSW?",
+    "What does the Linux OOM killer do?",
+    "How does photosynthesis store energy?",
+    "What drives plate tectonics?",
+    "What is Little's law?",
+    "How does Raft elect a leader?",
+    "What is a Prometheus histogram?",
+    "What is a Unix domain socket?",
+    "What happens in the water cycle?",
+    "How do vaccines train the immune system?",
+    "What is a KV cache in a transformer?",
+    "How does BM25 rank documents?",
+    "What is the difference between a cross-encoder and a bi-encoder?",
+    "Why do tail latencies matter?",
+]
+
+
+@dataclass
+class RemoteStack:
+    servers: list[HttpProcess]
+    sidecar: LiveServer  # document routing over both servers
+    local: LiveServer  # the in-process engine, for comparison
+
+
+def _stop(*things: object) -> None:
+    for thing in things:
+        stop = getattr(thing, "stop", None)
+        if stop is not None:
+            stop()
+
+
+@pytest.fixture(scope="module")
+def stack(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RemoteStack]:
+    logs = tmp_path_factory.mktemp("remote")
+    model = default_generator_path()
+    servers = [spawn_vllm_server(model, logs / f"vllm-{i}.log", cpus=str(i % 2), dtype=DTYPE) for i in range(2)]
+    local = spawn_server(
+        sample_index, logs / "local.log", {"RAGSERVE_GENERATOR_DTYPE": DTYPE, "RAGSERVE_CACHE_ANSWERS": "false"}
+    )
+    sidecar: LiveServer | None = None
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(wait_http_ok, servers))
+        sidecar = spawn_server(sample_index, logs / "sidecar.log", _remote_env([s.url for s in servers]))
+        wait_serving(sidecar)
+        wait_serving(local)
+        yield RemoteStack(servers, sidecar, local)
+    finally:
+        _stop(sidecar, local, *servers)
+
+
+def _remote_env(urls: list[str], **extra: str) -> dict[str, str]:
+    return {
+        "RAGSERVE_GENERATOR_BACKEND": "remote",
+        "RAGSERVE_GENERATOR_REMOTE_URLS": ",".join(urls),
+        "RAGSERVE_CACHE_ANSWERS": "false",
+        "RAGSERVE_HEALTH_PROBE_INTERVAL_S": "0.5",
+        **extra,
+    }
+
+
+async def _ask(target: str, question: str, **kwargs: object) -> tuple[pb.RetrievalEvent, str, pb.FinalEvent]:
+    async with RagClient(target, default_timeout_s=120) as client:
+        events = [e async for e in client.query(question, temperature=0.0, **kwargs)]  # type: ignore[arg-type]
+    text = "".join(e.token.text for e in events if e.WhichOneof("event") == "token")
+    return events[0].retrieval, text, events[-1].final
+
+
+def test_answers_stream_from_the_servers_and_reuse_their_kv(stack: RemoteStack) -> None:
+    first = asyncio.run(_ask(stack.sidecar.target, "How does a Bloom filter answer membership queries?", max_tokens=8))
+    second = asyncio.run(_ask(stack.sidecar.target, "What is a false positive in a Bloom filter?", max_tokens=8))
+    assert first[1].strip() and first[2].finish_reason in ("stop", "length")
+    assert second[0].passages[0].chunk_id == first[0].passages[0].chunk_id
+    # Routed to the server that answered about this passage: the template and the passage were cached.
+    assert second[2].usage.prefix_cache_hit_tokens >= _template_tokens() + 64, second[2].usage
+
+    async def info() -> pb.InfoResponse:
+        async with RagClient(stack.sidecar.target) as client:
+            return await client.info()
+
+    servers = asyncio.run(info()).generator_servers
+    assert [(s.url, s.up) for s in servers] == [(s.url, True) for s in stack.servers]
+
+
+def test_greedy_answers_equal_the_local_engines(stack: RemoteStack) -> None:
+    async def both(question: str) -> tuple[str, str]:
+        (_, remote, _), (_, local, _) = await asyncio.gather(
+            _ask(stack.sidecar.target, question, max_tokens=32), _ask(stack.local.target, question, max_tokens=32)
+        )
+        return remote, local
+
+    pairs = [asyncio.run(both(q)) for q in QUESTIONS]
+    same = sum(remote == local for remote, local in pairs)
+    assert same >= 0.95 * len(QUESTIONS), [p for p in pairs if p[0] != p[1]]
+
+
+def _wait_idle(servers: list[HttpProcess], limit_s: float) -> float:
+    started = time.monotonic()
+    while sum(running_requests(s) for s in servers) > 0:
+        if time.monotonic() - started > limit_s:
+            pytest.fail(f"the servers still run {sum(running_requests(s) for s in servers)} request(s)")
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+def test_a_cancelled_stream_and_a_passed_deadline_leave_the_servers_idle(stack: RemoteStack) -> None:
+    with grpc.insecure_channel(stack.sidecar.target) as channel:
+        stub = rag_pb2_grpc.RagServiceStub(channel)
+        call = stub.Query(pb.QueryRequest(query="Explain the water cycle in detail.", max_tokens=600), timeout=120)
+        tokens = 0
+        for event in call:
+            tokens += event.WhichOneof("event") == "token"
+            if tokens == 3:
+                break
+        assert sum(running_requests(s) for s in stack.servers) == 1
+        call.cancel()
+        assert _wait_idle(stack.servers, 1.0) <= 1.0
+        with pytest.raises(grpc.RpcError) as caught:
+            for _ in stub.Query(
+                pb.QueryRequest(query="Explain photosynthesis in detail.", max_tokens=600), timeout=1.5
+            ):
+                pass
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert _wait_idle(stack.servers, 1.0) <= 1.0
+
+
+def _pair_reuse(target: str, pairs: list[tuple[str, str]]) -> list[float]:
+    """Cached prompt tokens per request of each pair whose two questions retrieved the same top
+    passage (what a server could reuse; the others depend on retrieval, not on routing)."""
+    reused = []
+    for first, second in pairs:
+        a = asyncio.run(_ask(target, first, max_tokens=4))
+        b = asyncio.run(_ask(target, second, max_tokens=4))
+        if a[0].passages[0].chunk_id == b[0].passages[0].chunk_id:
+            reused.append((a[2].usage.prefix_cache_hit_tokens + b[2].usage.prefix_cache_hit_tokens) / 2)
+    return reused
+
+
+def test_document_routing_through_the_vllm_router_reuses_more_than_round_robin(
+    stack: RemoteStack, sample_index: Path, tmp_path: Path
+) -> None:
+    urls = [s.url for s in stack.servers]
+    routers = {
+        policy: spawn_router(urls, policy, tmp_path / f"router-{policy}.log")
+        for policy in ("consistent_hash", "round_robin")
+    }
+    sidecars: dict[str, LiveServer] = {}
+    try:
+        for policy, router in routers.items():
+            wait_http_ok(router)
+            sidecars[policy] = spawn_server(sample_index, tmp_path / f"sidecar-{policy}.log", _remote_env([router.url]))
+        for sidecar in sidecars.values():
+            wait_serving(sidecar)
+        # Each document asked about twice in a row; round robin sends the second question to the
+        # other server, consistent hashing on the sidecar's key to the same one.
+        pairs = [
+            ("Who discovered penicillin?", "In which year was penicillin discovered, and by whom?"),
+            ("How does a Bloom filter answer membership queries?", "What is a false positive in a Bloom filter?"),
+            ("What is gRPC over HTTP/2?", "Explain gRPC over HTTP/2 briefly."),
+            ("What are lithium-ion batteries?", "Explain lithium-ion batteries briefly."),
+            ("What are Kubernetes sidecar containers?", "Explain Kubernetes sidecar containers briefly."),
+            ("What is AVX-512?", "Which SIMD instructions does AVX-512 add?"),
+        ]
+        cached = {}
+        for policy, sidecar in sidecars.items():
+            for server in stack.servers:  # each policy starts from cold caches
+                reset_prefix_cache(server)
+            reused = _pair_reuse(sidecar.target, pairs)
+            assert len(reused) >= 3, reused
+            cached[policy] = sum(reused) / len(reused)
+        assert cached["consistent_hash"] >= 1.5 * cached["round_robin"], cached
+    finally:
+        _stop(*sidecars.values(), *routers.values())
+
+
+def test_servers_dying_mid_run(stack: RemoteStack) -> None:
+    """Last in the module: it kills the servers."""
+    target = stack.sidecar.target
+
+    def health() -> int:
+        with grpc.insecure_channel(target) as channel:
+            return int(health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2).status)
+
+    answers = []
+    for i, question in enumerate(QUESTIONS[:10]):
+        if i == 4:
+            stack.servers[0].kill()  # between requests: nothing was streaming from it
+        final = asyncio.run(_ask(target, question, max_tokens=4))[2]
+        answers.append(final.finish_reason)
+    assert all(reason in ("stop", "length") for reason in answers)  # no request failed
+    assert health() == health_pb2.HealthCheckResponse.SERVING
+
+    stack.servers[1].kill()
+    give_up = time.monotonic() + 2.0  # the probe interval is 0.5 s
+    while health() == health_pb2.HealthCheckResponse.SERVING and time.monotonic() < give_up:
+        time.sleep(0.05)
+    assert health() == health_pb2.HealthCheckResponse.NOT_SERVING
+    started = time.monotonic()
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        asyncio.run(_ask(target, "Who discovered penicillin?", max_tokens=4))
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert time.monotonic() - started < 1.0
