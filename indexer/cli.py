@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from indexer import host_share
 from indexer.build import BuildReport, IndexingEmbedder, IndexRootLocked, build_index, index_root_lock
 from indexer.chunking import ChunkingConfig
 from indexer.loaders import (
@@ -32,8 +33,23 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Build ragser
 
 
 @app.callback()
-def _root() -> None:
-    """Build ragserve indexes."""
+def _root(
+    nice: Annotated[
+        int,
+        typer.Option(
+            min=0, max=19, envvar="RAGSERVE_INDEXER_NICE", help="Lower CPU priority by this much (0: unchanged)"
+        ),
+    ] = 10,
+    threads: Annotated[
+        int,
+        typer.Option(
+            min=0, envvar="RAGSERVE_INDEXER_THREADS", help="Compute threads (0: every CPU but one, at least one)"
+        ),
+    ] = 0,
+) -> None:
+    """Build ragserve indexes. Runs beside a serving sidecar: at a lower CPU priority and on fewer
+    threads than CPUs by default (--nice 0 --threads N for a machine of its own)."""
+    host_share.share_host(nice, threads)
 
 
 # The longer option declarations of `build`, named so its signature reads as a list of flags.
@@ -254,8 +270,8 @@ register_tune_commands(app)  # `tune`, `tune-reranker` (indexer/tune/commands.py
 
 
 def load_embedder(model: str, backend: str, device: str, int8: bool) -> IndexingEmbedder:
-    """Through the server's factory. ONNX always runs on the CPU here, with ONNX Runtime's own
-    thread count (every core): a batch job, not one query at a time."""
+    """Through the server's factory. ONNX always runs on the CPU here, on the threads the indexer
+    may use (--threads)."""
     from ragserve.factory import make_embedder
 
     cfg = EmbedderSettings(
@@ -263,7 +279,7 @@ def load_embedder(model: str, backend: str, device: str, int8: bool) -> Indexing
         backend=backend,  # type: ignore[arg-type]  # checked by the caller and by the settings
         device="cpu" if backend == "onnx" else device,  # type: ignore[arg-type]
         onnx_int8=int8,
-        threads=0,
+        threads=host_share.threads,
     )
     return make_embedder(cfg, indexing=True)
 

@@ -227,6 +227,7 @@ def ask(
         int | None, typer.Option(help="passage tokens in the prompt (0: whole passages; default: the server's)")
     ] = None,
     timeout: float = 60.0,
+    batch: Annotated[bool, typer.Option(help="Ask as batch work: yields to interactive requests")] = False,
 ) -> None:
     """Stream an answer: citations first, then tokens as they arrive, then timings."""
     from ragserve.client import RagClient
@@ -236,7 +237,11 @@ def ask(
         async with RagClient(flags.target, default_timeout_s=timeout, access=access) as client:
             started = time.perf_counter()
             async for event in client.query(
-                question, top_k=top_k, max_tokens=max_tokens, context_token_budget=context_tokens
+                question,
+                top_k=top_k,
+                max_tokens=max_tokens,
+                context_token_budget=context_tokens,
+                request_class="batch" if batch else "interactive",
             ):
                 kind = event.WhichOneof("event")
                 if kind == "retrieval":
@@ -293,13 +298,20 @@ def retrieve(
     top_k: int = 0,
     dedupe: Annotated[bool, typer.Option(help="At most one passage (its best chunk) per document")] = False,
     budget_ms: Annotated[int, typer.Option(help="Retrieval+rerank budget; 0: the server's")] = 0,
+    batch: Annotated[bool, typer.Option(help="Ask as batch work: yields to interactive requests")] = False,
 ) -> None:
     """Retrieval only: passages, scores, stage timings and reranking depth."""
     from ragserve.client import RagClient
 
     async def run() -> None:
         async with RagClient(flags.target, access=flags.access()) as client:
-            r = await client.retrieve(question, top_k=top_k, budget_ms=budget_ms, dedupe_documents=dedupe)
+            r = await client.retrieve(
+                question,
+                top_k=top_k,
+                budget_ms=budget_ms,
+                dedupe_documents=dedupe,
+                request_class="batch" if batch else "interactive",
+            )
             if r.cache_hit:
                 print(f"(from the retrieval cache, index v{r.index_version})")
             for p in r.passages:

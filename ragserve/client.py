@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from types import TracebackType
+from typing import Literal
 
 import grpc
 from pydantic import AliasChoices, Field
@@ -16,6 +17,9 @@ from ragserve.errors import ConfigError
 from ragserve.server.auth import is_loopback
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
+
+RequestClassName = Literal["interactive", "batch"]
+REQUEST_CLASSES = {"interactive": pb.REQUEST_CLASS_INTERACTIVE, "batch": pb.REQUEST_CLASS_BATCH}
 
 # Retry UNAVAILABLE (a restarting sidecar) a few times; the service config is grpc's own mechanism.
 _SERVICE_CONFIG = json.dumps(
@@ -174,8 +178,15 @@ class RagClient:
         budget_ms: int = 0,
         timeout_s: float | None = None,
         dedupe_documents: bool = False,
+        request_class: RequestClassName = "interactive",
     ) -> pb.RetrieveResponse:
-        request = pb.RetrieveRequest(query=query, top_k=top_k, budget_ms=budget_ms, dedupe_documents=dedupe_documents)
+        request = pb.RetrieveRequest(
+            query=query,
+            top_k=top_k,
+            budget_ms=budget_ms,
+            dedupe_documents=dedupe_documents,
+            request_class=REQUEST_CLASSES[request_class],
+        )
         response: pb.RetrieveResponse = await self._stub.Retrieve(
             request, timeout=timeout_s or self.default_timeout_s, metadata=self._metadata
         )
@@ -190,10 +201,13 @@ class RagClient:
         budget_ms: int = 0,
         timeout_s: float | None = None,
         context_token_budget: int | None = None,
+        request_class: RequestClassName = "interactive",
     ) -> AsyncIterator[pb.QueryEvent]:
         """Events in order: one `retrieval`, `token` deltas, one `final`.
 
-        `context_token_budget`: None for the server's default, 0 for whole passages."""
+        `context_token_budget`: None for the server's default, 0 for whole passages.
+        `request_class`: "batch" for jobs (evaluations, bulk summaries, cache warmers): they yield
+        to people's requests and are refused first when the server is full."""
         request = pb.QueryRequest(
             query=query,
             top_k=top_k,
@@ -201,6 +215,7 @@ class RagClient:
             temperature=temperature,
             budget_ms=budget_ms,
             context_token_budget=context_token_budget,
+            request_class=REQUEST_CLASSES[request_class],
         )
         call = self._stub.Query(request, timeout=timeout_s or self.default_timeout_s, metadata=self._metadata)
         try:

@@ -68,6 +68,9 @@ class GeneratorSettings(BaseSettings):
     # OpenMP threads); auto: chosen from the host and the other settings (generate/host.py).
     engine_layout: Literal["auto", "process", "thread"] = "auto"
     max_num_seqs: int = 16
+    # priority: interactive requests run before batch ones in the engine's waiting queue (vLLM's
+    # priority scheduling); fcfs: arrival order for all.
+    scheduling_policy: Literal["priority", "fcfs"] = "priority"
     # One engine call (a step, adding a request) running longer than this turns health NOT_SERVING
     # until it ends: far above any step a healthy engine takes (docs: BENCHMARKS.md, TTFT).
     stall_s: float = Field(default=30.0, gt=0)
@@ -103,6 +106,9 @@ class GeneratorSettings(BaseSettings):
     remote_hedge_after_ms: float = 0.0
     # A server failing this many calls or probes in a row is left alone until a probe succeeds.
     remote_breaker_failures: int = Field(default=2, ge=1)
+    # Send each request's class as vLLM's `priority` (the servers must run --scheduling-policy
+    # priority, else they refuse it).
+    remote_priority: bool = False
 
     @model_validator(mode="after")
     def _lookup_range(self) -> Self:
@@ -402,6 +408,13 @@ class LimitsSettings(BaseSettings):
     max_call_s: float = Field(default=300.0, gt=0)
     # What an overloaded caller is told to wait before retrying (grpc-retry-pushback-ms).
     overload_retry_after_ms: int = 100
+    # Batch requests (request_class BATCH) may hold at most this share of max_in_flight...
+    batch_max_share: float = Field(default=0.5, gt=0.0, le=1.0)
+    # ...and never these last slots: people are never refused because a job is running.
+    interactive_reserved: int = Field(default=2, ge=0)
+    # Batch Query streams in the generator at once (vLLM does not preempt for priority while its
+    # running batch is full: vLLM issue 40004); more wait, within their deadline. 0: no cap.
+    batch_max_engine_seqs: int = Field(default=4, ge=0)
 
 
 class ObservabilitySettings(BaseSettings):

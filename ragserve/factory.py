@@ -397,6 +397,7 @@ def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipelin
         rerankers=rerankers,
         policy=AnswerPolicy.from_settings(settings),
         hot=HotPassages(hot_passages_path(settings)),
+        batch_engine_seqs=settings.limits.batch_max_engine_seqs,
         rerank_executor=rerank_executor,
         answers=make_answer_cache(settings) if generator is not None else None,
         search_executor=search_executor,

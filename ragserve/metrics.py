@@ -15,6 +15,14 @@ STAGE_MS = Histogram(
 )
 REQUESTS = Counter("ragserve_requests_total", "Requests by method and final gRPC status", ["method", "code"])
 IN_FLIGHT = Gauge("ragserve_in_flight_requests", "Requests admitted and not yet finished")
+# By request class (interactive, batch): refused at admission, and time to first token.
+SHED = Counter("ragserve_shed_total", "Requests refused at admission (RESOURCE_EXHAUSTED) by class", ["request_class"])
+TTFT_BY_CLASS = Histogram(
+    "ragserve_ttft_ms", "Time to first token in milliseconds by class", ["request_class"], buckets=_MS_BUCKETS
+)
+ENGINE_WAIT_MS = Histogram(
+    "ragserve_batch_engine_wait_ms", "Batch Query time waiting for batch's share of the generator", buckets=_MS_BUCKETS
+)
 DEGRADED = Counter("ragserve_degraded_total", "Requests that were cut short to hold the budget, by kind", ["kind"])
 RERANK_DEPTH = Histogram(
     "ragserve_rerank_depth", "Pairs scored by each rerank tier", ["tier"], buckets=(0, 1, 2, 5, 10, 20, 50, 100)
@@ -50,6 +58,9 @@ SPEC_ACCEPTED_TOKENS = Counter("ragserve_spec_accepted_tokens_total", "Speculati
 COMPLETION_TOKENS = Counter("ragserve_completion_tokens_total", "Tokens generated")
 
 # A remote generator's servers (RAGSERVE_GENERATOR_BACKEND=remote), by base URL.
+# Recent decode ms/token of answers that had the engine alone, over its pace measured alone at start
+# (request/pace.py): from 2.5 a neighbour is taking this engine's CPUs.
+GENERATOR_PACE_RATIO = Gauge("ragserve_generator_pace_ratio", "Decode time per token relative to this host's idle pace")
 REPLICA_UP = Gauge("ragserve_generator_server_up", "1 while the generation server can take requests", ["server"])
 REPLICA_IN_FLIGHT = Gauge("ragserve_generator_server_in_flight", "Requests open on the generation server", ["server"])
 REPLICA_REQUESTS = Counter(
@@ -62,3 +73,5 @@ REPLICA_HEDGES = Counter("ragserve_generator_hedges_total", "Prompts sent to a s
 # Export the rerank series from the start, at zero, so dashboards see them even with reranking off.
 for _tier in ("tier1", "tier2"):
     RERANK_DEPTH.labels(_tier)
+for _class in ("interactive", "batch"):
+    SHED.labels(_class)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 
 def model_name(model: str) -> str:
@@ -72,6 +73,7 @@ class StageTimings:
     cache_ms: float = 0.0  # retrieval cache lookups (exact, and semantic when enabled)
     answer_cache_ms: float = 0.0
     context_ms: float = 0.0  # fitting the passages into the context token budget
+    engine_wait_ms: float = 0.0  # a batch request waiting for its share of the engine
     evidence_ms: float = 0.0  # highlights and support (request/evidence.py), within retrieval_total_ms
 
 
@@ -135,6 +137,20 @@ class RetrieveParams:
     dedupe_documents: bool = False
 
 
+class RequestClass(StrEnum):
+    """Who waits for a request: a person (interactive, the default) or a job (batch). Batch takes at
+    most a share of the in-flight slots and of the engine, is shed first, and runs after interactive
+    work in the engine's queue."""
+
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+    @property
+    def engine_priority(self) -> int:
+        """vLLM's priority scheduling runs lower values first."""
+        return 0 if self is RequestClass.INTERACTIVE else 1
+
+
 @dataclass(frozen=True, slots=True)
 class GenerateParams:
     """A validated generation request."""
@@ -143,6 +159,7 @@ class GenerateParams:
     temperature: float
     # Most passage tokens in the prompt (sentences that match the question); 0: whole passages.
     context_token_budget: int = 0
+    request_class: RequestClass = RequestClass.INTERACTIVE
 
 
 @dataclass(slots=True)
@@ -197,6 +214,7 @@ class FinalSummary:
     context_tokens: int = 0
     context_tokens_full: int = 0
     answer_cache_hit: bool = False
+    request_class: RequestClass = RequestClass.INTERACTIVE
 
 
 QueryEvent = RetrievalResult | TokenDelta | FinalSummary

@@ -283,9 +283,11 @@ def client_rows() -> list[tuple[str, str, str]]:
 def indexer_rows() -> list[tuple[str, str, str]]:
     """Options of `ragserve-index` commands that also read a variable."""
     # typer ships its own click: a group is whatever has `commands`.
-    commands_by_name: dict[str, Any] = getattr(typer.main.get_command(indexer_app), "commands", {})
+    group = typer.main.get_command(indexer_app)
+    commands_by_name: dict[str, Any] = getattr(group, "commands", {})
     found: dict[str, tuple[str, str, list[str]]] = {}
-    for command_name, command in sorted(commands_by_name.items()):
+    # The group's own options (before the command name) apply to every command.
+    for command_name, command in [("<command>", group), *sorted(commands_by_name.items())]:
         for param in command.params:
             envvars = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or [])
             for name in envvars:

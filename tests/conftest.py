@@ -1,11 +1,18 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from indexer.build import build_index
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
+
+# The indexer's CLI lowers its own priority and caps its threads (indexer/host_share.py): tests
+# that run it in this process must not renice the test run (and every server it starts after).
+# tests/indexer/test_host_share.py checks that behaviour in processes of its own.
+os.environ.setdefault("RAGSERVE_INDEXER_NICE", "0")
+os.environ.setdefault("RAGSERVE_INDEXER_THREADS", str(len(os.sched_getaffinity(0))))
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_DOCS = REPO / "indexer" / "sample_docs"

@@ -338,6 +338,7 @@ class FakeSyncEngine:
     aborted: list[str] = field(default_factory=list)
     threads: set[str] = field(default_factory=set)
     core_shut_down: bool = False
+    priorities: dict[str, int] = field(default_factory=dict)
 
     @property
     def engine_core(self) -> FakeSyncEngine:
@@ -346,8 +347,9 @@ class FakeSyncEngine:
     def shutdown(self) -> None:
         self.core_shut_down = True
 
-    def add_request(self, request_id: str, prompt: str, sampling: object) -> None:
+    def add_request(self, request_id: str, prompt: str, sampling: object, priority: int = 0) -> None:
         self.threads.add(threading.current_thread().name)
+        self.priorities[request_id] = priority
         if prompt == "too long":
             raise ValueError("prompt is longer than the model's context")
         self.running[request_id] = (prompt.split(), 0)

@@ -1,11 +1,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
+from ragserve import metrics
 from ragserve.errors import Overloaded
 from ragserve.server.limiter import InFlightLimiter
+from ragserve.types import RequestClass
+
+BATCH, INTERACTIVE = RequestClass.BATCH, RequestClass.INTERACTIVE
 
 
 def test_a_burst_admits_exactly_the_bound_and_rejects_the_rest() -> None:
@@ -44,3 +49,38 @@ def test_a_failing_request_releases_its_slot() -> None:
         raise ValueError("boom")
     with limiter.admit():
         assert limiter.in_flight == 1
+
+
+def _shed(request_class: RequestClass) -> float:
+    return metrics.SHED.labels(request_class.value)._value.get()
+
+
+def test_batch_gets_its_share_and_is_refused_first() -> None:
+    limiter = InFlightLimiter(8, batch_max_share=0.5, interactive_reserved=2)
+    assert limiter.batch_max == 4
+    shed_before = _shed(BATCH)
+    with contextlib.ExitStack() as held:
+        for _ in range(4):
+            held.enter_context(limiter.admit(BATCH))
+        with pytest.raises(Overloaded, match="batch limit 4"):
+            held.enter_context(limiter.admit(BATCH))
+        # People still get every other slot.
+        for _ in range(4):
+            held.enter_context(limiter.admit(INTERACTIVE))
+        with pytest.raises(Overloaded):
+            held.enter_context(limiter.admit(INTERACTIVE))
+    assert _shed(BATCH) == shed_before + 1
+    assert (limiter.in_flight, limiter.batch_in_flight) == (0, 0)
+
+
+def test_batch_never_takes_the_slots_kept_for_people() -> None:
+    limiter = InFlightLimiter(4, batch_max_share=1.0, interactive_reserved=1)
+    assert limiter.batch_max == 3
+    with contextlib.ExitStack() as held:
+        for _ in range(3):
+            held.enter_context(limiter.admit(BATCH))
+        with pytest.raises(Overloaded):
+            held.enter_context(limiter.admit(BATCH))
+        held.enter_context(limiter.admit(INTERACTIVE))  # the kept slot
+    # A tiny server still lets one batch request in.
+    assert InFlightLimiter(1, interactive_reserved=2).batch_max == 1

@@ -199,3 +199,41 @@ def test_low_support_is_answered_without_the_engine_when_asked(pipeline_factory)
     events, fake = asyncio.run(ask(AnswerPolicy()))
     assert fake.calls == 1 and isinstance(events[0], RetrievalResult) and events[0].support.low
     assert isinstance(events[-1], FinalSummary) and events[-1].finish_reason == "stop"
+
+
+def test_batch_waits_for_its_share_of_the_engine_and_people_do_not(sample_index: Path, embedder) -> None:
+    from ragserve.types import RequestClass
+
+    fake = FakeGenerator(delay_s=0.05)
+    executor = ThreadPoolExecutor(2)
+    pipeline = RagPipeline(embedder, HnswIndex.load(sample_index), fake, executor, batch_engine_seqs=1)
+    params = RetrieveParams("Who discovered penicillin?", top_k=3, budget_ms=10_000)
+    batch = GenerateParams(16, 0.5, request_class=RequestClass.BATCH)  # temperature > 0: no answer cache
+    person = GenerateParams(16, 0.5)
+
+    async def final(gen: GenerateParams, timeout_s: float = 10.0) -> FinalSummary:
+        events = [e async for e in pipeline.query(params, gen, Deadline(10_000, client_timeout_s=timeout_s), "r")]
+        assert isinstance(events[-1], FinalSummary)
+        return events[-1]
+
+    async def run() -> tuple[list[FinalSummary], FinalSummary]:
+        jobs = [asyncio.create_task(final(batch)) for _ in range(2)]
+        await asyncio.sleep(0.02)
+        interactive = await final(person)
+        done = list(await asyncio.gather(*jobs))
+        # A batch request whose deadline passes while it waits for a slot: DEADLINE_EXCEEDED.
+        blocker = asyncio.create_task(final(batch))
+        await asyncio.sleep(0.02)
+        with pytest.raises(DeadlineExpired):
+            await final(batch, timeout_s=0.1)
+        await blocker
+        return done, interactive
+
+    try:
+        jobs, interactive = asyncio.run(run())  # one event loop: the slots belong to it
+        waits = sorted(j.timings.engine_wait_ms for j in jobs)
+        assert waits[0] < 5 and waits[1] > 50  # the second batch request waited for the first
+        assert interactive.timings.engine_wait_ms == 0 and interactive.request_class is RequestClass.INTERACTIVE
+        assert all(j.request_class is RequestClass.BATCH for j in jobs)
+    finally:
+        executor.shutdown()

@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
+from indexer import host_share
 from ragserve.client import ClientSettings
 from ragserve.config import (
     CacheSettings,
@@ -330,5 +331,5 @@ def test_indexer_builds_its_embedder_through_the_factory(monkeypatch: pytest.Mon
     indexer_cli.load_embedder("/models/e5", "torch", "cuda", True)
     (onnx, onnx_indexing), (torch, _) = calls
     assert onnx_indexing and onnx.backend == "onnx" and onnx.device == "cpu" and not onnx.onnx_int8
-    assert onnx.threads == 0 and onnx.model == "/models/e5"
+    assert onnx.threads == host_share.threads and onnx.model == "/models/e5"  # --threads, or 0 when not run
     assert torch.backend == "torch" and torch.device == "cuda"

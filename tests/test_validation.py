@@ -6,7 +6,8 @@ import pytest
 
 from ragserve.config import RequestSettings, Settings
 from ragserve.errors import InvalidArgument
-from ragserve.server.validation import validate_generate, validate_retrieve
+from ragserve.server.validation import validate_generate, validate_request_class, validate_retrieve
+from ragserve.types import RequestClass
 
 SETTINGS = Settings()
 
@@ -53,3 +54,13 @@ def test_bad_generate_fields(max_tokens: int, temperature: float, field: str) ->
     with pytest.raises(InvalidArgument) as info:
         validate_generate(SETTINGS, max_tokens, temperature)
     assert info.value.field == field
+
+
+def test_request_class_unspecified_is_interactive_and_unknown_numbers_are_refused() -> None:
+    assert validate_request_class(0) is RequestClass.INTERACTIVE
+    assert validate_request_class(1) is RequestClass.INTERACTIVE
+    assert validate_request_class(2) is RequestClass.BATCH
+    for value in (3, -1, 1 << 20):
+        with pytest.raises(InvalidArgument) as caught:
+            validate_request_class(value)
+        assert caught.value.field == "request_class"

@@ -65,6 +65,7 @@ class _Add:
     prompt: str
     sampling: Any
     sink: _Sink
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +216,7 @@ class ThreadedEngine:
                 command.sink.put(DuplicateRequestId(f"engine request id {command.request_id} is in use"))
                 return
             try:
-                engine.add_request(command.request_id, command.prompt, command.sampling)
+                engine.add_request(command.request_id, command.prompt, command.sampling, priority=command.priority)
             except Exception as exc:  # this prompt was refused (too long...); others go on
                 command.sink.put(exc)
                 return
@@ -248,10 +249,10 @@ class ThreadedEngine:
                 raise EngineThreadDead(str(self._error or "engine thread stopped"))
             self._commands.put(command)
 
-    async def generate(self, prompt: str, sampling: Any, request_id: str) -> AsyncIterator[Any]:
+    async def generate(self, prompt: str, sampling: Any, request_id: str, priority: int = 0) -> AsyncIterator[Any]:
         """Outputs as AsyncLLM.generate yields them; leaving early aborts the request."""
         sink = _Sink(asyncio.get_running_loop())
-        self._send(_Add(request_id, prompt, sampling, sink))
+        self._send(_Add(request_id, prompt, sampling, sink, priority))
         finished = False
         try:
             while not finished:

@@ -251,6 +251,7 @@ class RemoteVllmGenerator:
             "stream_options": {"include_usage": True},
             # Our own id: a client's id must never reach a server (it could cross two callers' streams).
             "request_id": uuid.uuid4().hex,
+            **({"priority": params.request_class.engine_priority} if self._settings.remote_priority else {}),
         }
 
     async def stream(self, prompt: Prompt, params: GenerateParams, trace_id: str) -> AsyncIterator[GenerationChunk]:

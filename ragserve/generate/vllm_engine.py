@@ -84,6 +84,7 @@ class VllmGenerator:
             "enforce_eager": s.enforce_eager,
             "enable_prefix_caching": s.enable_prefix_caching,
             "max_num_seqs": s.max_num_seqs,
+            "scheduling_policy": s.scheduling_policy,
             "seed": s.seed,
             "disable_log_stats": True,
             "use_tqdm_on_load": False,  # a sub-second progress bar on the server's stream
@@ -163,7 +164,9 @@ class VllmGenerator:
             # Both engines abort the request when their iteration is closed. Closed here, at once,
             # when this stream is: left to the garbage collector, the abort waited for a GC pass
             # whenever a traceback cycle held the iterator, and the engine kept decoding meanwhile.
-            async with contextlib.aclosing(self._engine.generate(text, sampling, request_id=engine_id)) as outputs:
+            priority = params.request_class.engine_priority if self._settings.scheduling_policy == "priority" else 0
+            generation = self._engine.generate(text, sampling, request_id=engine_id, priority=priority)
+            async with contextlib.aclosing(generation) as outputs:
                 async for output in outputs:
                     completion = output.outputs[0]
                     delta = completion.text[sent:]

@@ -21,10 +21,10 @@ from typing import TypeVar
 from ragserve.budget import Deadline, StageTimer
 from ragserve.cache.base import AnswerCache, RetrievalCache
 from ragserve.cache.keys import RetrievalKey
-from ragserve.config import QdrantSettings, RetrievalSettings, default_of
+from ragserve.config import LimitsSettings, QdrantSettings, RetrievalSettings, default_of
 from ragserve.embed.base import Embedder
-from ragserve.errors import ConfigError
-from ragserve.generate.base import Generator
+from ragserve.errors import ConfigError, DeadlineExpired
+from ragserve.generate.base import Generator, ServerPool
 from ragserve.index.base import ChunkLookup, SearchIndex
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.prompt import Prompt, build_prompt
@@ -33,6 +33,7 @@ from ragserve.request.caches import PipelineCaches, cache_scope, replay
 from ragserve.request.context import FittedContext, fit_context
 from ragserve.request.evidence import with_evidence
 from ragserve.request.hot import HotPassages
+from ragserve.request.pace import PaceMonitor
 from ragserve.request.policy import ABSTAIN_ANSWER, AnswerPolicy
 from ragserve.request.search import SearchStage, check_client
 from ragserve.request.serving import ServingVersion
@@ -42,6 +43,7 @@ from ragserve.types import (
     GenerateParams,
     Passage,
     QueryEvent,
+    RequestClass,
     RetrievalResult,
     RetrieveParams,
     StageTimings,
@@ -75,6 +77,7 @@ class RagPipeline:
         search_min_ms: float = default_of(QdrantSettings, "min_search_ms"),
         versions: Callable[[SearchIndex], ServingVersion] | None = None,
         hot: HotPassages | None = None,
+        batch_engine_seqs: int = default_of(LimitsSettings, "batch_max_engine_seqs"),
     ) -> None:
         """`rerankers`: how each index version's reranker is chosen (None: none ever is).
         `versions`: what an index version serves with (the factory's `VersionBuilder` loads the models
@@ -82,6 +85,9 @@ class RagPipeline:
         self.generator = generator
         self.policy = policy or AnswerPolicy()
         self.hot = hot or HotPassages(None)  # the top passages Query retrieves, for warm_hot_passages
+        self.pace = PaceMonitor()  # is the engine running at this host's pace (a busy neighbour)?
+        # Batch's share of the generator (0: no cap): interactive requests never wait for it.
+        self._batch_slots = asyncio.Semaphore(batch_engine_seqs) if batch_engine_seqs > 0 else None
         self._executor = executor
         options = retrieval or RetrievalOptions()
         self._versions = versions or _configured_parts(embedder, rerankers, options)
@@ -129,6 +135,8 @@ class RagPipeline:
         await self._off_loop(lambda: serving.embedder.embed_queries(["warm-up"]))
         if self.generator is not None:
             await self.generator.start()
+            if not isinstance(self.generator, ServerPool):  # a remote server's pace is not this host's
+                await self.pace.measure_baseline(self.generator)
             self.hot.load()
             await self.warm_hot_passages()
         # After the engine is up: each tier measures its cost at the load it will serve under.
@@ -295,14 +303,17 @@ class RagPipeline:
         context, prompt = await self._off_loop(
             lambda: self._fit_and_build(params.query, retrieval.passages, gen.context_token_budget, generator, timings)
         )
-        # The engine has the prompt before the retrieval event is sent: prefill overlaps the send.
-        answer = AnswerStream.start(generator, prompt, gen, request_id, deadline.elapsed_ms)
-        async with contextlib.aclosing(answer):  # a caller gone mid-stream aborts the engine request now
-            yield retrieval
-            async for delta in answer.deltas(deadline.client_end(asyncio.get_running_loop())):
-                yield delta
+        alone = generator.unfinished_requests() == 0
+        async with self._engine_share(gen, deadline, timings):
+            # The engine has the prompt before the retrieval event is sent: prefill overlaps the send.
+            answer = AnswerStream.start(generator, prompt, gen, request_id, deadline.elapsed_ms)
+            async with contextlib.aclosing(answer):  # a caller gone mid-stream aborts the engine request now
+                yield retrieval
+                async for delta in answer.deltas(deadline.client_end(asyncio.get_running_loop())):
+                    yield delta
         run = answer.run
         _record_answer(timings, run)
+        self.pace.record(timings.time_per_output_token_ms, alone and generator.unfinished_requests() == 0)
         # Reached only after a finish (a cancel, an engine failure or the deadline raised above);
         # a length-cut answer or one from passages cut short by the budget is never replayed.
         if answer_key is not None and run.finish_reason == "stop" and not retrieval.degraded.is_degraded():
@@ -315,7 +326,30 @@ class RagPipeline:
             generator.model_id,
             context_tokens=context.tokens,
             context_tokens_full=context.tokens_full,
+            request_class=gen.request_class,
         )
+
+    @contextlib.asynccontextmanager
+    async def _engine_share(
+        self, gen: GenerateParams, deadline: Deadline, timings: StageTimings
+    ) -> AsyncIterator[None]:
+        """A batch request holds one of batch's engine slots while it generates; it waits for one
+        within its deadline (DEADLINE_EXCEEDED past it). Interactive requests pass straight through."""
+        slots = self._batch_slots
+        if slots is None or gen.request_class is not RequestClass.BATCH:
+            yield
+            return
+        with StageTimer("engine_wait") as t:
+            try:
+                async with asyncio.timeout_at(deadline.client_end(asyncio.get_running_loop())):
+                    await slots.acquire()
+            except TimeoutError as exc:
+                raise DeadlineExpired("the deadline passed while batch work waited for the generator") from exc
+        timings.engine_wait_ms = t.ms
+        try:
+            yield
+        finally:
+            slots.release()
 
 
 def _abstain(

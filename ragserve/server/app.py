@@ -198,7 +198,7 @@ class RagServer:
         self._owns_socket = False  # a server refused at start-up must not remove another's socket
         self._background: list[asyncio.Task[None]] = []
         self._metrics: MetricsServer | None = None
-        limiter = InFlightLimiter(settings.limits.max_in_flight, settings.limits.overload_retry_after_ms)
+        limiter = InFlightLimiter.from_settings(settings.limits)
         self._servicer = RagServicer(settings, limiter)
         self.server, self.health = build_grpc_server(settings, self._servicer)
 

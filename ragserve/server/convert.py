@@ -12,6 +12,7 @@ from ragserve.types import (
     Highlight,
     Passage,
     ReplicaState,
+    RequestClass,
     RetrievalResult,
     StageTimings,
     Support,
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
 
 # The two messages that carry a retrieval result: the Retrieve reply and the Query stream's first event.
 RetrievalMessage = TypeVar("RetrievalMessage", pb.RetrieveResponse, pb.RetrievalEvent)
+
+
+_CLASS_PB = {RequestClass.INTERACTIVE: pb.REQUEST_CLASS_INTERACTIVE, RequestClass.BATCH: pb.REQUEST_CLASS_BATCH}
 
 
 def passage_pb(passage: Passage) -> pb.Passage:
@@ -65,6 +69,7 @@ def timings_pb(t: StageTimings) -> pb.StageTimings:
         answer_cache_ms=t.answer_cache_ms,
         context_ms=t.context_ms,
         evidence_ms=t.evidence_ms,
+        engine_wait_ms=t.engine_wait_ms,
     )
 
 
@@ -114,6 +119,7 @@ def query_event_pb(event: RetrievalResult | TokenDelta | FinalSummary) -> pb.Que
             timings=timings_pb(event.timings),
             degraded=degraded_pb(event.degraded),
             finish_reason=event.finish_reason,
+            request_class=_CLASS_PB[event.request_class],
             generator_model=event.generator_model,
             answer_cache_hit=event.answer_cache_hit,
         )
@@ -139,5 +145,6 @@ def info_response_pb(pipeline: RagPipeline, retrieval_budget_ms: int, requests_i
         requests_in_flight=requests_in_flight,
         generator_settings=[engine_setting_pb(c) for c in (generator.engine_choices if generator else ())],
         host_cpu=generator.host_cpu if generator else "",
+        generator_pace=pipeline.pace.describe() if generator else "",
         generator_servers=[pb.GeneratorServer(url=r.url, up=r.up, in_flight=r.in_flight) for r in servers],
     )

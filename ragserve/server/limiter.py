@@ -1,35 +1,67 @@
-"""A bound on requests in flight: beyond it, fail fast instead of queueing without limit."""
+"""A bound on requests in flight: beyond it, fail fast instead of queueing without limit.
+
+Batch requests get at most a share of the slots and never the last ones interactive callers need,
+so under overload batch is refused first and a person is never refused because a job is running.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ragserve import metrics
 from ragserve.config import LimitsSettings, default_of
 from ragserve.errors import Overloaded
+from ragserve.types import RequestClass
 
 
 class InFlightLimiter:
-    """Counts admitted requests; `admit()` raises Overloaded at once when the bound is reached.
+    """Counts admitted requests by class; `admit()` raises Overloaded at once past the bounds.
 
-    Used from one event loop only, so a plain counter is enough (no await between check and add).
+    Used from one event loop only, so plain counters are enough (no await between check and add).
     """
 
     def __init__(
-        self, max_in_flight: int, retry_after_ms: int = default_of(LimitsSettings, "overload_retry_after_ms")
+        self,
+        max_in_flight: int,
+        retry_after_ms: int = default_of(LimitsSettings, "overload_retry_after_ms"),
+        batch_max_share: float = default_of(LimitsSettings, "batch_max_share"),
+        interactive_reserved: int = default_of(LimitsSettings, "interactive_reserved"),
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
         self.max_in_flight = max_in_flight
         self.retry_after_ms = retry_after_ms
+        # At least one batch slot, and never more than the slots interactive does not keep.
+        self.batch_max = max(1, min(int(max_in_flight * batch_max_share), max_in_flight - interactive_reserved))
         self.in_flight = 0
+        self.batch_in_flight = 0
+
+    @classmethod
+    def from_settings(cls, limits: LimitsSettings) -> InFlightLimiter:
+        return cls(
+            limits.max_in_flight, limits.overload_retry_after_ms, limits.batch_max_share, limits.interactive_reserved
+        )
 
     @contextmanager
-    def admit(self) -> Iterator[None]:
+    def admit(self, request_class: RequestClass = RequestClass.INTERACTIVE) -> Iterator[None]:
+        batch = request_class is RequestClass.BATCH
         if self.in_flight >= self.max_in_flight:
-            raise Overloaded(f"{self.in_flight} requests in flight (limit {self.max_in_flight})", self.retry_after_ms)
+            self._shed(request_class, f"{self.in_flight} requests in flight (limit {self.max_in_flight})")
+        if batch and self.batch_in_flight >= self.batch_max:
+            self._shed(
+                request_class,
+                f"{self.batch_in_flight} batch requests in flight (batch limit {self.batch_max}: "
+                "RAGSERVE_BATCH_MAX_SHARE, RAGSERVE_INTERACTIVE_RESERVED)",
+            )
         self.in_flight += 1
+        self.batch_in_flight += batch
         try:
             yield
         finally:
             self.in_flight -= 1
+            self.batch_in_flight -= batch
+
+    def _shed(self, request_class: RequestClass, message: str) -> None:
+        metrics.SHED.labels(request_class.value).inc()
+        raise Overloaded(message, self.retry_after_ms)

@@ -34,6 +34,9 @@ def observe_final(summary: FinalSummary) -> None:
         metrics.STAGE_MS.labels("answer_cache").observe(t.answer_cache_ms)
     if t.ttft_ms > 0:
         metrics.STAGE_MS.labels("ttft").observe(t.ttft_ms)
+        metrics.TTFT_BY_CLASS.labels(summary.request_class.value).observe(t.ttft_ms)
+    if t.engine_wait_ms > 0:
+        metrics.ENGINE_WAIT_MS.observe(t.engine_wait_ms)
     metrics.STAGE_MS.labels("query_total").observe(t.total_ms)
     if summary.answer_cache_hit:
         return  # the engine was not asked: no prompt, generation or tokens to count for this request

@@ -21,8 +21,8 @@ from ragserve.server.convert import info_response_pb, query_event_pb, retrieve_r
 from ragserve.server.limiter import InFlightLimiter
 from ragserve.server.observability import observe_final, observe_request, observe_retrieval
 from ragserve.server.status import to_status
-from ragserve.server.validation import validate_generate, validate_retrieve
-from ragserve.types import FinalSummary, RetrievalResult
+from ragserve.server.validation import validate_generate, validate_request_class, validate_retrieve
+from ragserve.types import FinalSummary, RequestClass, RetrievalResult
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 
@@ -89,7 +89,9 @@ class _Call:
         observe_request(self.method, self.code, self.elapsed_ms())
 
     @contextlib.asynccontextmanager
-    async def admitted(self, limiter: InFlightLimiter, max_s: float) -> AsyncIterator[None]:
+    async def admitted(
+        self, limiter: InFlightLimiter, max_s: float, request_class: int = 0
+    ) -> AsyncIterator[RequestClass]:
         """The call's span, its slot under the in-flight bound, its time cap, and one status for
         whatever it raises.
 
@@ -101,15 +103,16 @@ class _Call:
         """
         cancelled = True
         try:
+            cls = validate_request_class(request_class)  # admission depends on it: checked first
             with (
                 tracing.request_span(f"{SERVICE_NAME}/{self.method}", self.context.invocation_metadata()),
-                limiter.admit(),
+                limiter.admit(cls),
             ):
                 metrics.IN_FLIGHT.inc()
                 cap = asyncio.timeout(max_s)
                 try:
                     async with cap:
-                        yield
+                        yield cls
                 except TimeoutError as exc:
                     if not cap.expired():
                         raise
@@ -181,7 +184,7 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
 
     async def Retrieve(self, request: pb.RetrieveRequest, context: grpc.aio.ServicerContext) -> pb.RetrieveResponse:
         call = _Call("Retrieve", context)
-        async with call.admitted(self._limiter, self._settings.limits.max_call_s):
+        async with call.admitted(self._limiter, self._settings.limits.max_call_s, request.request_class):
             params = validate_retrieve(
                 self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents
             )
@@ -193,7 +196,7 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
         # Written with context.write, not yielded: a write stuck behind a client that stopped reading
         # then runs inside the call's time cap (a yielded message is sent by grpc, outside it).
         call = _Call("Query", context)
-        async with call.admitted(self._limiter, self._settings.limits.max_call_s):
+        async with call.admitted(self._limiter, self._settings.limits.max_call_s, request.request_class) as cls:
             params = validate_retrieve(
                 self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents
             )
@@ -202,6 +205,7 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
                 request.max_tokens,
                 request.temperature,
                 request.context_token_budget if request.HasField("context_token_budget") else None,
+                cls,
             )
             deadline = self._deadline(params.budget_ms, call)
             events = self._ready().query(params, gen, deadline, call.request_id)

@@ -6,7 +6,17 @@ import math
 
 from ragserve.config import Settings
 from ragserve.errors import InvalidArgument
-from ragserve.types import GenerateParams, RetrieveParams
+from ragserve.types import GenerateParams, RequestClass, RetrieveParams
+
+# The wire's RequestClass numbers (rag.proto); 0 (unspecified) is interactive.
+_CLASSES = {0: RequestClass.INTERACTIVE, 1: RequestClass.INTERACTIVE, 2: RequestClass.BATCH}
+
+
+def validate_request_class(value: int) -> RequestClass:
+    """A number the proto does not name (proto3 keeps unknown enum values) is refused, not guessed."""
+    if value not in _CLASSES:
+        raise InvalidArgument("request_class", f"must be REQUEST_CLASS_INTERACTIVE or REQUEST_CLASS_BATCH, got {value}")
+    return _CLASSES[value]
 
 
 def validate_retrieve(
@@ -45,7 +55,11 @@ def validate_retrieve(
 
 
 def validate_generate(
-    settings: Settings, max_tokens: int, temperature: float, context_token_budget: int | None = None
+    settings: Settings,
+    max_tokens: int,
+    temperature: float,
+    context_token_budget: int | None = None,
+    request_class: RequestClass = RequestClass.INTERACTIVE,
 ) -> GenerateParams:
     limit = settings.generator.max_tokens_limit
     if max_tokens < 0 or max_tokens > limit:
@@ -69,4 +83,5 @@ def validate_generate(
         context_token_budget=settings.requests.context_token_budget
         if context_token_budget is None
         else context_token_budget,
+        request_class=request_class,
     )

@@ -1,4 +1,5 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -6,17 +7,28 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class RequestClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REQUEST_CLASS_UNSPECIFIED: _ClassVar[RequestClass]
+    REQUEST_CLASS_INTERACTIVE: _ClassVar[RequestClass]
+    REQUEST_CLASS_BATCH: _ClassVar[RequestClass]
+REQUEST_CLASS_UNSPECIFIED: RequestClass
+REQUEST_CLASS_INTERACTIVE: RequestClass
+REQUEST_CLASS_BATCH: RequestClass
+
 class RetrieveRequest(_message.Message):
-    __slots__ = ("query", "top_k", "budget_ms", "dedupe_documents")
+    __slots__ = ("query", "top_k", "budget_ms", "dedupe_documents", "request_class")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
     DEDUPE_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_CLASS_FIELD_NUMBER: _ClassVar[int]
     query: str
     top_k: int
     budget_ms: int
     dedupe_documents: bool
-    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ..., dedupe_documents: _Optional[bool] = ...) -> None: ...
+    request_class: RequestClass
+    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ..., dedupe_documents: _Optional[bool] = ..., request_class: _Optional[_Union[RequestClass, str]] = ...) -> None: ...
 
 class Passage(_message.Message):
     __slots__ = ("doc_id", "chunk_id", "text", "score", "title", "rank", "highlight")
@@ -55,7 +67,7 @@ class Support(_message.Message):
     def __init__(self, coverage: _Optional[float] = ..., low: _Optional[bool] = ...) -> None: ...
 
 class StageTimings(_message.Message):
-    __slots__ = ("embed_ms", "search_ms", "rerank_ms", "retrieval_total_ms", "prompt_ms", "ttft_ms", "generation_ms", "total_ms", "time_per_output_token_ms", "cache_ms", "answer_cache_ms", "context_ms", "evidence_ms")
+    __slots__ = ("embed_ms", "search_ms", "rerank_ms", "retrieval_total_ms", "prompt_ms", "ttft_ms", "generation_ms", "total_ms", "time_per_output_token_ms", "cache_ms", "answer_cache_ms", "context_ms", "evidence_ms", "engine_wait_ms")
     EMBED_MS_FIELD_NUMBER: _ClassVar[int]
     SEARCH_MS_FIELD_NUMBER: _ClassVar[int]
     RERANK_MS_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +81,7 @@ class StageTimings(_message.Message):
     ANSWER_CACHE_MS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_MS_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_MS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     embed_ms: float
     search_ms: float
     rerank_ms: float
@@ -82,7 +95,8 @@ class StageTimings(_message.Message):
     answer_cache_ms: float
     context_ms: float
     evidence_ms: float
-    def __init__(self, embed_ms: _Optional[float] = ..., search_ms: _Optional[float] = ..., rerank_ms: _Optional[float] = ..., retrieval_total_ms: _Optional[float] = ..., prompt_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., generation_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., time_per_output_token_ms: _Optional[float] = ..., cache_ms: _Optional[float] = ..., answer_cache_ms: _Optional[float] = ..., context_ms: _Optional[float] = ..., evidence_ms: _Optional[float] = ...) -> None: ...
+    engine_wait_ms: float
+    def __init__(self, embed_ms: _Optional[float] = ..., search_ms: _Optional[float] = ..., rerank_ms: _Optional[float] = ..., retrieval_total_ms: _Optional[float] = ..., prompt_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., generation_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., time_per_output_token_ms: _Optional[float] = ..., cache_ms: _Optional[float] = ..., answer_cache_ms: _Optional[float] = ..., context_ms: _Optional[float] = ..., evidence_ms: _Optional[float] = ..., engine_wait_ms: _Optional[float] = ...) -> None: ...
 
 class DegradedFlags(_message.Message):
     __slots__ = ("budget_exhausted", "search_truncated", "rerank_skipped", "rerank_truncated", "notes")
@@ -117,7 +131,7 @@ class RetrieveResponse(_message.Message):
     def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., index_version: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., cache_hit: _Optional[bool] = ..., support: _Optional[_Union[Support, _Mapping]] = ...) -> None: ...
 
 class QueryRequest(_message.Message):
-    __slots__ = ("query", "top_k", "budget_ms", "max_tokens", "temperature", "dedupe_documents", "context_token_budget")
+    __slots__ = ("query", "top_k", "budget_ms", "max_tokens", "temperature", "dedupe_documents", "context_token_budget", "request_class")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +139,7 @@ class QueryRequest(_message.Message):
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     DEDUPE_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_CLASS_FIELD_NUMBER: _ClassVar[int]
     query: str
     top_k: int
     budget_ms: int
@@ -132,7 +147,8 @@ class QueryRequest(_message.Message):
     temperature: float
     dedupe_documents: bool
     context_token_budget: int
-    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., dedupe_documents: _Optional[bool] = ..., context_token_budget: _Optional[int] = ...) -> None: ...
+    request_class: RequestClass
+    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., dedupe_documents: _Optional[bool] = ..., context_token_budget: _Optional[int] = ..., request_class: _Optional[_Union[RequestClass, str]] = ...) -> None: ...
 
 class RetrievalEvent(_message.Message):
     __slots__ = ("passages", "timings", "degraded", "index_version", "rerank_tiers", "cache_hit", "support")
@@ -177,20 +193,22 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., context_tokens: _Optional[int] = ..., context_tokens_full: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class FinalEvent(_message.Message):
-    __slots__ = ("usage", "timings", "degraded", "finish_reason", "generator_model", "answer_cache_hit")
+    __slots__ = ("usage", "timings", "degraded", "finish_reason", "generator_model", "answer_cache_hit", "request_class")
     USAGE_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     GENERATOR_MODEL_FIELD_NUMBER: _ClassVar[int]
     ANSWER_CACHE_HIT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_CLASS_FIELD_NUMBER: _ClassVar[int]
     usage: Usage
     timings: StageTimings
     degraded: DegradedFlags
     finish_reason: str
     generator_model: str
     answer_cache_hit: bool
-    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., finish_reason: _Optional[str] = ..., generator_model: _Optional[str] = ..., answer_cache_hit: _Optional[bool] = ...) -> None: ...
+    request_class: RequestClass
+    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., finish_reason: _Optional[str] = ..., generator_model: _Optional[str] = ..., answer_cache_hit: _Optional[bool] = ..., request_class: _Optional[_Union[RequestClass, str]] = ...) -> None: ...
 
 class QueryEvent(_message.Message):
     __slots__ = ("retrieval", "token", "final")
@@ -207,7 +225,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("index_version", "index_chunks", "embedder_model", "generator_model", "rerank_tiers", "retrieval_budget_ms", "generator_unfinished_requests", "requests_in_flight", "generator_settings", "host_cpu", "generator_servers")
+    __slots__ = ("index_version", "index_chunks", "embedder_model", "generator_model", "rerank_tiers", "retrieval_budget_ms", "generator_unfinished_requests", "requests_in_flight", "generator_settings", "host_cpu", "generator_servers", "generator_pace")
     INDEX_VERSION_FIELD_NUMBER: _ClassVar[int]
     INDEX_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDER_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -219,6 +237,7 @@ class InfoResponse(_message.Message):
     GENERATOR_SETTINGS_FIELD_NUMBER: _ClassVar[int]
     HOST_CPU_FIELD_NUMBER: _ClassVar[int]
     GENERATOR_SERVERS_FIELD_NUMBER: _ClassVar[int]
+    GENERATOR_PACE_FIELD_NUMBER: _ClassVar[int]
     index_version: str
     index_chunks: int
     embedder_model: str
@@ -230,7 +249,8 @@ class InfoResponse(_message.Message):
     generator_settings: _containers.RepeatedCompositeFieldContainer[EngineSetting]
     host_cpu: str
     generator_servers: _containers.RepeatedCompositeFieldContainer[GeneratorServer]
-    def __init__(self, index_version: _Optional[str] = ..., index_chunks: _Optional[int] = ..., embedder_model: _Optional[str] = ..., generator_model: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., retrieval_budget_ms: _Optional[int] = ..., generator_unfinished_requests: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., generator_settings: _Optional[_Iterable[_Union[EngineSetting, _Mapping]]] = ..., host_cpu: _Optional[str] = ..., generator_servers: _Optional[_Iterable[_Union[GeneratorServer, _Mapping]]] = ...) -> None: ...
+    generator_pace: str
+    def __init__(self, index_version: _Optional[str] = ..., index_chunks: _Optional[int] = ..., embedder_model: _Optional[str] = ..., generator_model: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., retrieval_budget_ms: _Optional[int] = ..., generator_unfinished_requests: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., generator_settings: _Optional[_Iterable[_Union[EngineSetting, _Mapping]]] = ..., host_cpu: _Optional[str] = ..., generator_servers: _Optional[_Iterable[_Union[GeneratorServer, _Mapping]]] = ..., generator_pace: _Optional[str] = ...) -> None: ...
 
 class GeneratorServer(_message.Message):
     __slots__ = ("url", "up", "in_flight")

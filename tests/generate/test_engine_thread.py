@@ -217,7 +217,7 @@ def test_the_engine_never_sees_the_callers_id(monkeypatch: pytest.MonkeyPatch) -
 
         errored = False
 
-        async def generate(self, prompt: str, sampling: object, request_id: str):  # type: ignore[no-untyped-def]
+        async def generate(self, prompt: str, sampling: object, request_id: str, priority: int = 0):  # type: ignore[no-untyped-def]
             seen.append(request_id)
             completion = SimpleNamespace(text=prompt, token_ids=[1], finish_reason="stop", spec_decode_metrics=None)
             yield SimpleNamespace(outputs=[completion], finished=True, prompt_token_ids=[1], num_cached_tokens=0)
@@ -376,7 +376,7 @@ def test_closing_a_stream_closes_the_engine_iteration_at_once(monkeypatch: pytes
     class EndlessAsyncEngine:
         errored = False
 
-        async def generate(self, prompt: str, sampling: object, request_id: str):  # type: ignore[no-untyped-def]
+        async def generate(self, prompt: str, sampling: object, request_id: str, priority: int = 0):  # type: ignore[no-untyped-def]
             text = ""
             try:
                 while True:
@@ -398,3 +398,21 @@ def test_closing_a_stream_closes_the_engine_iteration_at_once(monkeypatch: pytes
         return list(closed)  # before the loop runs anything else
 
     assert asyncio.run(take_one_and_close()) == [True]
+
+
+def test_each_request_reaches_the_engine_with_its_priority() -> None:
+    fake = FakeSyncEngine()
+    engine = _started(fake)
+
+    async def both() -> None:
+        async def run(request_id: str, priority: int) -> None:
+            async for _ in engine.generate("a b", None, request_id, priority=priority):
+                pass
+
+        await asyncio.gather(run("person", 0), run("job", 1))
+
+    try:
+        asyncio.run(both())
+    finally:
+        engine.shutdown()
+    assert fake.priorities == {"person": 0, "job": 1}

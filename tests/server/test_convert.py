@@ -117,6 +117,7 @@ def _pipeline(generator: Any, reranker: Any) -> Any:
         embedder=SimpleNamespace(model_id="emb"),
         generator=generator,
         reranker=reranker,
+        pace=SimpleNamespace(describe=lambda: "normal (decode 1.0x its pace alone, 10.0 ms/token)"),
     )
 
 
@@ -139,6 +140,7 @@ def test_info_response_of_a_full_pipeline() -> None:
     assert (info.retrieval_budget_ms, info.requests_in_flight, info.generator_unfinished_requests) == (150, 5, 2)
     assert [(s.name, s.value, s.reason) for s in info.generator_settings] == [("threads", "2", "host has 2 cores")]
     assert info.host_cpu == "x86_64 avx2"
+    assert info.generator_pace.startswith("normal")
 
 
 def test_info_response_without_generator_or_reranker() -> None:

@@ -1,0 +1,219 @@
+"""Interactive TTFT when the sidecar is not alone: batch traffic inside, a busy process beside it.
+
+    python benchmarks/bench_shared_host.py --out bench-results/shared-host
+    python benchmarks/bench_shared_host.py --out /tmp/shared-smoke --questions 10
+
+One `ragserve serve` (default settings) on loopback over the SQuAD v2 dev index; interactive
+questions arrive at a steady rate (`--interval`), one at a time, through `Query`. Phases, one run:
+
+  alone                   nothing else
+  batch flood, classes on     `--batch-clients` clients asking long answers as REQUEST_CLASS_BATCH
+  batch flood, classes off    the same flood sent as interactive (what callers did before classes)
+  neighbour                   a 2-thread torch job beside the server (what `ragserve-index` was)
+  neighbour, niced            the same job at nice 10 on one thread (the indexer's new default)
+
+Reported per phase: interactive TTFT p50/p95/p99 (client), ms/token, batch answers completed per
+minute and refused, and the server's own pace report (Info.generator_pace). Writes results.md,
+results.json and ttft.png to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.bench_ttft import build_index, load_questions  # noqa: E402
+from benchmarks.harness import load_avg, percentile, start_server, stop_server  # noqa: E402
+from ragserve.client import RagClient  # noqa: E402
+from ragserve.generate.host import read_host_cpu  # noqa: E402
+
+# A torch job beside the server: matrix products on `threads` threads, forever.
+NEIGHBOUR = """
+import sys, torch
+torch.set_num_threads(int(sys.argv[1]))
+a = torch.randn(768, 768)
+while True:
+    a = torch.tanh(a @ a)
+"""
+
+
+async def interactive(client: RagClient, questions: list[str], interval_s: float) -> list[dict[str, Any]]:
+    rows = []
+    for question in questions:
+        started = time.perf_counter()
+        row: dict[str, Any] = {"ok": False}
+        try:
+            async for event in client.query(question, max_tokens=32, temperature=0.0, timeout_s=60):
+                kind = event.WhichOneof("event")
+                if kind == "token" and "ttft_ms" not in row:
+                    row["ttft_ms"] = (time.perf_counter() - started) * 1000.0
+                elif kind == "final":
+                    row["tpot_ms"] = event.final.timings.time_per_output_token_ms
+                    row["ok"] = True
+        except grpc.aio.AioRpcError as exc:
+            row["code"] = exc.code().name
+        rows.append(row)
+        await asyncio.sleep(max(0.0, interval_s - (time.perf_counter() - started)))
+    return rows
+
+
+async def flood(client: RagClient, request_class: str, stats: dict[str, int], stop: asyncio.Event, seed: int) -> None:
+    i = 0
+    while not stop.is_set():
+        i += 1
+        question = f"Write a long, detailed essay about the history of the Normans, part {seed}-{i}."
+        try:
+            async for _ in client.query(
+                question, max_tokens=200, temperature=0.7, timeout_s=120, request_class=request_class
+            ):  # type: ignore[arg-type]
+                if stop.is_set():
+                    break
+            else:
+                stats["completed"] += 1
+        except grpc.aio.AioRpcError as exc:
+            stats["refused" if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else "failed"] += 1
+            await asyncio.sleep(0.1)
+
+
+async def phase(target: str, questions: list[str], args: argparse.Namespace, batch: str | None) -> dict[str, Any]:
+    stats = {"completed": 0, "refused": 0, "failed": 0}
+    stop = asyncio.Event()
+    async with RagClient(target, default_timeout_s=120) as client:
+        floods = [
+            asyncio.create_task(flood(client, batch, stats, stop, i)) for i in range(args.batch_clients if batch else 0)
+        ]
+        await asyncio.sleep(3.0 if batch else 0.0)  # the flood fills the engine first
+        started = time.perf_counter()
+        rows = await interactive(client, questions, args.interval)
+        seconds = time.perf_counter() - started
+        pace = (await client.info()).generator_pace
+        stop.set()
+        for task in floods:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    return {"rows": rows, "batch": stats, "seconds": seconds, "pace": pace, "load": load_avg()}
+
+
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    ok = [r for r in result["rows"] if r["ok"] and "ttft_ms" in r]
+    ttft = [r["ttft_ms"] for r in ok]
+    return {
+        "n": len(result["rows"]),
+        "errors": len(result["rows"]) - len(ok),
+        "p50": percentile(ttft, 50),
+        "p95": percentile(ttft, 95),
+        "p99": percentile(ttft, 99),
+        "max": max(ttft, default=float("nan")),
+        "tpot_p50": percentile([r["tpot_ms"] for r in ok if r.get("tpot_ms")], 50),
+        "batch_per_min": result["batch"]["completed"] * 60.0 / result["seconds"],
+        "batch_refused": result["batch"]["refused"],
+        "pace": result["pace"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "squad2-dev")
+    parser.add_argument("--out", type=Path, default=REPO / "bench-results" / "shared-host")
+    parser.add_argument("--index", type=Path)
+    parser.add_argument("--questions", type=int, default=40)
+    parser.add_argument("--interval", type=float, default=0.6)
+    parser.add_argument("--batch-clients", type=int, default=6)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.index is None:
+        args.index = args.out / "index"
+        if not (args.index / "CURRENT").exists():
+            build_index(args.data / "corpus.jsonl", args.index)
+    pool = [q.question for q in load_questions(args.data, seed=3)]
+    load_before = load_avg()
+    process, target = start_server(args.index, {"RAGSERVE_CACHE_ANSWERS": "false"}, args.out / "server.log", repo=REPO)
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        plan: list[tuple[str, str | None, tuple[int, int] | None]] = [
+            ("alone", None, None),
+            ("batch flood, classes on", "batch", None),
+            ("batch flood, classes off", "interactive", None),
+            ("neighbour (2 threads)", None, (0, 2)),
+            ("neighbour (nice 10, 1 thread)", None, (10, 1)),
+        ]
+        for i, (name, batch, neighbour) in enumerate(plan):
+            questions = pool[i * args.questions : (i + 1) * args.questions]
+            job = None
+            if neighbour is not None:
+                nice, threads = neighbour
+                job = subprocess.Popen(
+                    [sys.executable, "-c", NEIGHBOUR, str(threads)],
+                    preexec_fn=(lambda n=nice: os.nice(n)) if nice else None,
+                )
+                time.sleep(3.0)
+            try:
+                results[name] = asyncio.run(phase(target, questions, args, batch))
+            finally:
+                if job is not None:
+                    job.kill()
+                    job.wait()
+            s = summarize(results[name])
+            print(f"[{name}] TTFT p50 {s['p50']:.0f} p95 {s['p95']:.0f} p99 {s['p99']:.0f} ms; "
+                  f"batch {s['batch_per_min']:.1f}/min; pace {s['pace']}", flush=True)  # fmt: skip
+    finally:
+        stop_server(process)
+    idle_p95 = summarize(results["alone"])["p95"]
+    lines = [
+        "# Interactive TTFT on a shared host (SQuAD v2 dev, through Query)",
+        "",
+        f"Host: {read_host_cpu().describe()}. Load before: {load_before}. {args.questions} interactive questions "
+        f"per phase, one every {args.interval} s, max_tokens 32; batch: {args.batch_clients} clients, max_tokens 200.",
+        "",
+        "| phase | TTFT p50 / p95 / p99 / max ms | p95 / alone | ms/token p50 | batch answers/min | batch refused "
+        "| errors | server's pace report |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, result in results.items():
+        s = summarize(result)
+        lines.append(
+            f"| {name} | {s['p50']:.0f} / {s['p95']:.0f} / {s['p99']:.0f} / {s['max']:.0f} | {s['p95'] / idle_p95:.2f} "
+            f"| {s['tpot_p50']:.1f} | {s['batch_per_min']:.1f} | {s['batch_refused']} | {s['errors']} | {s['pace']} |"
+        )
+    text = "\n".join(lines) + "\n"
+    (args.out / "results.md").write_text(text)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    plot(results, args.out)
+    print(text)
+
+
+def plot(results: dict[str, dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, result in results.items():
+        values = sorted(r["ttft_ms"] for r in result["rows"] if r["ok"] and "ttft_ms" in r)
+        if values:
+            ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("interactive client TTFT (ms, log)")
+    ax.set_ylabel("share of requests")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "ttft.png", dpi=110)
+
+
+if __name__ == "__main__":
+    main()
