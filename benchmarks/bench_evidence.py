@@ -31,8 +31,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_ttft import build_index, contains_gold, load_questions  # noqa: E402
-from benchmarks.harness import percentile  # noqa: E402
+from benchmarks.bench_ttft import contains_gold, load_questions  # noqa: E402
+from benchmarks.harness import ensure_index, percentile, write_results  # noqa: E402
 from ragserve.budget import Deadline  # noqa: E402
 from ragserve.config import Settings, default_of  # noqa: E402
 from ragserve.factory import make_pipeline  # noqa: E402
@@ -185,15 +185,9 @@ def main() -> None:
     parser.add_argument("--timing-questions", type=int, default=200)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.index is None:
-        args.index = args.out / "index"
-        if not (args.index / "CURRENT").exists():
-            build_index(args.data / "corpus.jsonl", args.index)
+    args.index = ensure_index(args.index, args.out, args.data / "corpus.jsonl")
     data = asyncio.run(run(args))
-    text = report(data, args)
-    (args.out / "results.md").write_text(text)
-    (args.out / "results.json").write_text(json.dumps(data, indent=1))
-    print(text)
+    write_results(args.out, report(data, args), data)
 
 
 if __name__ == "__main__":

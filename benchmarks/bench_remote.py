@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -38,8 +37,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_reuse import WARMUP, ask, recurring  # noqa: E402
-from benchmarks.bench_ttft import Question, build_index, load_questions  # noqa: E402
-from benchmarks.harness import free_port, load_avg, percentile, start_server, stop_server  # noqa: E402
+from benchmarks.bench_ttft import Question, load_questions  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    ensure_index,
+    free_port,
+    load_avg,
+    percentile,
+    plot_ttft,
+    start_server,
+    stop_server,
+    write_results,
+)
 from ragserve.client import RagClient  # noqa: E402
 from ragserve.config import GeneratorSettings, default_generator_path  # noqa: E402
 from ragserve.generate.host import read_host_cpu, resolve_engine  # noqa: E402
@@ -140,10 +148,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.index is None:
-        args.index = args.out / "index"
-        if not (args.index / "CURRENT").exists():
-            build_index(args.data / "corpus.jsonl", args.index)
+    args.index = ensure_index(args.index, args.out, args.data / "corpus.jsonl")
     questions = recurring(load_questions(args.data, args.seed), args.paragraphs, args.seed)
     dtype = resolve_engine(GeneratorSettings(), read_host_cpu()).dtype  # what the local engine picks here
     base = {"RAGSERVE_CACHE_ANSWERS": "false"}
@@ -216,29 +221,14 @@ def main() -> None:
             f"| {name} | {s['n']} | {s['errors']} | {s['ttft_p50']:.0f} / {s['ttft_p95']:.0f} | {s['total_p50']:.0f} "
             f"| {s['prompt_mean']:.0f} | {s['cached_mean']:.0f} |"
         )
-    text = "\n".join(lines) + "\n"
-    (args.out / "results.md").write_text(text)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    plot(results, args.out)
-    print(text)
-
-
-def plot(results: dict[str, dict[str, Any]], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name, r in results.items():
-        values = sorted(row["ttft_ms"] for row in r["rows"] if row.get("ok") and "ttft_ms" in row)
-        if values:
-            ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=name)
-    ax.set_xlabel("client TTFT (ms)")
-    ax.set_ylabel("share of requests")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "ttft.png", dpi=110)
+    write_results(args.out, "\n".join(lines) + "\n", results)
+    plot_ttft(
+        {
+            name: [row["ttft_ms"] for row in r["rows"] if row.get("ok") and "ttft_ms" in row]
+            for name, r in results.items()
+        },
+        args.out,
+    )
 
 
 if __name__ == "__main__":

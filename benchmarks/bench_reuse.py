@@ -35,8 +35,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_ttft import Question, build_index, contains_gold, declines, load_questions  # noqa: E402
-from benchmarks.harness import load_avg, percentile, start_server, stop_server  # noqa: E402
+from benchmarks.bench_ttft import Question, contains_gold, declines, load_questions  # noqa: E402
+from benchmarks.harness import ensure_index, load_avg, percentile, start_server, stop_server, write_results  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
 from ragserve.generate.host import read_host_cpu  # noqa: E402
 
@@ -231,10 +231,7 @@ def main() -> None:
     if args.replot:
         plot(json.loads((args.out / "results.json").read_text()), args.out)
         return
-    if args.index is None:
-        args.index = args.out / "index"
-        if not (args.index / "CURRENT").exists():
-            build_index(args.data / "corpus.jsonl", args.index)
+    args.index = ensure_index(args.index, args.out, args.data / "corpus.jsonl")
     qs = load_questions(args.data, args.seed)
     workloads = {
         "recurring": recurring(qs, args.paragraphs, args.seed),
@@ -264,11 +261,8 @@ def main() -> None:
                 f"({s['ratio_p50']:.2f}x); answer gold {s['answer_gold']:.3f}; load {load_avg()}",
                 flush=True,
             )
-    text = report(results, args)
-    (args.out / "results.md").write_text(text)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    write_results(args.out, report(results, args), results)
     plot(results, args.out)
-    print(text)
 
 
 if __name__ == "__main__":

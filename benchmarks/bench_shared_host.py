@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -35,8 +34,8 @@ import grpc
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_ttft import build_index, load_questions  # noqa: E402
-from benchmarks.harness import load_avg, percentile, start_server, stop_server  # noqa: E402
+from benchmarks.bench_ttft import load_questions  # noqa: E402
+from benchmarks.harness import ensure_index, load_avg, percentile, plot_ttft, start_server, stop_server, write_results  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
 from ragserve.generate.host import read_host_cpu  # noqa: E402
 
@@ -135,10 +134,7 @@ def main() -> None:
     parser.add_argument("--batch-clients", type=int, default=6)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.index is None:
-        args.index = args.out / "index"
-        if not (args.index / "CURRENT").exists():
-            build_index(args.data / "corpus.jsonl", args.index)
+    args.index = ensure_index(args.index, args.out, args.data / "corpus.jsonl")
     pool = [q.question for q in load_questions(args.data, seed=3)]
     load_before = load_avg()
     process, target = start_server(args.index, {"RAGSERVE_CACHE_ANSWERS": "false"}, args.out / "server.log", repo=REPO)
@@ -189,30 +185,11 @@ def main() -> None:
             f"| {name} | {s['p50']:.0f} / {s['p95']:.0f} / {s['p99']:.0f} / {s['max']:.0f} | {s['p95'] / idle_p95:.2f} "
             f"| {s['tpot_p50']:.1f} | {s['batch_per_min']:.1f} | {s['batch_refused']} | {s['errors']} | {s['pace']} |"
         )
-    text = "\n".join(lines) + "\n"
-    (args.out / "results.md").write_text(text)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    plot(results, args.out)
-    print(text)
-
-
-def plot(results: dict[str, dict[str, Any]], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name, result in results.items():
-        values = sorted(r["ttft_ms"] for r in result["rows"] if r["ok"] and "ttft_ms" in r)
-        if values:
-            ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=name)
-    ax.set_xscale("log")
-    ax.set_xlabel("interactive client TTFT (ms, log)")
-    ax.set_ylabel("share of requests")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "ttft.png", dpi=110)
+    write_results(args.out, "\n".join(lines) + "\n", results)
+    series = {
+        name: [r["ttft_ms"] for r in result["rows"] if r["ok"] and "ttft_ms" in r] for name, result in results.items()
+    }
+    plot_ttft(series, args.out, "interactive client TTFT (ms, log)", log_x=True)
 
 
 if __name__ == "__main__":

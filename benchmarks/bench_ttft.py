@@ -53,7 +53,6 @@ import random
 import re
 import shlex
 import string
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -66,7 +65,7 @@ import grpc
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.harness import load_avg, percentile, start_server, stop_server  # noqa: E402
+from benchmarks.harness import build_index, load_avg, percentile, start_server, stop_server  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
 from ragserve.generate.host import cpu_list, read_host_cpu  # noqa: E402
 
@@ -729,15 +728,6 @@ def write_results(meta: dict[str, Any], runs: dict[str, dict[str, Any]], out: Pa
     }
     (out / "results.json").write_text(json.dumps(no_nan(serial), indent=1, default=str))
     return table
-
-
-def build_index(corpus: Path, index: Path) -> None:
-    """Incremental: a second run over the same corpus publishes nothing new and takes seconds."""
-    subprocess.run(
-        [sys.executable, "-m", "indexer", "build", str(corpus), "--out", str(index), "--no-progress"],
-        check=True,
-        cwd=REPO,
-    )
 
 
 def main() -> None:

@@ -74,3 +74,52 @@ def stop_server(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def build_index(corpus: Path, index: Path) -> None:
+    """Incremental: a second run over the same corpus publishes nothing new and takes seconds."""
+    subprocess.run(
+        [sys.executable, "-m", "indexer", "build", str(corpus), "--out", str(index), "--no-progress"],
+        check=True,
+        cwd=REPO,
+    )
+
+
+def ensure_index(index: Path | None, out: Path, corpus: Path) -> Path:
+    """`index` as given, else one built from `corpus` into OUT/index once."""
+    if index is not None:
+        return index
+    index = out / "index"
+    if not (index / "CURRENT").exists():
+        build_index(corpus, index)
+    return index
+
+
+def write_results(out: Path, text: str, results: object) -> None:
+    """results.md (the table, also printed) and results.json (every request) in `out`."""
+    import json
+
+    (out / "results.md").write_text(text)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    print(text)
+
+
+def plot_ttft(series: dict[str, list[float]], out: Path, xlabel: str = "client TTFT (ms)", log_x: bool = False) -> None:
+    """Cumulative TTFT distributions, one line per series, into OUT/ttft.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, values in series.items():
+        ordered = sorted(values)
+        if ordered:
+            ax.plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], label=name)
+    if log_x:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("share of requests")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "ttft.png", dpi=110)
