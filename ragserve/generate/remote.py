@@ -296,7 +296,7 @@ class RemoteVllmGenerator:
     ) -> tuple[Replica, AsyncGenerator[tuple[str, Any], None], tuple[str, Any]]:
         """Start on the first server; one more attempt at most, when it fails before its first event
         (fail-over) or sends nothing within the hedge bound (hedge). The first event wins."""
-        spare = order[1:]
+        spare = order[1:2]  # one more server at most, for the hedge or the fail-over
         running: dict[asyncio.Task[tuple[str, Any]], tuple[Replica, AsyncGenerator[tuple[str, Any], None], float]] = {}
 
         def launch(replica: Replica) -> None:

@@ -225,3 +225,16 @@ def test_the_routing_key_names_no_document_and_follows_the_top_passage() -> None
     assert routing_key(_prompt("bees.txt#0")) != routing_key(_prompt("bees.txt#1"))
     assert "bees" not in routing_key(_prompt("bees.txt#0"))
     assert routing_key(build_prompt("No passages?", [])) == ""
+
+
+def test_one_more_server_at_most_then_unavailable() -> None:
+    async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
+        order = generator._order(routing_key(_prompt()))
+        by_url = {f.url: f for f in fakes}
+        for replica in order[:2]:
+            by_url[replica.url].status = 500
+        with pytest.raises(Unavailable):
+            await _collect(generator.stream(_prompt(), PARAMS, "t"))
+        assert _serving([by_url[r.url] for r in order]) == [1, 1, 0]  # the third was never asked
+
+    run(test, servers=3)
