@@ -19,7 +19,7 @@ from ragserve.prompt import build_prompt
 from ragserve.types import GenerateParams
 
 # Speculation makes single answers vary by up to ~2x in ms/token; a neighbour taking a core made it
-# 3.5-4x (issue data in docs/operations.md): flagged from 2.5x.
+# 4.2x (BENCHMARKS.md, "Request classes and a busy neighbour"): flagged from 2.5x.
 CONTENDED_RATIO = 2.5
 _WINDOW = 16
 _BASELINE_PROMPT = build_prompt("List the numbers from one to twenty.", [])
