@@ -17,7 +17,7 @@ one request at a time, temperature 0, answer cache off, one configuration after 
 
 The servers' prefix caches are reset between configurations (vLLM's dev-mode /reset_prefix_cache).
 Reported: client TTFT p50/p95, time to the whole answer, prompt and cached tokens per request,
-errors; for the kill run, the requests each server answered before and after. Writes results.md,
+errors (for the kill run: the requests that failed when a server died). Writes results.md,
 results.json and ttft.png (TTFT distributions) to --out.
 """
 
@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -62,6 +64,7 @@ def spawn(command: list[str], log: Path, env: dict[str, str] | None = None) -> t
             stdout=sink,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
+            start_new_session=True,  # a group of its own: its engine-core and workers go with it
         )
     return process, f"http://127.0.0.1:{port}"
 
@@ -94,24 +97,32 @@ def reset_prefix_cache(url: str) -> None:
         pass
 
 
+def kill(process: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+    """The whole process group: a vLLM server's engine-core and worker processes too."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)
+
+
 def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    kill(process, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=60)
+    kill(process)
+    process.wait()
 
 
 async def drive(
-    target: str, questions: list[Question], max_tokens: int, kill: tuple[int, subprocess.Popen[bytes]] | None = None
+    target: str,
+    questions: list[Question],
+    max_tokens: int,
+    victim: tuple[int, subprocess.Popen[bytes]] | None = None,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     async with RagClient(target, default_timeout_s=120) as client:
         await ask(client, Question("warmup", WARMUP, [], False, ""), max_tokens)
         for i, q in enumerate(questions):
-            if kill is not None and i == kill[0]:
-                kill[1].kill()
+            if victim is not None and i == victim[0]:
+                kill(victim[1])
             try:
                 row = await ask(client, q, max_tokens)
             except Exception as exc:
@@ -155,10 +166,10 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}
     load_before = load_avg()
 
-    def run(name: str, env: dict[str, str], kill: tuple[int, subprocess.Popen[bytes]] | None = None) -> None:
+    def run(name: str, env: dict[str, str], victim: tuple[int, subprocess.Popen[bytes]] | None = None) -> None:
         process, target = start_server(args.index, {**base, **env}, args.out / f"sidecar-{name.replace(' ', '-')}.log")
         try:
-            rows = asyncio.run(drive(target, questions, args.max_tokens, kill))
+            rows = asyncio.run(drive(target, questions, args.max_tokens, victim))
         finally:
             stop_server(process)
         results[name] = {"rows": rows, "summary": summarize(rows)}
@@ -198,7 +209,7 @@ def main() -> None:
             stop(router)
             for u in urls:
                 reset_prefix_cache(u)
-        run("2x document, one killed", remote(urls), kill=(len(questions) // 3, pair[0][0]))
+        run("2x document, one killed", remote(urls), victim=(len(questions) // 3, pair[0][0]))
     finally:
         for router in routers:
             stop(router)

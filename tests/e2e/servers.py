@@ -3,6 +3,7 @@ hnswlib index, vLLM engine): start, wait for SERVING, stop, and a few probes of 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -152,7 +153,9 @@ def cancel_mid_stream(stub: Any, question: str, after_tokens: int = 3) -> None:
 
 @dataclass
 class HttpProcess:
-    """A vLLM OpenAI-compatible server or a vLLM router started by a test, on loopback."""
+    """A vLLM OpenAI-compatible server or a vLLM router started by a test, on loopback, in a process
+    group of its own: a vLLM server's engine-core and worker processes go with it (killed alone, the
+    API process leaves them running, busy-polling the CPUs for the rest of the run)."""
 
     url: str
     process: subprocess.Popen[bytes]
@@ -161,18 +164,21 @@ class HttpProcess:
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
+    def _signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
+
     def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        """The server dies at once, all of it."""
+        self._signal_group(signal.SIGKILL)
+        self.process.wait()
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        self._signal_group(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=30)
+        self._signal_group(signal.SIGKILL)  # whatever of the group is left
+        self.process.wait()
 
 
 def _spawn_http(command: list[str], log: Path, env: dict[str, str] | None = None) -> HttpProcess:
@@ -183,6 +189,7 @@ def _spawn_http(command: list[str], log: Path, env: dict[str, str] | None = None
             stdout=sink,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
+            start_new_session=True,
         )
     return HttpProcess(f"http://127.0.0.1:{port}", process, log)
 
