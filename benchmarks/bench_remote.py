@@ -25,13 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
-import signal
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +36,6 @@ from benchmarks.bench_reuse import WARMUP, ask, recurring  # noqa: E402
 from benchmarks.bench_ttft import Question, load_questions  # noqa: E402
 from benchmarks.harness import (  # noqa: E402
     ensure_index,
-    free_port,
     load_avg,
     percentile,
     plot_ttft,
@@ -53,76 +46,27 @@ from benchmarks.harness import (  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
 from ragserve.config import GeneratorSettings, default_generator_path  # noqa: E402
 from ragserve.generate.host import read_host_cpu, resolve_engine  # noqa: E402
-from tests.e2e.servers import router_command  # noqa: E402
-
-
-def spawn(command: list[str], log: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [*command, "--host", "127.0.0.1", "--port", str(port)],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,  # a group of its own: its engine-core and workers go with it
-        )
-    return process, f"http://127.0.0.1:{port}"
-
-
-def vllm_server(log: Path, cpus: str, dtype: str) -> tuple[subprocess.Popen[bytes], str]:
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(default_generator_path()),
-        "--dtype", dtype, "--block-size", "32", "--enable-prefix-caching", "--enable-prompt-tokens-details",
-        "--max-model-len", "2048", "--enforce-eager",
-    ]  # fmt: skip
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cpus, "VLLM_SERVER_DEV_MODE": "1"}
-    return spawn(command, log, env)
-
-
-def wait_ok(url: str, timeout_s: float = 600) -> None:
-    give_up = time.monotonic() + timeout_s
-    while time.monotonic() < give_up:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            time.sleep(1)
-    raise SystemExit(f"{url} did not come up")
-
-
-def reset_prefix_cache(url: str) -> None:
-    request = urllib.request.Request(url + "/reset_prefix_cache", method="POST")
-    with urllib.request.urlopen(request, timeout=30):
-        pass
-
-
-def kill(process: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
-    """The whole process group: a vLLM server's engine-core and worker processes too."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, sig)
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    kill(process, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=60)
-    kill(process)
-    process.wait()
+from tests.e2e.servers import (  # noqa: E402
+    HttpProcess,
+    reset_prefix_cache,
+    spawn_router,
+    spawn_vllm_server,
+    wait_http_ok,
+)
 
 
 async def drive(
     target: str,
     questions: list[Question],
     max_tokens: int,
-    victim: tuple[int, subprocess.Popen[bytes]] | None = None,
+    victim: tuple[int, HttpProcess] | None = None,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     async with RagClient(target, default_timeout_s=120) as client:
         await ask(client, Question("warmup", WARMUP, [], False, ""), max_tokens)
         for i, q in enumerate(questions):
             if victim is not None and i == victim[0]:
-                kill(victim[1])
+                victim[1].kill()  # the whole server: API, engine core and workers
             try:
                 row = await ask(client, q, max_tokens)
             except Exception as exc:
@@ -166,7 +110,7 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}
     load_before = load_avg()
 
-    def run(name: str, env: dict[str, str], victim: tuple[int, subprocess.Popen[bytes]] | None = None) -> None:
+    def run(name: str, env: dict[str, str], victim: tuple[int, HttpProcess] | None = None) -> None:
         process, target = start_server(args.index, {**base, **env}, args.out / f"sidecar-{name.replace(' ', '-')}.log")
         try:
             rows = asyncio.run(drive(target, questions, args.max_tokens, victim))
@@ -181,40 +125,38 @@ def main() -> None:
         return {"RAGSERVE_GENERATOR_BACKEND": "remote", "RAGSERVE_GENERATOR_REMOTE_URLS": ",".join(urls), **extra}
 
     run("local", {})
-    server, url = vllm_server(args.out / "vllm-both.log", "0-1", dtype)
+    model = default_generator_path()
+    server = spawn_vllm_server(model, args.out / "vllm-both.log", "0-1", dtype)
     try:
-        wait_ok(url)
-        run("remote-1", remote([url]))
+        wait_http_ok(server)
+        run("remote-1", remote([server.url]))
     finally:
-        stop(server)
+        server.stop()
 
-    pair = [vllm_server(args.out / f"vllm-{i}.log", str(i), dtype) for i in range(2)]
-    urls = [u for _, u in pair]
-    routers: list[subprocess.Popen[bytes]] = []
+    pair = [spawn_vllm_server(model, args.out / f"vllm-{i}.log", str(i), dtype) for i in range(2)]
+    urls = [s.url for s in pair]
+    routers: list[HttpProcess] = []
     try:
-        for u in urls:
-            wait_ok(u)
+        for s in pair:
+            wait_http_ok(s)
         for routing in ("document", "round_robin"):
             run(f"2x {routing}", remote(urls, RAGSERVE_GENERATOR_REMOTE_ROUTING=routing))
-            for u in urls:
-                reset_prefix_cache(u)
+            for s in pair:
+                reset_prefix_cache(s)
         for policy in ("cache_aware", "consistent_hash"):
-            router, router_url = spawn(
-                [router_command(), "--worker-urls", *urls, "--policy", policy, "--prometheus-port", str(free_port())],
-                args.out / f"router-{policy}.log",
-            )
+            router = spawn_router(urls, policy, args.out / f"router-{policy}.log")
             routers.append(router)
-            wait_ok(router_url)
-            run(f"router {policy}", remote([router_url]))
-            stop(router)
-            for u in urls:
-                reset_prefix_cache(u)
-        run("2x document, one killed", remote(urls), victim=(len(questions) // 3, pair[0][0]))
+            wait_http_ok(router)
+            run(f"router {policy}", remote([router.url]))
+            router.stop()
+            for s in pair:
+                reset_prefix_cache(s)
+        run("2x document, one killed", remote(urls), victim=(len(questions) // 3, pair[0]))
     finally:
         for router in routers:
-            stop(router)
-        for process, _ in pair:
-            stop(process)
+            router.stop()
+        for s in pair:
+            s.stop()
 
     lines = [
         "# Generation on vLLM servers (SQuAD v2 dev, recurring documents, through Query)",
