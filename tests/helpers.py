@@ -5,12 +5,21 @@ from __future__ import annotations
 
 import socket
 
+# Ports handed out by this process. A server given a port binds it only when it is up (a vLLM
+# server after about a minute), and until then the kernel may offer the same port again: a gRPC
+# server started meanwhile took a vLLM server's port once, and the HTTP probe read HTTP/2 frames.
+_handed_out: set[int] = set()
+
 
 def free_port() -> int:
-    """A loopback TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback TCP port nobody listens on right now and that this process never handed out."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def pdf_file(objects: list[bytes], trailer: str = "") -> bytes:

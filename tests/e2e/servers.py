@@ -227,6 +227,7 @@ def router_command() -> str:
 
 
 def wait_http_ok(server: HttpProcess, path: str = "/health", timeout_s: float = START_TIMEOUT_S) -> None:
+    import http.client
     import urllib.request
 
     give_up = time.monotonic() + timeout_s
@@ -237,6 +238,8 @@ def wait_http_ok(server: HttpProcess, path: str = "/health", timeout_s: float = 
             with urllib.request.urlopen(server.url + path, timeout=2) as reply:
                 if reply.status == 200:
                     return
+        except http.client.HTTPException as error:
+            pytest.fail(f"{server.url}: something else than an HTTP/1 server answers there ({error!r})")
         except OSError:
             pass
         time.sleep(0.5)
