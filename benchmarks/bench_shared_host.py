@@ -6,14 +6,18 @@
 One `ragserve serve` (default settings) on loopback over the SQuAD v2 dev index; interactive
 questions arrive at a steady rate (`--interval`), one at a time, through `Query`. Phases, one run:
 
-  alone                   nothing else
-  batch flood, classes on     `--batch-clients` clients asking long answers as REQUEST_CLASS_BATCH
-  batch flood, classes off    the same flood sent as interactive (what callers did before classes)
-  neighbour                   a 2-thread torch job beside the server (what `ragserve-index` was)
-  neighbour, niced            the same job at nice 10 on one thread (the indexer's new default)
+  alone                         nothing else
+  batch flood (classes on)      `--batch-clients` clients asking long answers as REQUEST_CLASS_BATCH
+  batch flood (classes off)     the same flood sent as interactive (what callers did before classes)
+  neighbour (2 threads)         a 2-thread torch job beside the server (what `ragserve-index` was)
+  neighbour (nice 10 1 thread)  the same job at nice 10 on one thread (the indexer's default)
+  alone again                   nothing else, once more (the first phase also warms the server)
+
+`--phases` picks some of them (comma-separated, in the order given); `--repeat N` runs them N times;
+`--config "name:KEY=VALUE,KEY=VALUE"` (repeatable) compares server settings, one server each.
 
 Reported per phase: interactive TTFT p50/p95/p99 (client), ms/token, batch answers completed per
-minute and refused, and the server's own pace report (Info.generator_pace). Writes results.md,
+minute and refused, and the server's own reports (Info.generator_pace, Info.host_share). Writes results.md,
 results.json and ttft.png to --out.
 """
 
@@ -49,6 +53,17 @@ while True:
 """
 
 
+# name -> (class of the batch flood or None, (nice, threads) of a neighbour or None)
+PHASES: dict[str, tuple[str | None, tuple[int, int] | None]] = {
+    "alone": (None, None),
+    "batch flood (classes on)": ("batch", None),
+    "batch flood (classes off)": ("interactive", None),
+    "neighbour (2 threads)": (None, (0, 2)),
+    "neighbour (nice 10 1 thread)": (None, (10, 1)),
+    "alone again": (None, None),
+}
+
+
 async def interactive(client: RagClient, questions: list[str], interval_s: float) -> list[dict[str, Any]]:
     rows = []
     for question in questions:
@@ -61,6 +76,7 @@ async def interactive(client: RagClient, questions: list[str], interval_s: float
                     row["ttft_ms"] = (time.perf_counter() - started) * 1000.0
                 elif kind == "final":
                     row["tpot_ms"] = event.final.timings.time_per_output_token_ms
+                    row["retrieval_ms"] = event.final.timings.retrieval_total_ms
                     row["ok"] = True
         except grpc.aio.AioRpcError as exc:
             row["code"] = exc.code().name
@@ -98,30 +114,87 @@ async def phase(target: str, questions: list[str], args: argparse.Namespace, bat
         started = time.perf_counter()
         rows = await interactive(client, questions, args.interval)
         seconds = time.perf_counter() - started
-        pace = (await client.info()).generator_pace
+        info = await client.info()
+        pace = info.generator_pace
+        share = (
+            f"neighbours {info.host_share.neighbour_cpus:.1f} of {info.host_share.usable_cpus} CPUs, "
+            f"engine threads {info.host_share.engine_threads}"
+            if info.HasField("host_share")
+            else "no share report"
+        )
         stop.set()
         for task in floods:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-    return {"rows": rows, "batch": stats, "seconds": seconds, "pace": pace, "load": load_avg()}
+    return {"rows": rows, "batch": stats, "seconds": seconds, "pace": pace, "share": share, "load": load_avg()}
 
 
-def summarize(result: dict[str, Any]) -> dict[str, Any]:
-    ok = [r for r in result["rows"] if r["ok"] and "ttft_ms" in r]
+def summarize(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """One phase's figures, its repeats pooled; the reports are the last repeat's."""
+    rows = [r for result in repeats for r in result["rows"]]
+    ok = [r for r in rows if r["ok"] and "ttft_ms" in r]
     ttft = [r["ttft_ms"] for r in ok]
+    seconds = sum(result["seconds"] for result in repeats)
     return {
-        "n": len(result["rows"]),
-        "errors": len(result["rows"]) - len(ok),
+        "n": len(rows),
+        "errors": len(rows) - len(ok),
         "p50": percentile(ttft, 50),
         "p95": percentile(ttft, 95),
         "p99": percentile(ttft, 99),
         "max": max(ttft, default=float("nan")),
         "tpot_p50": percentile([r["tpot_ms"] for r in ok if r.get("tpot_ms")], 50),
-        "batch_per_min": result["batch"]["completed"] * 60.0 / result["seconds"],
-        "batch_refused": result["batch"]["refused"],
-        "pace": result["pace"],
+        "retrieval_p99": percentile([r["retrieval_ms"] for r in ok if "retrieval_ms" in r], 99),
+        "batch_per_min": sum(result["batch"]["completed"] for result in repeats) * 60.0 / seconds,
+        "batch_refused": sum(result["batch"]["refused"] for result in repeats),
+        "pace": repeats[-1]["pace"],
+        "share": repeats[-1]["share"],
     }
+
+
+def parse_config(text: str) -> tuple[str, dict[str, str]]:
+    """ "name:KEY=VALUE,KEY=VALUE" -> (name, settings)."""
+    name, _, settings = text.partition(":")
+    return name, dict(item.split("=", 1) for item in settings.split(",") if item)
+
+
+def run_config(
+    name: str, env: dict[str, str], args: argparse.Namespace, pool: list[str], plan: list[str]
+) -> dict[str, list[dict[str, Any]]]:
+    """Every phase of `plan`, `args.repeat` times, on one server; results per phase, one per repeat."""
+    server_env = {"RAGSERVE_CACHE_ANSWERS": "false", **env}
+    log = args.out / f"server-{name}.log"
+    process, target = start_server(args.index, server_env, log, repo=REPO)
+    results: dict[str, list[dict[str, Any]]] = {phase_name: [] for phase_name in plan}
+    asked = 0
+    try:
+        for repeat in range(args.repeat):
+            for phase_name in plan:
+                batch, neighbour = PHASES[phase_name]
+                questions = [pool[(asked + k) % len(pool)] for k in range(args.questions)]
+                asked += args.questions
+                job = None
+                if neighbour is not None:
+                    nice, threads = neighbour
+                    job = subprocess.Popen(
+                        [sys.executable, "-c", NEIGHBOUR, str(threads)],
+                        preexec_fn=(lambda n=nice: os.nice(n)) if nice else None,
+                    )
+                    time.sleep(3.0)
+                try:
+                    result = asyncio.run(phase(target, questions, args, batch))
+                finally:
+                    if job is not None:
+                        job.kill()
+                        job.wait()
+                results[phase_name].append(result)
+                s = summarize([result])
+                print(f"[{name} / {phase_name} #{repeat + 1}] TTFT p50 {s['p50']:.0f} p95 {s['p95']:.0f} "
+                      f"p99 {s['p99']:.0f} max {s['max']:.0f} ms; retrieval p99 {s['retrieval_p99']:.1f} ms; "
+                      f"batch {s['batch_per_min']:.1f}/min; pace {s['pace']}; {s['share']}", flush=True)  # fmt: skip
+    finally:
+        stop_server(process)
+    return results
 
 
 def main() -> None:
@@ -129,65 +202,60 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "squad2-dev")
     parser.add_argument("--out", type=Path, default=REPO / "bench-results" / "shared-host")
     parser.add_argument("--index", type=Path)
-    parser.add_argument("--questions", type=int, default=40)
+    parser.add_argument("--questions", type=int, default=40, help="interactive questions per phase")
     parser.add_argument("--interval", type=float, default=0.6)
     parser.add_argument("--batch-clients", type=int, default=6)
+    parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of: {', '.join(PHASES)}")
+    parser.add_argument("--repeat", type=int, default=1, help="run the phases this many times per configuration")
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        help='"name:KEY=VALUE,KEY=VALUE": server settings to compare, one server each, in order (default: '
+        '"default:", the defaults)',
+    )
     args = parser.parse_args()
+    plan = args.phases.split(",")
+    unknown = set(plan) - set(PHASES)
+    if unknown:
+        parser.error(f"unknown phases: {', '.join(sorted(unknown))}")
+    configs = [parse_config(text) for text in args.config or ["default:"]]
     args.out.mkdir(parents=True, exist_ok=True)
     args.index = ensure_index(args.index, args.out, args.data / "corpus.jsonl")
     pool = [q.question for q in load_questions(args.data, seed=3)]
     load_before = load_avg()
-    process, target = start_server(args.index, {"RAGSERVE_CACHE_ANSWERS": "false"}, args.out / "server.log", repo=REPO)
-    results: dict[str, dict[str, Any]] = {}
-    try:
-        plan: list[tuple[str, str | None, tuple[int, int] | None]] = [
-            ("alone", None, None),
-            ("batch flood, classes on", "batch", None),
-            ("batch flood, classes off", "interactive", None),
-            ("neighbour (2 threads)", None, (0, 2)),
-            ("neighbour (nice 10, 1 thread)", None, (10, 1)),
-        ]
-        for i, (name, batch, neighbour) in enumerate(plan):
-            questions = pool[i * args.questions : (i + 1) * args.questions]
-            job = None
-            if neighbour is not None:
-                nice, threads = neighbour
-                job = subprocess.Popen(
-                    [sys.executable, "-c", NEIGHBOUR, str(threads)],
-                    preexec_fn=(lambda n=nice: os.nice(n)) if nice else None,
-                )
-                time.sleep(3.0)
-            try:
-                results[name] = asyncio.run(phase(target, questions, args, batch))
-            finally:
-                if job is not None:
-                    job.kill()
-                    job.wait()
-            s = summarize(results[name])
-            print(f"[{name}] TTFT p50 {s['p50']:.0f} p95 {s['p95']:.0f} p99 {s['p99']:.0f} ms; "
-                  f"batch {s['batch_per_min']:.1f}/min; pace {s['pace']}", flush=True)  # fmt: skip
-    finally:
-        stop_server(process)
-    idle_p95 = summarize(results["alone"])["p95"]
+    results = {name: run_config(name, env, args, pool, plan) for name, env in configs}
+    idle = [p for p in plan if PHASES[p] == (None, None)]
     lines = [
         "# Interactive TTFT on a shared host (SQuAD v2 dev, through Query)",
         "",
         f"Host: {read_host_cpu().describe()}. Load before: {load_before}. {args.questions} interactive questions "
-        f"per phase, one every {args.interval} s, max_tokens 32; batch: {args.batch_clients} clients, max_tokens 200.",
+        f"per phase, one every {args.interval} s, max_tokens 32; batch: {args.batch_clients} clients, max_tokens 200. "
+        f"Each phase ran {args.repeat} time(s) per configuration; percentiles pool the repeats. "
+        f"Configurations: {dict(configs)}. p95 / idle: against the same configuration's phases with nothing "
+        f"beside it ({', '.join(idle) or 'none run'}), pooled.",
         "",
-        "| phase | TTFT p50 / p95 / p99 / max ms | p95 / alone | ms/token p50 | batch answers/min | batch refused "
-        "| errors | server's pace report |",
-        "|---|---|---|---|---|---|---|---|",
+        "| configuration | phase | TTFT p50 / p95 / p99 / max ms | p95 / idle | worst repeat p95 | retrieval p99 ms "
+        "| ms/token p50 | batch answers/min | batch refused | errors | last pace and share reports |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, result in results.items():
-        s = summarize(result)
-        lines.append(
-            f"| {name} | {s['p50']:.0f} / {s['p95']:.0f} / {s['p99']:.0f} / {s['max']:.0f} | {s['p95'] / idle_p95:.2f} "
-            f"| {s['tpot_p50']:.1f} | {s['batch_per_min']:.1f} | {s['batch_refused']} | {s['errors']} | {s['pace']} |"
-        )
+    for name, phases in results.items():
+        idle_p95 = summarize([r for p in idle for r in phases[p]])["p95"] if idle else float("nan")
+        for phase_name, repeats in phases.items():
+            s = summarize(repeats)
+            worst = max(summarize([r])["p95"] for r in repeats)
+            lines.append(
+                f"| {name} | {phase_name} | {s['p50']:.0f} / {s['p95']:.0f} / {s['p99']:.0f} / {s['max']:.0f} "
+                f"| {s['p95'] / idle_p95:.2f} | {worst:.0f} | {s['retrieval_p99']:.1f} | {s['tpot_p50']:.1f} "
+                f"| {s['batch_per_min']:.1f} | {s['batch_refused']} | {s['errors']} | {s['pace']}; {s['share']} |"
+            )
     write_results(args.out, "\n".join(lines) + "\n", results)
     series = {
-        name: [r["ttft_ms"] for r in result["rows"] if r["ok"] and "ttft_ms" in r] for name, result in results.items()
+        f"{name} / {phase_name}": [
+            r["ttft_ms"] for result in repeats for r in result["rows"] if r["ok"] and "ttft_ms" in r
+        ]
+        for name, phases in results.items()
+        for phase_name, repeats in phases.items()
     }
     plot_ttft(series, args.out, "interactive client TTFT (ms, log)", log_x=True)
 

@@ -61,6 +61,11 @@ COMPLETION_TOKENS = Counter("ragserve_completion_tokens_total", "Tokens generate
 # Recent decode ms/token of answers that had the engine alone, over its pace measured alone at start
 # (request/pace.py): from 2.5 a neighbour is taking this engine's CPUs.
 GENERATOR_PACE_RATIO = Gauge("ragserve_generator_pace_ratio", "Decode time per token relative to this host's idle pace")
+# generate/contention.py: what other processes keep busy of the server's CPUs, and the engine's answer.
+HOST_NEIGHBOUR_CPUS = Gauge(
+    "ragserve_host_neighbour_cpus", "CPUs' worth of time other processes use on this server's CPUs (last 0.5 s)"
+)
+GENERATOR_THREADS = Gauge("ragserve_generator_threads", "Threads the local engine runs its next step with")
 REPLICA_UP = Gauge("ragserve_generator_server_up", "1 while the generation server can take requests", ["server"])
 REPLICA_IN_FLIGHT = Gauge("ragserve_generator_server_in_flight", "Requests open on the generation server", ["server"])
 REPLICA_REQUESTS = Counter(

@@ -126,17 +126,6 @@ class Degraded:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class RetrieveParams:
-    """A validated retrieval request."""
-
-    query: str
-    top_k: int
-    budget_ms: int
-    # At most one passage per source document.
-    dedupe_documents: bool = False
-
-
 class RequestClass(StrEnum):
     """Who waits for a request: a person (interactive, the default) or a job (batch). Batch takes at
     most a share of the in-flight slots and of the engine, is shed first, and runs after interactive
@@ -149,6 +138,19 @@ class RequestClass(StrEnum):
     def engine_priority(self) -> int:
         """vLLM's priority scheduling runs lower values first."""
         return 0 if self is RequestClass.INTERACTIVE else 1
+
+
+@dataclass(frozen=True, slots=True)
+class RetrieveParams:
+    """A validated retrieval request."""
+
+    query: str
+    top_k: int
+    budget_ms: int
+    # At most one passage per source document.
+    dedupe_documents: bool = False
+    # Who waits for it: the model threads run interactive work first (request/model_threads.py).
+    request_class: RequestClass = RequestClass.INTERACTIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +229,18 @@ class ReplicaState:
     url: str
     up: bool
     in_flight: int
+
+
+@dataclass(frozen=True, slots=True)
+class HostShareState:
+    """The local engine's share of its CPUs, as Info reports it (generate/contention.py)."""
+
+    usable_cpus: int
+    # CPUs' worth of time other processes used on those CPUs in the last sample.
+    neighbour_cpus: float
+    engine_threads: int
+    # The thread count follows the neighbours (RAGSERVE_GENERATOR_THREADS=0).
+    adaptive: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
 from ragserve.prompt import Prompt
-from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, ReplicaState
+from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, HostShareState, ReplicaState
 
 
 @runtime_checkable
@@ -58,4 +58,13 @@ class ServerPool(Protocol):
 
     def replica_states(self) -> list[ReplicaState]:
         """Each server: its base URL, whether it is up, and the requests open on it."""
+        ...
+
+
+@runtime_checkable
+class HostSharing(Protocol):
+    """A generator that runs on this host's CPUs and adapts to what else runs on them."""
+
+    def host_share(self) -> HostShareState | None:
+        """What other processes take of its CPUs and the threads it runs with (None: not watched)."""
         ...

@@ -115,9 +115,16 @@ def _give_llvmlite_a_plain_dict() -> None:
 class ThreadedEngine:
     """The subset of AsyncLLM the generator uses (generate, counts, health, shutdown)."""
 
-    def __init__(self, build: Callable[[], Any], stall_s: float = default_of(GeneratorSettings, "stall_s")) -> None:
+    def __init__(
+        self,
+        build: Callable[[], Any],
+        stall_s: float = default_of(GeneratorSettings, "stall_s"),
+        before_step: Callable[[], None] | None = None,
+    ) -> None:
+        """`before_step`: called on the engine thread before every step (the thread count is set there)."""
         self._build = build
         self._stall_s = stall_s
+        self._before_step = before_step
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
         self._taken: collections.deque[_Command] = collections.deque()
         self._sinks: dict[str, _Sink] = {}
@@ -190,6 +197,8 @@ class ThreadedEngine:
                 with self._busy():
                     self._apply(engine, command)
             if engine.has_unfinished_requests():
+                if self._before_step is not None:
+                    self._before_step()
                 with self._busy():
                     self._step(engine)
 

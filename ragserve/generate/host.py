@@ -175,7 +175,20 @@ def resolve_engine(settings: GeneratorSettings, host: HostCpu) -> ResolvedEngine
     choices.append(EngineChoice("block_size", str(block), why))
     choices.append(speculative_choice)
     choices.append(EngineChoice("engine_layout", layout, layout_why))
+    if layout == "thread":
+        choices.append(resolve_threads(settings, host))
     return ResolvedEngine(dtype, bind, block, tuple(choices), speculative, layout)
+
+
+def resolve_threads(settings: GeneratorSettings, host: HostCpu) -> EngineChoice:
+    """The engine thread's OpenMP team size (generate/contention.py applies it between steps)."""
+    if settings.threads:
+        return EngineChoice("threads", str(settings.threads), "set by RAGSERVE_GENERATOR_THREADS")
+    return EngineChoice(
+        "threads",
+        f"auto (up to {len(host.cpus)})",
+        "one fewer per core other processes keep busy: a team waiting on a busy core stalls every step",
+    )
 
 
 def resolve_cpu_layout(settings: GeneratorSettings, host: HostCpu, speculative: bool) -> tuple[str, str]:

@@ -18,11 +18,12 @@ from typing import Any
 
 from ragserve.config import GeneratorSettings
 from ragserve.errors import ConfigError, InvalidArgument, Unavailable
+from ragserve.generate.contention import ContentionWatch, CpuCounters, EngineThreads, NeighbourLoad
 from ragserve.generate.engine_thread import EngineThreadDead, ThreadedEngine, in_process_engine_env
 from ragserve.generate.host import HostCpu, ResolvedEngine, read_host_cpu, resolve_engine
 from ragserve.generate.rendering import ChatRenderer
 from ragserve.prompt import SYSTEM_PREFIX, Prompt, build_prompt
-from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, Usage, model_name
+from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, HostShareState, Usage, model_name
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,11 @@ class VllmGenerator:
         self._dead: BaseException | None = None
         self._host: HostCpu = read_host_cpu()
         self._resolved: ResolvedEngine = resolve_engine(settings, self._host)
+        # Only an engine on a server thread can change its thread count between steps.
+        self._contention: ContentionWatch | None = None
+        if self._resolved.engine_layout == "thread" and settings.device == "cpu":
+            threads = EngineThreads(len(self._host.cpus), settings.threads)
+            self._contention = ContentionWatch(NeighbourLoad(CpuCounters(self._host.cpus)), threads)
 
     @property
     def model_id(self) -> str:
@@ -74,6 +80,21 @@ class VllmGenerator:
     @property
     def host_cpu(self) -> str:
         return self._host.describe()
+
+    def host_share(self) -> HostShareState | None:
+        return self._contention.state() if self._contention is not None else None
+
+    def _set_threads_before_step(self) -> None:
+        """On the engine thread: the thread count the contention watch wants, before every step.
+
+        Every step, not only on a change: vLLM's n-gram proposer restores its own OpenMP thread count
+        after each proposal (numba and torch share the OpenMP runtime), so a count set once is lost
+        by the next step. vLLM's CPU worker also replaces torch.set_num_threads with a no-op (it pins
+        its own threads); here nothing is pinned, and torch's own setter still reaches OpenMP."""
+        assert self._contention is not None
+        import torch
+
+        torch._C.set_num_threads(self._contention.threads.wanted)
 
     def _engine_kwargs(self) -> dict[str, Any]:
         s = self._settings
@@ -110,7 +131,11 @@ class VllmGenerator:
 
             in_process_engine_env()
             args = EngineArgs(**self._engine_kwargs())
-            engine = ThreadedEngine(lambda: LLMEngine.from_engine_args(args), self._settings.stall_s)
+            engine = ThreadedEngine(
+                lambda: LLMEngine.from_engine_args(args),
+                self._settings.stall_s,
+                self._set_threads_before_step if self._contention is not None else None,
+            )
             await asyncio.to_thread(engine.start)  # minutes of loading: the event loop stays free
             return engine
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -133,6 +158,8 @@ class VllmGenerator:
             )
         self.load_tokenizer()
         self._engine = await self._make_engine()
+        if self._contention is not None:
+            self._contention.start()
         # Warm the engine and put the fixed system prefix into the prefix cache.
         warm = build_prompt("Warm-up.", [])
         async for _ in self.stream(warm, GenerateParams(max_tokens=2, temperature=0.0), "warmup"):
@@ -222,6 +249,8 @@ class VllmGenerator:
             raise Unavailable("generator health check failed") from exc
 
     async def close(self) -> None:
+        if self._contention is not None:
+            self._contention.stop()
         engine, self._engine = self._engine, None
         if isinstance(engine, ThreadedEngine):
             await asyncio.to_thread(engine.shutdown)  # joins the engine thread: not on the event loop

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypeVar
 
-from ragserve.generate.base import ServerPool
+from ragserve.generate.base import HostSharing, ServerPool
 from ragserve.types import (
     Degraded,
     EngineChoice,
     FinalSummary,
     Highlight,
+    HostShareState,
     Passage,
     ReplicaState,
     RequestClass,
@@ -134,6 +135,7 @@ def info_response_pb(pipeline: RagPipeline, retrieval_budget_ms: int, requests_i
     """What a loaded server runs; the budget and the in-flight count are the server's, not the pipeline's."""
     generator = pipeline.generator
     servers: list[ReplicaState] = generator.replica_states() if isinstance(generator, ServerPool) else []
+    share = generator.host_share() if isinstance(generator, HostSharing) else None
     return pb.InfoResponse(
         index_version=pipeline.index.version,
         index_chunks=pipeline.index.count,
@@ -147,4 +149,14 @@ def info_response_pb(pipeline: RagPipeline, retrieval_budget_ms: int, requests_i
         host_cpu=generator.host_cpu if generator else "",
         generator_pace=pipeline.pace.describe() if generator else "",
         generator_servers=[pb.GeneratorServer(url=r.url, up=r.up, in_flight=r.in_flight) for r in servers],
+        host_share=host_share_pb(share) if share is not None else None,
+    )
+
+
+def host_share_pb(share: HostShareState) -> pb.HostShare:
+    return pb.HostShare(
+        usable_cpus=share.usable_cpus,
+        neighbour_cpus=share.neighbour_cpus,
+        engine_threads=share.engine_threads,
+        adaptive=share.adaptive,
     )

@@ -225,7 +225,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("index_version", "index_chunks", "embedder_model", "generator_model", "rerank_tiers", "retrieval_budget_ms", "generator_unfinished_requests", "requests_in_flight", "generator_settings", "host_cpu", "generator_servers", "generator_pace")
+    __slots__ = ("index_version", "index_chunks", "embedder_model", "generator_model", "rerank_tiers", "retrieval_budget_ms", "generator_unfinished_requests", "requests_in_flight", "generator_settings", "host_cpu", "generator_servers", "generator_pace", "host_share")
     INDEX_VERSION_FIELD_NUMBER: _ClassVar[int]
     INDEX_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDER_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -238,6 +238,7 @@ class InfoResponse(_message.Message):
     HOST_CPU_FIELD_NUMBER: _ClassVar[int]
     GENERATOR_SERVERS_FIELD_NUMBER: _ClassVar[int]
     GENERATOR_PACE_FIELD_NUMBER: _ClassVar[int]
+    HOST_SHARE_FIELD_NUMBER: _ClassVar[int]
     index_version: str
     index_chunks: int
     embedder_model: str
@@ -250,7 +251,20 @@ class InfoResponse(_message.Message):
     host_cpu: str
     generator_servers: _containers.RepeatedCompositeFieldContainer[GeneratorServer]
     generator_pace: str
-    def __init__(self, index_version: _Optional[str] = ..., index_chunks: _Optional[int] = ..., embedder_model: _Optional[str] = ..., generator_model: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., retrieval_budget_ms: _Optional[int] = ..., generator_unfinished_requests: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., generator_settings: _Optional[_Iterable[_Union[EngineSetting, _Mapping]]] = ..., host_cpu: _Optional[str] = ..., generator_servers: _Optional[_Iterable[_Union[GeneratorServer, _Mapping]]] = ..., generator_pace: _Optional[str] = ...) -> None: ...
+    host_share: HostShare
+    def __init__(self, index_version: _Optional[str] = ..., index_chunks: _Optional[int] = ..., embedder_model: _Optional[str] = ..., generator_model: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., retrieval_budget_ms: _Optional[int] = ..., generator_unfinished_requests: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., generator_settings: _Optional[_Iterable[_Union[EngineSetting, _Mapping]]] = ..., host_cpu: _Optional[str] = ..., generator_servers: _Optional[_Iterable[_Union[GeneratorServer, _Mapping]]] = ..., generator_pace: _Optional[str] = ..., host_share: _Optional[_Union[HostShare, _Mapping]] = ...) -> None: ...
+
+class HostShare(_message.Message):
+    __slots__ = ("usable_cpus", "neighbour_cpus", "engine_threads", "adaptive")
+    USABLE_CPUS_FIELD_NUMBER: _ClassVar[int]
+    NEIGHBOUR_CPUS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_THREADS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
+    usable_cpus: int
+    neighbour_cpus: float
+    engine_threads: int
+    adaptive: bool
+    def __init__(self, usable_cpus: _Optional[int] = ..., neighbour_cpus: _Optional[float] = ..., engine_threads: _Optional[int] = ..., adaptive: _Optional[bool] = ...) -> None: ...
 
 class GeneratorServer(_message.Message):
     __slots__ = ("url", "up", "in_flight")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -109,6 +112,46 @@ def test_info_names_the_engine_settings_and_why(live_server: LiveServer) -> None
     assert settings["dtype"].value == ("bfloat16" if native_bf16 else "float32")
     assert settings["block_size"].value == "32"
     assert info.host_cpu
+    if settings["engine_layout"].value == "thread":
+        share = info.host_share
+        assert share.usable_cpus == len(os.sched_getaffinity(live_server.process.pid))
+        assert 1 <= share.engine_threads <= share.usable_cpus and share.adaptive
+    else:  # the engine-core process keeps vLLM's own threads: nothing adapts, nothing is reported
+        assert not info.HasField("host_share")
+
+
+# Two processes spinning in plain Python: a neighbour that keeps two CPUs busy.
+_SPIN = "while True: pass"
+
+
+def test_the_engine_gives_a_busy_neighbour_its_cores_and_takes_them_back(live_server: LiveServer) -> None:
+    async def share() -> pb.HostShare:
+        async with RagClient(live_server.target) as client:
+            return (await client.info()).host_share
+
+    def wait_for(threads: int, timeout_s: float) -> pb.HostShare:
+        deadline = time.monotonic() + timeout_s
+        seen = asyncio.run(share())
+        while seen.engine_threads != threads and time.monotonic() < deadline:
+            time.sleep(0.2)
+            seen = asyncio.run(share())
+        return seen
+
+    first = asyncio.run(share())
+    if first.usable_cpus < 2:
+        pytest.skip("one usable CPU: no thread to give up")
+    quiet = wait_for(first.usable_cpus, timeout_s=10)
+    assert quiet.engine_threads == quiet.usable_cpus, quiet
+    spinners = [subprocess.Popen([sys.executable, "-c", _SPIN]) for _ in range(quiet.usable_cpus)]
+    try:
+        busy = wait_for(1, timeout_s=10)
+        assert busy.engine_threads == 1 and busy.neighbour_cpus >= 0.6, busy
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    back = wait_for(quiet.usable_cpus, timeout_s=15)
+    assert back.engine_threads == back.usable_cpus, back
 
 
 def test_query_context_budget_cuts_the_prompt_not_the_passages(live_server: LiveServer) -> None:

@@ -35,6 +35,14 @@ def test_no_binding_is_claimed_for_an_engine_on_a_server_thread() -> None:
     assert resolved.engine_layout == "thread"
     assert resolved.omp_threads_bind == ""
     assert _choice(resolved, "omp_threads_bind") == "none"
+    assert _choice(resolved, "threads") == "auto (up to 2)"
+    fixed = resolve_engine(GeneratorSettings(threads=1), ZEN3)
+    assert _choice(fixed, "threads") == "1"
+
+
+def test_an_engine_core_process_has_no_thread_count_to_adapt() -> None:
+    resolved = resolve_engine(GeneratorSettings(engine_layout="process"), ZEN3)
+    assert all(c.name != "threads" for c in resolved.choices)
 
 
 def test_native_bf16_host_keeps_bf16() -> None:

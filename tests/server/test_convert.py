@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from google.protobuf.json_format import MessageToDict
 
 from ragserve.server.convert import (
@@ -19,6 +20,7 @@ from ragserve.types import (
     EngineChoice,
     FinalSummary,
     Highlight,
+    HostShareState,
     Passage,
     RetrievalResult,
     StageTimings,
@@ -141,6 +143,20 @@ def test_info_response_of_a_full_pipeline() -> None:
     assert [(s.name, s.value, s.reason) for s in info.generator_settings] == [("threads", "2", "host has 2 cores")]
     assert info.host_cpu == "x86_64 avx2"
     assert info.generator_pace.startswith("normal")
+
+
+def test_info_reports_the_engines_share_of_the_host() -> None:
+    state = HostShareState(usable_cpus=2, neighbour_cpus=1.3, engine_threads=1, adaptive=True)
+    generator = SimpleNamespace(
+        model_id="gen", unfinished_requests=lambda: 0, engine_choices=(), host_cpu="cpu", host_share=lambda: state
+    )
+    info = info_response_pb(_pipeline(generator, None), retrieval_budget_ms=70, requests_in_flight=0)
+    share = info.host_share
+    assert (share.usable_cpus, share.engine_threads, share.adaptive) == (2, 1, True)
+    assert share.neighbour_cpus == pytest.approx(1.3)
+    unwatched = SimpleNamespace(**{**vars(generator), "host_share": lambda: None})
+    info = info_response_pb(_pipeline(unwatched, None), retrieval_budget_ms=70, requests_in_flight=0)
+    assert not info.HasField("host_share")
 
 
 def test_info_response_without_generator_or_reranker() -> None:

@@ -1,0 +1,169 @@
+"""How much of the engine's CPUs something else keeps busy, and how many threads the engine runs.
+
+The engine's OpenMP team meets at a barrier in every layer. When a neighbour (the app next door, an
+indexer) takes a core, one thread of the team waits for the scheduler while the others spin at the
+barrier, and a step takes many times longer than the CPU it lost (BENCHMARKS.md, "A busy
+neighbour"). With one thread fewer per core the neighbour keeps busy, the team never waits on a
+thread that is not running, and answers slow in proportion to the CPU taken.
+
+The neighbour's share is read from the kernel's per-CPU counters (/proc/stat) for the CPUs this
+process may run on, minus this process's own CPU time: steal time (another VM on the same cores)
+counts as a neighbour too. Time of niced processes does not: the scheduler hands the core back to
+the engine when it needs it (an indexer at nice 10 cost nothing measurable with every thread kept).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ragserve import metrics
+from ragserve.types import HostShareState
+
+log = logging.getLogger(__name__)
+
+# /proc/stat per-CPU columns: user nice system idle iowait irq softirq steal (guest time is in user).
+_BUSY_COLUMNS = (0, 2, 5, 6, 7)
+_NICE_COLUMN = 1
+# A neighbour counts as taking a core from this share of one up (0.6 of a core busy: one thread fewer).
+TAKES_A_CORE_FROM = 0.6
+SAMPLE_EVERY_S = 0.5
+# Consecutive samples that must agree before the engine gets a thread back (it gives one up at once:
+# a late step costs far more than a slow one).
+SAMPLES_TO_GROW = 3
+
+
+def own_niceness() -> int:
+    try:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+    except (AttributeError, OSError):  # not a POSIX host
+        return 0
+
+
+class CpuCounters:
+    """Busy seconds of a set of CPUs (all processes but niced ones) and of this process, read together."""
+
+    def __init__(
+        self,
+        cpus: tuple[int, ...],
+        stat_path: Path = Path("/proc/stat"),
+        own_seconds: Callable[[], float] = time.process_time,
+    ) -> None:
+        self._names = {f"cpu{cpu}" for cpu in cpus}
+        self._stat_path = stat_path
+        self._own_seconds = own_seconds
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        # A niced server's own time is in the nice column: then niced neighbours are its equals.
+        niced = own_niceness() > 0
+        self._columns = (*_BUSY_COLUMNS, _NICE_COLUMN) if niced else _BUSY_COLUMNS
+
+    def read(self) -> tuple[float, float] | None:
+        """(busy seconds of the CPUs, this process's CPU seconds); None where /proc/stat is missing."""
+        try:
+            lines = self._stat_path.read_text().splitlines()
+        except OSError:
+            return None
+        busy = 0
+        for line in lines:
+            name, _, rest = line.partition(" ")
+            if name in self._names:
+                columns = rest.split()
+                busy += sum(int(columns[i]) for i in self._columns if i < len(columns))
+        return busy / self._tick, self._own_seconds()
+
+
+class NeighbourLoad:
+    """CPUs' worth of time others used on this process's CPUs between two samples."""
+
+    def __init__(self, counters: CpuCounters, clock: Callable[[], float] = time.monotonic) -> None:
+        self._counters = counters
+        self._clock = clock
+        self._last: tuple[float, float, float] | None = None
+
+    def sample(self) -> float | None:
+        """Others' busy CPUs since the previous sample (None on the first, or unreadable)."""
+        reading = self._counters.read()
+        if reading is None:
+            return None
+        now = self._clock()
+        last, self._last = self._last, (now, *reading)
+        if last is None or now <= last[0]:
+            return None
+        busy = reading[0] - last[1]
+        own = reading[1] - last[2]
+        return max(0.0, (busy - own) / (now - last[0]))
+
+
+class EngineThreads:
+    """Threads for the engine's next step: every usable CPU when nothing else uses them, one fewer
+    per core a neighbour keeps busy, never fewer than one. `fixed` > 0 pins the count."""
+
+    def __init__(self, cpus: int, fixed: int = 0) -> None:
+        self.cpus = cpus
+        self.fixed = fixed
+        self.wanted = fixed or cpus
+        self.neighbour_cpus = 0.0
+        self._grow_votes = 0
+
+    @property
+    def adaptive(self) -> bool:
+        return not self.fixed
+
+    def update(self, neighbour_cpus: float) -> int:
+        self.neighbour_cpus = neighbour_cpus
+        if self.fixed:
+            return self.wanted
+        taken = int(neighbour_cpus + (1.0 - TAKES_A_CORE_FROM))
+        target = max(1, self.cpus - taken)
+        if target < self.wanted:
+            self.wanted, self._grow_votes = target, 0
+        elif target > self.wanted:
+            self._grow_votes += 1
+            if self._grow_votes >= SAMPLES_TO_GROW:
+                self.wanted, self._grow_votes = self.wanted + 1, 0
+        else:
+            self._grow_votes = 0
+        return self.wanted
+
+
+class ContentionWatch:
+    """Samples the neighbours' load on a daemon thread and keeps `threads` up to date."""
+
+    def __init__(self, load: NeighbourLoad, threads: EngineThreads, every_s: float = SAMPLE_EVERY_S) -> None:
+        self._load = load
+        self.threads = threads
+        self._every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="contention-watch", daemon=True)
+
+    def start(self) -> None:
+        self._load.sample()  # the first reading is the baseline
+        self._thread.start()
+
+    def state(self) -> HostShareState:
+        t = self.threads
+        return HostShareState(t.cpus, t.neighbour_cpus, t.wanted, t.adaptive)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every_s):
+            neighbour = self._load.sample()
+            if neighbour is None:
+                continue
+            before = self.threads.wanted
+            wanted = self.threads.update(neighbour)
+            metrics.HOST_NEIGHBOUR_CPUS.set(neighbour)
+            metrics.GENERATOR_THREADS.set(wanted)
+            if wanted != before:
+                log.info(
+                    "engine threads %d -> %d: other processes keep %.1f of this server's %d CPUs busy",
+                    before, wanted, neighbour, self.threads.cpus,
+                )  # fmt: skip
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2 * self._every_s)
