@@ -19,6 +19,7 @@ from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch, IndexWatch, ServedIndex
 from ragserve.request.hot import HotPassages
+from ragserve.request.model_threads import ClassedExecutor
 from ragserve.request.pipeline import RagPipeline
 from ragserve.request.policy import AnswerPolicy
 from ragserve.request.serving import ServingVersion
@@ -373,13 +374,12 @@ def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipelin
     options = make_retrieval_options(settings)
     versions = VersionBuilder.from_settings(settings, embedder, rerankers, options)
     generator = make_generator(settings) if with_generator else None
-    executor = ThreadPoolExecutor(max_workers=settings.limits.model_threads, thread_name_prefix="ragserve-model")
+    # Model threads run interactive requests' calls before batch ones (request/model_threads.py).
+    executor = ClassedExecutor(settings.limits.model_threads, "ragserve-model")
     rerank_executor = None
     # auto and tuned may need it for a version loaded later; its threads start only when used.
     if settings.rerank.mode != "off":
-        rerank_executor = ThreadPoolExecutor(
-            max_workers=settings.rerank.concurrency, thread_name_prefix="ragserve-rerank"
-        )
+        rerank_executor = ClassedExecutor(settings.rerank.concurrency, "ragserve-rerank")
     search_executor = None
     if settings.index.backend == "qdrant":
         # Network searches on their own threads: a slow Qdrant never queues the next embedding.

@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from typing import TypeVar
 
 from ragserve.budget import Deadline, StageTimer
@@ -33,6 +33,7 @@ from ragserve.request.caches import PipelineCaches, cache_scope, replay
 from ragserve.request.context import FittedContext, fit_context
 from ragserve.request.evidence import with_evidence
 from ragserve.request.hot import HotPassages
+from ragserve.request.model_threads import CURRENT_CLASS
 from ragserve.request.pace import PaceMonitor
 from ragserve.request.policy import ABSTAIN_ANSWER, AnswerPolicy
 from ragserve.request.search import SearchStage, check_client
@@ -65,15 +66,15 @@ class RagPipeline:
         embedder: Embedder,
         index: SearchIndex,
         generator: Generator | None,
-        executor: ThreadPoolExecutor,
+        executor: Executor,
         ef_search: int = default_of(RetrievalSettings, "hnsw_ef_search"),
         cache: RetrievalCache | None = None,
         retrieval: RetrievalOptions | None = None,
         rerankers: RerankerSource | None = None,
         policy: AnswerPolicy | None = None,
-        rerank_executor: ThreadPoolExecutor | None = None,
+        rerank_executor: Executor | None = None,
         answers: AnswerCache | None = None,
-        search_executor: ThreadPoolExecutor | None = None,
+        search_executor: Executor | None = None,
         search_min_ms: float = default_of(QdrantSettings, "min_search_ms"),
         versions: Callable[[SearchIndex], ServingVersion] | None = None,
         hot: HotPassages | None = None,
@@ -209,6 +210,7 @@ class RagPipeline:
     ) -> tuple[RetrievalResult, RetrievalKey | None]:
         """The passages with this question's evidence, and the request's cache key (built once,
         reused for the answer cache)."""
+        CURRENT_CLASS.set(params.request_class)  # this request's task: its model calls queue by class
         found, key = await self._find(params, deadline, serving)
         with StageTimer("evidence") as t:
             # Per request, on whatever the passages came from (a cache hit was another question's).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -52,9 +52,9 @@ class SearchStage:
         options: RetrievalOptions,
         ef_search: int,
         rerankers: RerankerSource | None,
-        executor: ThreadPoolExecutor,
-        rerank_executor: ThreadPoolExecutor | None = None,
-        search_executor: ThreadPoolExecutor | None = None,
+        executor: Executor,
+        rerank_executor: Executor | None = None,
+        search_executor: Executor | None = None,
         search_min_ms: float = 25.0,
     ) -> None:
         self.options = options
@@ -69,7 +69,7 @@ class SearchStage:
         self._search_executor = search_executor
         self._search_min_ms = search_min_ms
 
-    def executors(self) -> set[ThreadPoolExecutor]:
+    def executors(self) -> set[Executor]:
         return {e for e in (self._executor, self._rerank_executor, self._search_executor) if e is not None}
 
     async def run(

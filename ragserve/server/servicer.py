@@ -184,9 +184,9 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
 
     async def Retrieve(self, request: pb.RetrieveRequest, context: grpc.aio.ServicerContext) -> pb.RetrieveResponse:
         call = _Call("Retrieve", context)
-        async with call.admitted(self._limiter, self._settings.limits.max_call_s, request.request_class):
+        async with call.admitted(self._limiter, self._settings.limits.max_call_s, request.request_class) as cls:
             params = validate_retrieve(
-                self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents
+                self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents, cls
             )
             result = await self._ready().retrieve(params, self._deadline(params.budget_ms, call))
             call.log_retrieval(result)
@@ -198,7 +198,7 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
         call = _Call("Query", context)
         async with call.admitted(self._limiter, self._settings.limits.max_call_s, request.request_class) as cls:
             params = validate_retrieve(
-                self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents
+                self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents, cls
             )
             gen = validate_generate(
                 self._settings,

@@ -20,7 +20,12 @@ def validate_request_class(value: int) -> RequestClass:
 
 
 def validate_retrieve(
-    settings: Settings, query: str, top_k: int, budget_ms: int, dedupe_documents: bool = False
+    settings: Settings,
+    query: str,
+    top_k: int,
+    budget_ms: int,
+    dedupe_documents: bool = False,
+    request_class: RequestClass = RequestClass.INTERACTIVE,
 ) -> RetrieveParams:
     text = query.strip()
     if not text:
@@ -51,6 +56,7 @@ def validate_retrieve(
         top_k=top_k or settings.requests.default_top_k,
         budget_ms=budget_ms or settings.requests.retrieval_budget_ms,
         dedupe_documents=dedupe_documents,
+        request_class=request_class,
     )
 
 
