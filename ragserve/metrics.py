@@ -20,6 +20,12 @@ SHED = Counter("ragserve_shed_total", "Requests refused at admission (RESOURCE_E
 TTFT_BY_CLASS = Histogram(
     "ragserve_ttft_ms", "Time to first token in milliseconds by class", ["request_class"], buckets=_MS_BUCKETS
 )
+MODEL_QUEUE_MS = Histogram(
+    "ragserve_model_queue_wait_ms",
+    "Time a model call (embed, rerank, prompt work) waited for a model thread, by class",
+    ["request_class"],
+    buckets=_MS_BUCKETS,
+)
 ENGINE_WAIT_MS = Histogram(
     "ragserve_batch_engine_wait_ms", "Batch Query time waiting for batch's share of the generator", buckets=_MS_BUCKETS
 )

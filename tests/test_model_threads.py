@@ -8,6 +8,7 @@ import threading
 from concurrent.futures import CancelledError, Future
 
 import pytest
+from prometheus_client import REGISTRY
 
 from ragserve.request.model_threads import CURRENT_CLASS, ClassedExecutor
 from ragserve.types import RequestClass
@@ -40,6 +41,23 @@ def test_queued_interactive_calls_run_before_queued_batch_ones() -> None:
         pool.shutdown()
     # The call already running finishes; then people first, each class in arrival order.
     assert order == ["person-1", "person-2", "batch-1", "batch-2"]
+
+
+def test_the_wait_for_a_model_thread_is_measured_by_class() -> None:
+    def count(cls: RequestClass) -> float:
+        sample = REGISTRY.get_sample_value("ragserve_model_queue_wait_ms_count", {"request_class": cls.value})
+        return sample or 0.0
+
+    before = {cls: count(cls) for cls in RequestClass}
+    pool = ClassedExecutor(1, "test-model")
+    try:
+        _submit_as(pool, RequestClass.BATCH, lambda: None).result(timeout=5)
+        _submit_as(pool, RequestClass.INTERACTIVE, lambda: None).result(timeout=5)
+        _submit_as(pool, RequestClass.INTERACTIVE, lambda: None).result(timeout=5)
+    finally:
+        pool.shutdown()
+    assert count(RequestClass.BATCH) - before[RequestClass.BATCH] == 1
+    assert count(RequestClass.INTERACTIVE) - before[RequestClass.INTERACTIVE] == 2
 
 
 def test_results_and_errors_reach_the_caller_and_every_worker_runs() -> None:

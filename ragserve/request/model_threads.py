@@ -12,11 +12,13 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
 
+from ragserve import metrics
 from ragserve.types import RequestClass
 
 P = ParamSpec("P")
@@ -42,11 +44,12 @@ class ClassedExecutor(Executor):
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         future: Future[T] = Future()
-        rank = CURRENT_CLASS.get().engine_priority
+        cls = CURRENT_CLASS.get()
         with self._lock:
             if self._shut_down:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            self._queue.put((rank, next(self._order), (future, fn, args, kwargs)))
+            item = (future, fn, args, kwargs, cls, time.perf_counter())
+            self._queue.put((cls.engine_priority, next(self._order), item))
             if not self._threads:  # started with the first call: a pool never used costs no threads
                 for number in range(self._max_workers):
                     thread = threading.Thread(target=self._work, name=f"{self._prefix}_{number}", daemon=True)
@@ -59,17 +62,15 @@ class ClassedExecutor(Executor):
             rank, _, item = self._queue.get()
             if rank == _STOP_RANK:
                 return
-            future, fn, args, kwargs = item
+            future, fn, args, kwargs, cls, submitted = item
             if future.set_running_or_notify_cancel():
+                metrics.MODEL_QUEUE_MS.labels(cls.value).observe((time.perf_counter() - submitted) * 1000.0)
                 try:
                     result = fn(*args, **kwargs)
                 except BaseException as exc:  # handed to the caller, as ThreadPoolExecutor does
                     future.set_exception(exc)
                 else:
                     future.set_result(result)
-
-    def queued(self) -> int:
-        return self._queue.qsize()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:
