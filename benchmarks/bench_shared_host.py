@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_ttft import load_questions  # noqa: E402
 from benchmarks.harness import ensure_index, load_avg, percentile, plot_ttft, start_server, stop_server, write_results  # noqa: E402
-from ragserve.client import RagClient  # noqa: E402
+from ragserve.client import RagClient, RequestClassName  # noqa: E402
 from ragserve.generate.host import read_host_cpu  # noqa: E402
 
 # A torch job beside the server: matrix products on `threads` threads, forever.
@@ -54,7 +54,7 @@ while True:
 
 
 # name -> (class of the batch flood or None, (nice, threads) of a neighbour or None)
-PHASES: dict[str, tuple[str | None, tuple[int, int] | None]] = {
+PHASES: dict[str, tuple[RequestClassName | None, tuple[int, int] | None]] = {
     "alone": (None, None),
     "batch flood (classes on)": ("batch", None),
     "batch flood (classes off)": ("interactive", None),
@@ -85,7 +85,9 @@ async def interactive(client: RagClient, questions: list[str], interval_s: float
     return rows
 
 
-async def flood(client: RagClient, request_class: str, stats: dict[str, int], stop: asyncio.Event, seed: int) -> None:
+async def flood(
+    client: RagClient, request_class: RequestClassName, stats: dict[str, int], stop: asyncio.Event, seed: int
+) -> None:
     i = 0
     while not stop.is_set():
         i += 1
@@ -93,7 +95,7 @@ async def flood(client: RagClient, request_class: str, stats: dict[str, int], st
         try:
             async for _ in client.query(
                 question, max_tokens=200, temperature=0.7, timeout_s=120, request_class=request_class
-            ):  # type: ignore[arg-type]
+            ):
                 if stop.is_set():
                     break
             else:
@@ -103,13 +105,17 @@ async def flood(client: RagClient, request_class: str, stats: dict[str, int], st
             await asyncio.sleep(0.1)
 
 
-async def phase(target: str, questions: list[str], args: argparse.Namespace, batch: str | None) -> dict[str, Any]:
+async def phase(
+    target: str, questions: list[str], args: argparse.Namespace, batch: RequestClassName | None
+) -> dict[str, Any]:
     stats = {"completed": 0, "refused": 0, "failed": 0}
     stop = asyncio.Event()
     async with RagClient(target, default_timeout_s=120) as client:
-        floods = [
-            asyncio.create_task(flood(client, batch, stats, stop, i)) for i in range(args.batch_clients if batch else 0)
-        ]
+        floods = (
+            []
+            if batch is None
+            else [asyncio.create_task(flood(client, batch, stats, stop, i)) for i in range(args.batch_clients)]
+        )
         await asyncio.sleep(3.0 if batch else 0.0)  # the flood fills the engine first
         started = time.perf_counter()
         rows = await interactive(client, questions, args.interval)
