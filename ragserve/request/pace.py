@@ -16,7 +16,7 @@ from collections import deque
 from ragserve import metrics
 from ragserve.generate.base import Generator
 from ragserve.prompt import build_prompt
-from ragserve.types import GenerateParams
+from ragserve.types import GenerateParams, HostShareState
 
 # Speculation makes single answers vary by up to ~2x in ms/token; a neighbour taking a core made it
 # 4.2x (BENCHMARKS.md, "Request classes and a busy neighbour"): flagged from 2.5x.
@@ -56,10 +56,24 @@ class PaceMonitor:
             return None
         return statistics.median(self._recent) / self.baseline_ms
 
-    def describe(self) -> str:
-        """For Info: the pace and whether the host looks contended."""
+    def describe(self, share: HostShareState | None = None) -> str:
+        """For Info: the pace and whether the host looks contended. `share`: what other processes
+        take of the engine's CPUs; an engine that gave them threads keeps its pace per thread, so
+        the pace alone would say "normal" beside a busy neighbour."""
         ratio = self.ratio()
-        if ratio is None:
+        gave_way = share is not None and share.engine_threads < share.usable_cpus
+        if ratio is None and not gave_way:
             return "not measured yet"
-        state = "contended: something else is using this engine's CPUs" if ratio >= CONTENDED_RATIO else "normal"
+        if ratio is not None and ratio >= CONTENDED_RATIO:
+            state = "contended: something else is using this engine's CPUs"
+        elif gave_way:
+            assert share is not None
+            state = (
+                f"contended: other processes keep {share.neighbour_cpus:.1f} of this server's "
+                f"{share.usable_cpus} CPUs busy; the engine runs {share.engine_threads} thread(s)"
+            )
+        else:
+            state = "normal"
+        if ratio is None:
+            return state
         return f"{state} (decode {ratio:.1f}x its pace alone, {self.baseline_ms:.1f} ms/token)"

@@ -147,7 +147,7 @@ def info_response_pb(pipeline: RagPipeline, retrieval_budget_ms: int, requests_i
         requests_in_flight=requests_in_flight,
         generator_settings=[engine_setting_pb(c) for c in (generator.engine_choices if generator else ())],
         host_cpu=generator.host_cpu if generator else "",
-        generator_pace=pipeline.pace.describe() if generator else "",
+        generator_pace=pipeline.pace.describe(share) if generator else "",
         generator_servers=[pb.GeneratorServer(url=r.url, up=r.up, in_flight=r.in_flight) for r in servers],
         host_share=host_share_pb(share) if share is not None else None,
     )

@@ -129,6 +129,10 @@ def test_the_engine_gives_a_busy_neighbour_its_cores_and_takes_them_back(live_se
         async with RagClient(live_server.target) as client:
             return (await client.info()).host_share
 
+    async def pace() -> str:
+        async with RagClient(live_server.target) as client:
+            return (await client.info()).generator_pace
+
     def wait_for(threads: int, timeout_s: float) -> pb.HostShare:
         deadline = time.monotonic() + timeout_s
         seen = asyncio.run(share())
@@ -146,6 +150,7 @@ def test_the_engine_gives_a_busy_neighbour_its_cores_and_takes_them_back(live_se
     try:
         busy = wait_for(1, timeout_s=10)
         assert busy.engine_threads == 1 and busy.neighbour_cpus >= 0.6, busy
+        assert asyncio.run(pace()).startswith("contended")
     finally:
         for spinner in spinners:
             spinner.kill()

@@ -119,7 +119,7 @@ def _pipeline(generator: Any, reranker: Any) -> Any:
         embedder=SimpleNamespace(model_id="emb"),
         generator=generator,
         reranker=reranker,
-        pace=SimpleNamespace(describe=lambda: "normal (decode 1.0x its pace alone, 10.0 ms/token)"),
+        pace=SimpleNamespace(describe=lambda share=None: "normal (decode 1.0x its pace alone, 10.0 ms/token)"),
     )
 
 
