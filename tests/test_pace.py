@@ -39,3 +39,5 @@ def test_an_engine_that_gave_a_neighbour_threads_is_reported_contended_at_its_no
     described = pace.describe(gave_way)
     assert described.startswith("contended: other processes") and "engine runs 1 thread(s)" in described
     assert "decode 1.0x" in described
+    fixed_low = HostShareState(usable_cpus=2, neighbour_cpus=0.0, engine_threads=1, adaptive=False)
+    assert pace.describe(fixed_low).startswith("normal")  # RAGSERVE_GENERATOR_THREADS=1: a choice, not a neighbour

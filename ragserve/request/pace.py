@@ -61,7 +61,8 @@ class PaceMonitor:
         take of the engine's CPUs; an engine that gave them threads keeps its pace per thread, so
         the pace alone would say "normal" beside a busy neighbour."""
         ratio = self.ratio()
-        gave_way = share is not None and share.engine_threads < share.usable_cpus
+        # Only a count that follows the neighbours says one is there (a fixed count is a choice).
+        gave_way = share is not None and share.adaptive and share.engine_threads < share.usable_cpus
         if ratio is None and not gave_way:
             return "not measured yet"
         if ratio is not None and ratio >= CONTENDED_RATIO:
