@@ -18,8 +18,8 @@ from ragserve.generate.base import Generator
 from ragserve.prompt import build_prompt
 from ragserve.types import GenerateParams, HostShareState
 
-# Speculation makes single answers vary by up to ~2x in ms/token; a neighbour taking a core made it
-# 4.2x (BENCHMARKS.md, "Request classes and a busy neighbour"): flagged from 2.5x.
+# Speculation makes single answers vary by up to ~2x in ms/token; a neighbour taking a core from a
+# 2-thread engine made it 2.4-4.2x (BENCHMARKS.md, "A busy neighbour"): flagged from 2.5x.
 CONTENDED_RATIO = 2.5
 _WINDOW = 16
 _BASELINE_PROMPT = build_prompt("List the numbers from one to twenty.", [])
