@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from indexer.build import build_index
 from ragserve.budget import Deadline
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.index.hnsw import HnswIndex
+from ragserve.index.reload import FolderWatch, IndexReloader
 from ragserve.prompt import Prompt
 from ragserve.request.context import fit_context
 from ragserve.request.hot import HotPassages
@@ -21,6 +23,7 @@ from ragserve.request.pipeline import RagPipeline
 from ragserve.request.policy import AnswerPolicy
 from ragserve.types import GenerateParams, GenerationChunk, Passage, RetrieveParams, Usage
 from tests.fakes import FakeGenerator
+from tests.index.conftest import write_docs
 
 
 def test_counts_persist_and_survive_a_bad_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -150,3 +153,46 @@ def test_warming_stays_within_its_share_of_the_kv_cache(make_pipeline) -> None:
     assert asyncio.run(warm(10_000_000, AnswerPolicy(warm_passages=0))) == 0
     # Only the reusable layout renders a passage the same for every question.
     assert asyncio.run(warm(10_000_000, AnswerPolicy(prompt_layout="stable"))) == 0
+
+
+def test_a_hot_reload_prefills_the_new_versions_most_retrieved_passages(
+    tmp_path: Path, embedder: SentenceTransformerEmbedder
+) -> None:
+    docs = write_docs(tmp_path / "docs")
+    root = tmp_path / "idx"
+    build_index(docs, root, embedder, progress=False)
+    generator = FakeRecordingGenerator()
+    hot = HotPassages(None)
+
+    async def reload_once() -> tuple[str, list[Prompt]]:
+        with ThreadPoolExecutor(2) as executor:
+            pipeline = RagPipeline(embedder, HnswIndex.load(root), generator, executor, hot=hot)
+            async with pipeline:
+                index = pipeline.index
+                assert isinstance(index, HnswIndex)
+                hot_chunk = index.chunks[0]
+                hot.record(hot_chunk.chunk_id)  # counted while version 1 served
+                warmed_before = len(generator.prompts)
+                swapped = asyncio.Event()
+
+                async def warm_after_swap() -> None:
+                    await pipeline.warm_hot_passages()
+                    swapped.set()
+
+                reloader = IndexReloader(FolderWatch(root), pipeline, interval_s=0.05, after_swap=warm_after_swap)
+                (docs / "new.txt").write_text("New\nA brand new document about volcanoes.")
+                await asyncio.to_thread(build_index, docs, root, embedder, progress=False)
+                task = asyncio.create_task(reloader.run())
+                try:
+                    await asyncio.wait_for(swapped.wait(), 30)
+                finally:
+                    task.cancel()
+                assert pipeline.index.version == "2" and reloader.reloads == 1
+                return hot_chunk.text.strip(), generator.prompts[warmed_before:]
+
+    hot_text, warm = asyncio.run(reload_once())
+    # The count outlives the version: an unchanged document keeps its chunk id, and the new
+    # version's copy of it is what was pre-filled, rendered as a Query renders a top passage.
+    assert len(warm) == 1 and warm[0].user.startswith('<passages>\n<passage id="1"')
+    assert hot_text in warm[0].user
+    assert all(params.max_tokens == 1 for params in generator.params[-len(warm) :])
