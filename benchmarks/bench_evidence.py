@@ -6,8 +6,9 @@ Indexes `<data>/corpus.jsonl` (or takes `--index`), builds the server's own pipe
 (real MiniLM embedder, hnswlib + BM25, the configured reranker; generation off) and retrieves every
 question of `<data>/questions.jsonl` at the default top_k. Reports:
 
-- how often a highlight holds a gold answer span (SQuAD normalization): the top passage's, and the
-  one with the best coverage among the passages; with and without the gold paragraph ranked first;
+- how often a highlight holds a gold answer span (SQuAD normalization): the top passage's, the one
+  the server names as the evidence (Support.evidence_passage), and the one with the best coverage
+  among the passages; with and without the gold paragraph ranked first;
 - the evidence stage's server time (StageTimings.evidence_ms) p50/p95/p99 at each `--top-k`;
 - for abstention: per threshold on Support.coverage, the share of unanswerable questions flagged
   (recall), the share of answerable ones flagged, the precision of the flag, and the share of
@@ -34,10 +35,10 @@ sys.path.insert(0, str(REPO))
 from benchmarks.bench_ttft import contains_gold, load_questions  # noqa: E402
 from benchmarks.harness import ensure_index, percentile, write_results  # noqa: E402
 from ragserve.budget import Deadline  # noqa: E402
-from ragserve.config import Settings, default_of  # noqa: E402
+from ragserve.config import IndexSettings, Settings, default_of  # noqa: E402
 from ragserve.factory import make_pipeline  # noqa: E402
 from ragserve.generate.host import read_host_cpu  # noqa: E402
-from ragserve.request.sentences import sentence_spans  # noqa: E402
+from ragserve.request.sentences import content_terms, question_weights, sentence_spans  # noqa: E402
 from ragserve.types import Passage, RetrievalResult, RetrieveParams  # noqa: E402
 
 THRESHOLDS = (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
@@ -52,8 +53,21 @@ def best_highlight(result: RetrievalResult) -> Passage:
     return max(result.passages, key=lambda p: (p.highlight.coverage if p.highlight else -1.0, -p.rank))
 
 
+def dense_assisted_sentence(question: str, result: RetrievalResult, embedder: Any, query_vector: Any) -> str:
+    """Not served: the sentence among all passages with the best lexical coverage plus dense cosine
+    to the question. It needs an embedding per sentence; measured to show what that would buy."""
+    sentences = [p.chunk.text[a:b] for p in result.passages for a, b in sentence_spans(p.chunk.text)]
+    if not sentences:
+        return ""
+    terms = [content_terms(s) for s in sentences]
+    weights = question_weights(question, terms)
+    cosines = embedder.embed_queries(sentences) @ query_vector
+    scores = [weights.coverage(t) + float(c) for t, c in zip(terms, cosines, strict=True)]
+    return sentences[int(np.argmax(scores))]
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    settings = Settings(index={"path": args.index}, generation_enabled=False)
+    settings = Settings(index=IndexSettings(path=args.index), generation_enabled=False)
     pipeline = make_pipeline(settings, with_generator=False)
     rows: list[dict[str, Any]] = []
     timing: dict[int, list[float]] = {}
@@ -62,6 +76,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for q in questions:
             result = await pipeline.retrieve(RetrieveParams(q.question, args.top_k, 1000), Deadline(1000))
             top, best = result.passages[0], best_highlight(result)
+            shown = result.passages[result.support.evidence_passage] if result.support else top
             # Other signals the server could use to decline (compared by AUC in the report).
             query_vector = pipeline.embedder.embed_query(q.question).vector
             sentences = [top.chunk.text[a:b] for a, b in sentence_spans(top.chunk.text)] or [top.chunk.text]
@@ -78,6 +93,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     "gold_first": top.chunk.doc_id == q.doc_id,
                     "top_highlight_gold": (not q.impossible) and contains_gold(highlight_text(top), q.answers),
                     "best_highlight_gold": (not q.impossible) and contains_gold(highlight_text(best), q.answers),
+                    "evidence_highlight_gold": (not q.impossible) and contains_gold(highlight_text(shown), q.answers),
+                    "dense_assisted_gold": (not q.impossible)
+                    and contains_gold(
+                        dense_assisted_sentence(q.question, result, pipeline.embedder, query_vector), q.answers
+                    ),
                     "coverage": result.support.coverage if result.support else 0.0,
                     "top_coverage": top.highlight.coverage if top.highlight else 0.0,
                     "evidence_ms": result.timings.evidence_ms,
@@ -116,7 +136,10 @@ def report(data: dict[str, Any], args: argparse.Namespace) -> str:
         "| highlight holds a gold span (answerable questions) | share |",
         "|---|---|",
         f"| top passage's highlight | {share(answerable, 'top_highlight_gold'):.3f} |",
+        f"| the evidence passage's highlight | {share(answerable, 'evidence_highlight_gold'):.3f} |",
         f"| best-coverage highlight among the passages | {share(answerable, 'best_highlight_gold'):.3f} |",
+        "| not served: the best sentence among the passages by coverage + dense cosine "
+        f"| {share(answerable, 'dense_assisted_gold'):.3f} |",
         f"| gold paragraph ranked first | {share(answerable, 'gold_first'):.3f} |",
     ]
     first = [r for r in answerable if r["gold_first"]]
@@ -165,7 +188,7 @@ def auc(positive: list[float], negative: list[float]) -> float:
     neg = np.asarray(negative)
     if not positive or not neg.size:
         return float("nan")
-    return float(np.mean([(p > neg).mean() + 0.5 * (p == neg).mean() for p in positive]))
+    return float(np.mean([np.mean(neg < p) + 0.5 * np.mean(neg == p) for p in positive]))
 
 
 def main() -> None:

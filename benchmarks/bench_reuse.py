@@ -78,7 +78,10 @@ async def ask(client: RagClient, q: Question, max_tokens: int) -> dict[str, Any]
         if kind == "retrieval":
             top = event.retrieval.passages[0]
             row["top_chunk"] = top.chunk_id
-            row["highlight"] = top.text[top.highlight.start : top.highlight.end] if top.HasField("highlight") else ""
+            shown = event.retrieval.passages[event.retrieval.support.evidence_passage]  # what a client shows
+            row["highlight"] = (
+                shown.text[shown.highlight.start : shown.highlight.end] if shown.HasField("highlight") else ""
+            )
             row["support_low"] = event.retrieval.support.low
             row["evidence_ms"] = event.retrieval.timings.evidence_ms
             row["retrieval_ms"] = event.retrieval.timings.retrieval_total_ms

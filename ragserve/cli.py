@@ -267,10 +267,11 @@ def _print_retrieval(r: Any) -> None:
     print(f"retrieved {len(r.passages)} passages in {r.timings.retrieval_total_ms:.1f} ms (index v{r.index_version}):")
     for p in r.passages:
         print(f"  [{p.rank}] {p.doc_id}  score={p.score:.3f}  {p.title}")
-    if r.passages and r.passages[0].HasField("highlight"):
-        top = r.passages[0]
+    shown = r.passages[r.support.evidence_passage] if r.support.evidence_passage < len(r.passages) else None
+    if shown is not None and shown.HasField("highlight"):
         # Evidence, shown before the first token; the answer follows.
-        print(f"evidence [1]: {_snippet(top.text[top.highlight.start : top.highlight.end], 160)}")
+        h = shown.highlight
+        print(f"evidence [{shown.rank}]: {_snippet(shown.text[h.start : h.end], 160)}")
     if r.support.low:
         print("(low support: the documents may not answer this)")
     print("answer: ", end="", flush=True)

@@ -51,10 +51,12 @@ class Passage:
 @dataclass(frozen=True, slots=True)
 class Support:
     """How well the retrieved passages support an answer: the best highlight's coverage, and
-    whether that is below the server's threshold (the documents likely do not answer)."""
+    whether that is below the server's threshold (the documents likely do not answer); and which
+    passage's highlight to show as the evidence."""
 
     coverage: float
     low: bool
+    evidence_passage: int = 0
 
 
 @dataclass(slots=True)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragserve.request.evidence import highlight_passages, with_evidence
+from ragserve.request.evidence import EVIDENCE_RANK_PENALTY, evidence_passage, highlight_passages, with_evidence
 from ragserve.request.sentences import sentence_spans
-from ragserve.types import Chunk, Degraded, Passage, RetrievalResult, StageTimings
+from ragserve.types import Chunk, Degraded, Highlight, Passage, RetrievalResult, StageTimings
 
 BEES = Passage(
     Chunk(
@@ -64,3 +65,43 @@ def test_support_is_low_when_no_sentence_holds_the_question() -> None:
     assert answered.support is not None and not answered.support.low
     # The original (it may sit in a cache) is left alone.
     assert result.support is None and result.passages[0].highlight is None
+
+
+def test_the_evidence_is_a_later_passages_highlight_only_when_it_covers_clearly_more() -> None:
+    result = RetrievalResult([TCP, BEES], StageTimings(), Degraded(), "v1")
+    asked = with_evidence("How does the waggle run encode distance?", result, low_support_below=0.2)
+    assert asked.support is not None and asked.support.evidence_passage == 1  # the bees, ranked second
+
+    def covering(*coverages: float | None) -> list[Passage]:
+        return [
+            Passage(TCP.chunk, 1.0, i + 1, None if c is None else Highlight(0, 3, c)) for i, c in enumerate(coverages)
+        ]
+
+    step = EVIDENCE_RANK_PENALTY
+    assert evidence_passage(covering(0.5, 0.5 + step / 2)) == 0  # close: retrieval's order decides
+    assert evidence_passage(covering(0.5, 0.5 + 2 * step)) == 1
+    assert evidence_passage(covering(0.5, 0.5, 0.5 + 3 * step)) == 2
+    assert evidence_passage(covering(None, 0.1)) == 1  # a passage with no sentence has no highlight
+    assert evidence_passage([]) == 0
+
+
+def test_ask_prints_the_evidence_passages_highlight_with_its_citation(capsys: pytest.CaptureFixture[str]) -> None:
+    from ragserve.cli import _print_retrieval
+    from ragserve.v1 import rag_pb2 as pb
+
+    event = pb.RetrievalEvent(
+        passages=[
+            pb.Passage(doc_id="tcp", text="TCP opens a connection.", rank=1, highlight=pb.Highlight(start=0, end=3)),
+            pb.Passage(
+                doc_id="bees",
+                text="Bees dance. The run encodes distance.",
+                rank=2,
+                highlight=pb.Highlight(start=12, end=37),
+            ),
+        ],
+        support=pb.Support(coverage=0.9, evidence_passage=1),
+    )
+    _print_retrieval(event)
+    assert "evidence [2]: The run encodes distance." in capsys.readouterr().out
+    _print_retrieval(pb.RetrievalEvent(passages=list(event.passages)))  # an older server: no support
+    assert "evidence [1]: TCP" in capsys.readouterr().out

@@ -13,6 +13,10 @@ import dataclasses
 from ragserve.request.sentences import content_terms, question_weights, sentence_spans
 from ragserve.types import Highlight, Passage, RetrievalResult, Support
 
+# Coverage a later passage's highlight must gain, per place in the ranking, to be shown as the
+# evidence over an earlier one: retrieval's order is evidence too (BENCHMARKS.md, "Highlights").
+EVIDENCE_RANK_PENALTY = 0.1
+
 
 def highlight_passages(question: str, passages: list[Passage]) -> tuple[list[Passage], float]:
     """The passages, each with its best sentence (ties: the earlier one), and the best coverage."""
@@ -33,8 +37,18 @@ def highlight_passages(question: str, passages: list[Passage]) -> tuple[list[Pas
     return out, best
 
 
+def evidence_passage(passages: list[Passage]) -> int:
+    """Index of the passage whose highlight to show as the evidence (0 when none has one)."""
+    scored = [
+        (p.highlight.coverage - EVIDENCE_RANK_PENALTY * i, -i)
+        for i, p in enumerate(passages)
+        if p.highlight is not None
+    ]
+    return -max(scored)[1] if scored else 0
+
+
 def with_evidence(question: str, result: RetrievalResult, low_support_below: float) -> RetrievalResult:
     """A copy of `result` with highlights and support (the original may sit in a cache)."""
     passages, coverage = highlight_passages(question, result.passages)
-    support = Support(coverage, coverage < low_support_below)
+    support = Support(coverage, coverage < low_support_below, evidence_passage(passages))
     return dataclasses.replace(result, passages=passages, support=support)

@@ -52,7 +52,9 @@ def highlight_pb(highlight: Highlight | None) -> pb.Highlight | None:
 
 
 def support_pb(support: Support | None) -> pb.Support | None:
-    return None if support is None else pb.Support(coverage=support.coverage, low=support.low)
+    if support is None:
+        return None
+    return pb.Support(coverage=support.coverage, low=support.low, evidence_passage=support.evidence_passage)
 
 
 def timings_pb(t: StageTimings) -> pb.StageTimings:

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15ragserve/v1/rag.proto\x12\x0bragserve.v1\"\x8e\x01\n\x0fRetrieveRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x11\n\tbudget_ms\x18\x03 \x01(\x05\x12\x18\n\x10\x64\x65\x64upe_documents\x18\x04 \x01(\x08\x12\x30\n\rrequest_class\x18\x05 \x01(\x0e\x32\x19.ragserve.v1.RequestClass\"\x90\x01\n\x07Passage\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\x10\n\x08\x63hunk_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\r\n\x05score\x18\x04 \x01(\x02\x12\r\n\x05title\x18\x05 \x01(\t\x12\x0c\n\x04rank\x18\x06 \x01(\x05\x12)\n\thighlight\x18\x07 \x01(\x0b\x32\x16.ragserve.v1.Highlight\"9\n\tHighlight\x12\r\n\x05start\x18\x01 \x01(\x05\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x05\x12\x10\n\x08\x63overage\x18\x03 \x01(\x02\"(\n\x07Support\x12\x10\n\x08\x63overage\x18\x01 \x01(\x02\x12\x0b\n\x03low\x18\x02 \x01(\x08\"\xbd\x02\n\x0cStageTimings\x12\x10\n\x08\x65mbed_ms\x18\x01 \x01(\x01\x12\x11\n\tsearch_ms\x18\x02 \x01(\x01\x12\x11\n\trerank_ms\x18\x03 \x01(\x01\x12\x1a\n\x12retrieval_total_ms\x18\x04 \x01(\x01\x12\x11\n\tprompt_ms\x18\x05 \x01(\x01\x12\x0f\n\x07ttft_ms\x18\x06 \x01(\x01\x12\x15\n\rgeneration_ms\x18\x07 \x01(\x01\x12\x10\n\x08total_ms\x18\x08 \x01(\x01\x12 \n\x18time_per_output_token_ms\x18\t \x01(\x01\x12\x10\n\x08\x63\x61\x63he_ms\x18\n \x01(\x01\x12\x17\n\x0f\x61nswer_cache_ms\x18\x0b \x01(\x01\x12\x12\n\ncontext_ms\x18\x0c \x01(\x01\x12\x13\n\x0b\x65vidence_ms\x18\r \x01(\x01\x12\x16\n\x0e\x65ngine_wait_ms\x18\x0e \x01(\x01\"\x84\x01\n\rDegradedFlags\x12\x18\n\x10\x62udget_exhausted\x18\x01 \x01(\x08\x12\x18\n\x10search_truncated\x18\x02 \x01(\x08\x12\x16\n\x0ererank_skipped\x18\x03 \x01(\x08\x12\x18\n\x10rerank_truncated\x18\x04 \x01(\x08\x12\r\n\x05notes\x18\x05 \x03(\t\"\xfb\x01\n\x10RetrieveResponse\x12&\n\x08passages\x18\x01 \x03(\x0b\x32\x14.ragserve.v1.Passage\x12*\n\x07timings\x18\x02 \x01(\x0b\x32\x19.ragserve.v1.StageTimings\x12,\n\x08\x64\x65graded\x18\x03 \x01(\x0b\x32\x1a.ragserve.v1.DegradedFlags\x12\x15\n\rindex_version\x18\x04 \x01(\t\x12\x14\n\x0crerank_tiers\x18\x05 \x03(\t\x12\x11\n\tcache_hit\x18\x06 \x01(\x08\x12%\n\x07support\x18\x07 \x01(\x0b\x32\x14.ragserve.v1.Support\"\xf0\x01\n\x0cQueryRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x11\n\tbudget_ms\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x13\n\x0btemperature\x18\x05 \x01(\x02\x12\x18\n\x10\x64\x65\x64upe_documents\x18\x06 \x01(\x08\x12!\n\x14\x63ontext_token_budget\x18\x07 \x01(\x05H\x00\x88\x01\x01\x12\x30\n\rrequest_class\x18\x08 \x01(\x0e\x32\x19.ragserve.v1.RequestClassB\x17\n\x15_context_token_budget\"\xf9\x01\n\x0eRetrievalEvent\x12&\n\x08passages\x18\x01 \x03(\x0b\x32\x14.ragserve.v1.Passage\x12*\n\x07timings\x18\x02 \x01(\x0b\x32\x19.ragserve.v1.StageTimings\x12,\n\x08\x64\x65graded\x18\x03 \x01(\x0b\x32\x1a.ragserve.v1.DegradedFlags\x12\x15\n\rindex_version\x18\x04 \x01(\t\x12\x14\n\x0crerank_tiers\x18\x05 \x03(\t\x12\x11\n\tcache_hit\x18\x06 \x01(\x08\x12%\n\x07support\x18\x07 \x01(\x0b\x32\x14.ragserve.v1.Support\"\x1a\n\nTokenEvent\x12\x0c\n\x04text\x18\x01 \x01(\t\"\xc4\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x1f\n\x17prefix_cache_hit_tokens\x18\x03 \x01(\x05\x12\x16\n\x0e\x63ontext_tokens\x18\x04 \x01(\x05\x12\x1b\n\x13\x63ontext_tokens_full\x18\x05 \x01(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x06 \x01(\x05\x12\x1d\n\x15\x61\x63\x63\x65pted_draft_tokens\x18\x07 \x01(\x05\"\x85\x02\n\nFinalEvent\x12!\n\x05usage\x18\x01 \x01(\x0b\x32\x12.ragserve.v1.Usage\x12*\n\x07timings\x18\x02 \x01(\x0b\x32\x19.ragserve.v1.StageTimings\x12,\n\x08\x64\x65graded\x18\x03 \x01(\x0b\x32\x1a.ragserve.v1.DegradedFlags\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x17\n\x0fgenerator_model\x18\x05 \x01(\t\x12\x18\n\x10\x61nswer_cache_hit\x18\x06 \x01(\x08\x12\x30\n\rrequest_class\x18\x07 \x01(\x0e\x32\x19.ragserve.v1.RequestClass\"\x9b\x01\n\nQueryEvent\x12\x30\n\tretrieval\x18\x01 \x01(\x0b\x32\x1b.ragserve.v1.RetrievalEventH\x00\x12(\n\x05token\x18\x02 \x01(\x0b\x32\x17.ragserve.v1.TokenEventH\x00\x12(\n\x05\x66inal\x18\x03 \x01(\x0b\x32\x17.ragserve.v1.FinalEventH\x00\x42\x07\n\x05\x65vent\"\r\n\x0bInfoRequest\"\xa9\x03\n\x0cInfoResponse\x12\x15\n\rindex_version\x18\x01 \x01(\t\x12\x14\n\x0cindex_chunks\x18\x02 \x01(\x03\x12\x16\n\x0e\x65mbedder_model\x18\x03 \x01(\t\x12\x17\n\x0fgenerator_model\x18\x04 \x01(\t\x12\x14\n\x0crerank_tiers\x18\x05 \x03(\t\x12\x1b\n\x13retrieval_budget_ms\x18\x06 \x01(\x05\x12%\n\x1dgenerator_unfinished_requests\x18\x07 \x01(\x05\x12\x1a\n\x12requests_in_flight\x18\x08 \x01(\x05\x12\x36\n\x12generator_settings\x18\t \x03(\x0b\x32\x1a.ragserve.v1.EngineSetting\x12\x10\n\x08host_cpu\x18\n \x01(\t\x12\x37\n\x11generator_servers\x18\x0b \x03(\x0b\x32\x1c.ragserve.v1.GeneratorServer\x12\x16\n\x0egenerator_pace\x18\x0c \x01(\t\x12*\n\nhost_share\x18\r \x01(\x0b\x32\x16.ragserve.v1.HostShare\"b\n\tHostShare\x12\x13\n\x0busable_cpus\x18\x01 \x01(\x05\x12\x16\n\x0eneighbour_cpus\x18\x02 \x01(\x01\x12\x16\n\x0e\x65ngine_threads\x18\x03 \x01(\x05\x12\x10\n\x08\x61\x64\x61ptive\x18\x04 \x01(\x08\"=\n\x0fGeneratorServer\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\n\n\x02up\x18\x02 \x01(\x08\x12\x11\n\tin_flight\x18\x03 \x01(\x05\"<\n\rEngineSetting\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t*e\n\x0cRequestClass\x12\x1d\n\x19REQUEST_CLASS_UNSPECIFIED\x10\x00\x12\x1d\n\x19REQUEST_CLASS_INTERACTIVE\x10\x01\x12\x17\n\x13REQUEST_CLASS_BATCH\x10\x02\x32\xd1\x01\n\nRagService\x12G\n\x08Retrieve\x12\x1c.ragserve.v1.RetrieveRequest\x1a\x1d.ragserve.v1.RetrieveResponse\x12=\n\x05Query\x12\x19.ragserve.v1.QueryRequest\x1a\x17.ragserve.v1.QueryEvent0\x01\x12;\n\x04Info\x12\x18.ragserve.v1.InfoRequest\x1a\x19.ragserve.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15ragserve/v1/rag.proto\x12\x0bragserve.v1\"\x8e\x01\n\x0fRetrieveRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x11\n\tbudget_ms\x18\x03 \x01(\x05\x12\x18\n\x10\x64\x65\x64upe_documents\x18\x04 \x01(\x08\x12\x30\n\rrequest_class\x18\x05 \x01(\x0e\x32\x19.ragserve.v1.RequestClass\"\x90\x01\n\x07Passage\x12\x0e\n\x06\x64oc_id\x18\x01 \x01(\t\x12\x10\n\x08\x63hunk_id\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\r\n\x05score\x18\x04 \x01(\x02\x12\r\n\x05title\x18\x05 \x01(\t\x12\x0c\n\x04rank\x18\x06 \x01(\x05\x12)\n\thighlight\x18\x07 \x01(\x0b\x32\x16.ragserve.v1.Highlight\"9\n\tHighlight\x12\r\n\x05start\x18\x01 \x01(\x05\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x05\x12\x10\n\x08\x63overage\x18\x03 \x01(\x02\"B\n\x07Support\x12\x10\n\x08\x63overage\x18\x01 \x01(\x02\x12\x0b\n\x03low\x18\x02 \x01(\x08\x12\x18\n\x10\x65vidence_passage\x18\x03 \x01(\x05\"\xbd\x02\n\x0cStageTimings\x12\x10\n\x08\x65mbed_ms\x18\x01 \x01(\x01\x12\x11\n\tsearch_ms\x18\x02 \x01(\x01\x12\x11\n\trerank_ms\x18\x03 \x01(\x01\x12\x1a\n\x12retrieval_total_ms\x18\x04 \x01(\x01\x12\x11\n\tprompt_ms\x18\x05 \x01(\x01\x12\x0f\n\x07ttft_ms\x18\x06 \x01(\x01\x12\x15\n\rgeneration_ms\x18\x07 \x01(\x01\x12\x10\n\x08total_ms\x18\x08 \x01(\x01\x12 \n\x18time_per_output_token_ms\x18\t \x01(\x01\x12\x10\n\x08\x63\x61\x63he_ms\x18\n \x01(\x01\x12\x17\n\x0f\x61nswer_cache_ms\x18\x0b \x01(\x01\x12\x12\n\ncontext_ms\x18\x0c \x01(\x01\x12\x13\n\x0b\x65vidence_ms\x18\r \x01(\x01\x12\x16\n\x0e\x65ngine_wait_ms\x18\x0e \x01(\x01\"\x84\x01\n\rDegradedFlags\x12\x18\n\x10\x62udget_exhausted\x18\x01 \x01(\x08\x12\x18\n\x10search_truncated\x18\x02 \x01(\x08\x12\x16\n\x0ererank_skipped\x18\x03 \x01(\x08\x12\x18\n\x10rerank_truncated\x18\x04 \x01(\x08\x12\r\n\x05notes\x18\x05 \x03(\t\"\xfb\x01\n\x10RetrieveResponse\x12&\n\x08passages\x18\x01 \x03(\x0b\x32\x14.ragserve.v1.Passage\x12*\n\x07timings\x18\x02 \x01(\x0b\x32\x19.ragserve.v1.StageTimings\x12,\n\x08\x64\x65graded\x18\x03 \x01(\x0b\x32\x1a.ragserve.v1.DegradedFlags\x12\x15\n\rindex_version\x18\x04 \x01(\t\x12\x14\n\x0crerank_tiers\x18\x05 \x03(\t\x12\x11\n\tcache_hit\x18\x06 \x01(\x08\x12%\n\x07support\x18\x07 \x01(\x0b\x32\x14.ragserve.v1.Support\"\xf0\x01\n\x0cQueryRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x11\n\tbudget_ms\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x13\n\x0btemperature\x18\x05 \x01(\x02\x12\x18\n\x10\x64\x65\x64upe_documents\x18\x06 \x01(\x08\x12!\n\x14\x63ontext_token_budget\x18\x07 \x01(\x05H\x00\x88\x01\x01\x12\x30\n\rrequest_class\x18\x08 \x01(\x0e\x32\x19.ragserve.v1.RequestClassB\x17\n\x15_context_token_budget\"\xf9\x01\n\x0eRetrievalEvent\x12&\n\x08passages\x18\x01 \x03(\x0b\x32\x14.ragserve.v1.Passage\x12*\n\x07timings\x18\x02 \x01(\x0b\x32\x19.ragserve.v1.StageTimings\x12,\n\x08\x64\x65graded\x18\x03 \x01(\x0b\x32\x1a.ragserve.v1.DegradedFlags\x12\x15\n\rindex_version\x18\x04 \x01(\t\x12\x14\n\x0crerank_tiers\x18\x05 \x03(\t\x12\x11\n\tcache_hit\x18\x06 \x01(\x08\x12%\n\x07support\x18\x07 \x01(\x0b\x32\x14.ragserve.v1.Support\"\x1a\n\nTokenEvent\x12\x0c\n\x04text\x18\x01 \x01(\t\"\xc4\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x1f\n\x17prefix_cache_hit_tokens\x18\x03 \x01(\x05\x12\x16\n\x0e\x63ontext_tokens\x18\x04 \x01(\x05\x12\x1b\n\x13\x63ontext_tokens_full\x18\x05 \x01(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x06 \x01(\x05\x12\x1d\n\x15\x61\x63\x63\x65pted_draft_tokens\x18\x07 \x01(\x05\"\x85\x02\n\nFinalEvent\x12!\n\x05usage\x18\x01 \x01(\x0b\x32\x12.ragserve.v1.Usage\x12*\n\x07timings\x18\x02 \x01(\x0b\x32\x19.ragserve.v1.StageTimings\x12,\n\x08\x64\x65graded\x18\x03 \x01(\x0b\x32\x1a.ragserve.v1.DegradedFlags\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x17\n\x0fgenerator_model\x18\x05 \x01(\t\x12\x18\n\x10\x61nswer_cache_hit\x18\x06 \x01(\x08\x12\x30\n\rrequest_class\x18\x07 \x01(\x0e\x32\x19.ragserve.v1.RequestClass\"\x9b\x01\n\nQueryEvent\x12\x30\n\tretrieval\x18\x01 \x01(\x0b\x32\x1b.ragserve.v1.RetrievalEventH\x00\x12(\n\x05token\x18\x02 \x01(\x0b\x32\x17.ragserve.v1.TokenEventH\x00\x12(\n\x05\x66inal\x18\x03 \x01(\x0b\x32\x17.ragserve.v1.FinalEventH\x00\x42\x07\n\x05\x65vent\"\r\n\x0bInfoRequest\"\xa9\x03\n\x0cInfoResponse\x12\x15\n\rindex_version\x18\x01 \x01(\t\x12\x14\n\x0cindex_chunks\x18\x02 \x01(\x03\x12\x16\n\x0e\x65mbedder_model\x18\x03 \x01(\t\x12\x17\n\x0fgenerator_model\x18\x04 \x01(\t\x12\x14\n\x0crerank_tiers\x18\x05 \x03(\t\x12\x1b\n\x13retrieval_budget_ms\x18\x06 \x01(\x05\x12%\n\x1dgenerator_unfinished_requests\x18\x07 \x01(\x05\x12\x1a\n\x12requests_in_flight\x18\x08 \x01(\x05\x12\x36\n\x12generator_settings\x18\t \x03(\x0b\x32\x1a.ragserve.v1.EngineSetting\x12\x10\n\x08host_cpu\x18\n \x01(\t\x12\x37\n\x11generator_servers\x18\x0b \x03(\x0b\x32\x1c.ragserve.v1.GeneratorServer\x12\x16\n\x0egenerator_pace\x18\x0c \x01(\t\x12*\n\nhost_share\x18\r \x01(\x0b\x32\x16.ragserve.v1.HostShare\"b\n\tHostShare\x12\x13\n\x0busable_cpus\x18\x01 \x01(\x05\x12\x16\n\x0eneighbour_cpus\x18\x02 \x01(\x01\x12\x16\n\x0e\x65ngine_threads\x18\x03 \x01(\x05\x12\x10\n\x08\x61\x64\x61ptive\x18\x04 \x01(\x08\"=\n\x0fGeneratorServer\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\n\n\x02up\x18\x02 \x01(\x08\x12\x11\n\tin_flight\x18\x03 \x01(\x05\"<\n\rEngineSetting\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t*e\n\x0cRequestClass\x12\x1d\n\x19REQUEST_CLASS_UNSPECIFIED\x10\x00\x12\x1d\n\x19REQUEST_CLASS_INTERACTIVE\x10\x01\x12\x17\n\x13REQUEST_CLASS_BATCH\x10\x02\x32\xd1\x01\n\nRagService\x12G\n\x08Retrieve\x12\x1c.ragserve.v1.RetrieveRequest\x1a\x1d.ragserve.v1.RetrieveResponse\x12=\n\x05Query\x12\x19.ragserve.v1.QueryRequest\x1a\x17.ragserve.v1.QueryEvent0\x01\x12;\n\x04Info\x12\x18.ragserve.v1.InfoRequest\x1a\x19.ragserve.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ragserve.v1.rag_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REQUESTCLASS']._serialized_start=2952
-  _globals['_REQUESTCLASS']._serialized_end=3053
+  _globals['_REQUESTCLASS']._serialized_start=2978
+  _globals['_REQUESTCLASS']._serialized_end=3079
   _globals['_RETRIEVEREQUEST']._serialized_start=39
   _globals['_RETRIEVEREQUEST']._serialized_end=181
   _globals['_PASSAGE']._serialized_start=184
@@ -40,35 +40,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HIGHLIGHT']._serialized_start=330
   _globals['_HIGHLIGHT']._serialized_end=387
   _globals['_SUPPORT']._serialized_start=389
-  _globals['_SUPPORT']._serialized_end=429
-  _globals['_STAGETIMINGS']._serialized_start=432
-  _globals['_STAGETIMINGS']._serialized_end=749
-  _globals['_DEGRADEDFLAGS']._serialized_start=752
-  _globals['_DEGRADEDFLAGS']._serialized_end=884
-  _globals['_RETRIEVERESPONSE']._serialized_start=887
-  _globals['_RETRIEVERESPONSE']._serialized_end=1138
-  _globals['_QUERYREQUEST']._serialized_start=1141
-  _globals['_QUERYREQUEST']._serialized_end=1381
-  _globals['_RETRIEVALEVENT']._serialized_start=1384
-  _globals['_RETRIEVALEVENT']._serialized_end=1633
-  _globals['_TOKENEVENT']._serialized_start=1635
-  _globals['_TOKENEVENT']._serialized_end=1661
-  _globals['_USAGE']._serialized_start=1664
-  _globals['_USAGE']._serialized_end=1860
-  _globals['_FINALEVENT']._serialized_start=1863
-  _globals['_FINALEVENT']._serialized_end=2124
-  _globals['_QUERYEVENT']._serialized_start=2127
-  _globals['_QUERYEVENT']._serialized_end=2282
-  _globals['_INFOREQUEST']._serialized_start=2284
-  _globals['_INFOREQUEST']._serialized_end=2297
-  _globals['_INFORESPONSE']._serialized_start=2300
-  _globals['_INFORESPONSE']._serialized_end=2725
-  _globals['_HOSTSHARE']._serialized_start=2727
-  _globals['_HOSTSHARE']._serialized_end=2825
-  _globals['_GENERATORSERVER']._serialized_start=2827
-  _globals['_GENERATORSERVER']._serialized_end=2888
-  _globals['_ENGINESETTING']._serialized_start=2890
-  _globals['_ENGINESETTING']._serialized_end=2950
-  _globals['_RAGSERVICE']._serialized_start=3056
-  _globals['_RAGSERVICE']._serialized_end=3265
+  _globals['_SUPPORT']._serialized_end=455
+  _globals['_STAGETIMINGS']._serialized_start=458
+  _globals['_STAGETIMINGS']._serialized_end=775
+  _globals['_DEGRADEDFLAGS']._serialized_start=778
+  _globals['_DEGRADEDFLAGS']._serialized_end=910
+  _globals['_RETRIEVERESPONSE']._serialized_start=913
+  _globals['_RETRIEVERESPONSE']._serialized_end=1164
+  _globals['_QUERYREQUEST']._serialized_start=1167
+  _globals['_QUERYREQUEST']._serialized_end=1407
+  _globals['_RETRIEVALEVENT']._serialized_start=1410
+  _globals['_RETRIEVALEVENT']._serialized_end=1659
+  _globals['_TOKENEVENT']._serialized_start=1661
+  _globals['_TOKENEVENT']._serialized_end=1687
+  _globals['_USAGE']._serialized_start=1690
+  _globals['_USAGE']._serialized_end=1886
+  _globals['_FINALEVENT']._serialized_start=1889
+  _globals['_FINALEVENT']._serialized_end=2150
+  _globals['_QUERYEVENT']._serialized_start=2153
+  _globals['_QUERYEVENT']._serialized_end=2308
+  _globals['_INFOREQUEST']._serialized_start=2310
+  _globals['_INFOREQUEST']._serialized_end=2323
+  _globals['_INFORESPONSE']._serialized_start=2326
+  _globals['_INFORESPONSE']._serialized_end=2751
+  _globals['_HOSTSHARE']._serialized_start=2753
+  _globals['_HOSTSHARE']._serialized_end=2851
+  _globals['_GENERATORSERVER']._serialized_start=2853
+  _globals['_GENERATORSERVER']._serialized_end=2914
+  _globals['_ENGINESETTING']._serialized_start=2916
+  _globals['_ENGINESETTING']._serialized_end=2976
+  _globals['_RAGSERVICE']._serialized_start=3082
+  _globals['_RAGSERVICE']._serialized_end=3291
 # @@protoc_insertion_point(module_scope)

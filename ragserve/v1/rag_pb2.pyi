@@ -59,12 +59,14 @@ class Highlight(_message.Message):
     def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ..., coverage: _Optional[float] = ...) -> None: ...
 
 class Support(_message.Message):
-    __slots__ = ("coverage", "low")
+    __slots__ = ("coverage", "low", "evidence_passage")
     COVERAGE_FIELD_NUMBER: _ClassVar[int]
     LOW_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_PASSAGE_FIELD_NUMBER: _ClassVar[int]
     coverage: float
     low: bool
-    def __init__(self, coverage: _Optional[float] = ..., low: _Optional[bool] = ...) -> None: ...
+    evidence_passage: int
+    def __init__(self, coverage: _Optional[float] = ..., low: _Optional[bool] = ..., evidence_passage: _Optional[int] = ...) -> None: ...
 
 class StageTimings(_message.Message):
     __slots__ = ("embed_ms", "search_ms", "rerank_ms", "retrieval_total_ms", "prompt_ms", "ttft_ms", "generation_ms", "total_ms", "time_per_output_token_ms", "cache_ms", "answer_cache_ms", "context_ms", "evidence_ms", "engine_wait_ms")

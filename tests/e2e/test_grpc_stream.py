@@ -191,8 +191,10 @@ def test_a_new_question_about_a_passage_seen_before_reuses_its_kv(live_server: L
     assert usage.prompt_tokens - usage.prefix_cache_hit_tokens < passage_tokens, usage
     # A highlight of the top passage came with the retrieval event, before any token: one of its
     # sentences (which one is the unit tests' business), holding words of the question.
-    highlight = second[0][1].retrieval.passages[0].highlight
+    retrieval = second[0][1].retrieval
+    highlight = retrieval.passages[0].highlight
     assert (highlight.start, highlight.end) in sentence_spans(top.text) and highlight.coverage > 0, highlight
+    assert 0 <= retrieval.support.evidence_passage < len(retrieval.passages)
 
 
 def test_retrieve_returns_passages_and_timings(live_server: LiveServer) -> None:

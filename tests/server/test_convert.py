@@ -42,7 +42,7 @@ def _result() -> RetrievalResult:
         index_version="7",
         rerank_tiers=["tier1:20"],
         cache_hit=True,
-        support=Support(0.5, low=True),
+        support=Support(0.5, low=True, evidence_passage=1),
     )
 
 
@@ -72,7 +72,7 @@ def test_retrieve_response_carries_the_result() -> None:
     first, second = response.passages
     assert (first.highlight.start, first.highlight.end, first.highlight.coverage) == (0, 5, 0.5)
     assert not second.HasField("highlight")  # a passage with no sentence has none
-    assert response.support.low and response.support.coverage == 0.5
+    assert response.support.low and response.support.coverage == 0.5 and response.support.evidence_passage == 1
 
 
 def test_retrieve_response_and_retrieval_event_carry_the_same_fields_from_the_same_result() -> None:
