@@ -12,6 +12,9 @@ sits; a server that is down or saturated is passed over. One URL (a router) gets
 it can hash on. One hedge at most: when the first server has sent no token within the bound, the
 same prompt goes to the next one; the first token wins and the other request is aborted (closing
 the HTTP stream aborts it on the server).
+
+The servers' KV cache size comes from their own /metrics (`vllm:cache_config_info`), so the
+pipeline can pre-fill the most retrieved passages there too, each on the server its questions go to.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import orjson
+from prometheus_client.parser import text_string_to_metric_families
 
 from ragserve.config import GeneratorSettings
 from ragserve.errors import ConfigError, InvalidArgument, Overloaded, Unavailable
@@ -48,6 +52,9 @@ _ERROR_BODY_BYTES = 2048
 _HEDGE_MIN_SAMPLES = 20
 # What a caller told to come back (the servers' queues are full) waits first.
 _OVERLOADED_RETRY_MS = 500
+# vLLM's info gauge of its cache config: labels block_size and num_gpu_blocks (its KV blocks, on
+# any device), one sample per engine of the server.
+_CACHE_INFO = "vllm:cache_config_info"
 
 
 class ReplicaFailed(Exception):
@@ -182,14 +189,21 @@ class RemoteVllmGenerator:
             pass
 
     async def _get_json(self, replica: Replica, path: str, expect_json: bool = True) -> Any:
+        body = await self._get(replica, path)
+        try:
+            return orjson.loads(body) if expect_json else None
+        except orjson.JSONDecodeError as exc:
+            raise ReplicaFailed(f"{path}: {type(exc).__name__}: {exc}") from exc
+
+    async def _get(self, replica: Replica, path: str) -> bytes:
         assert replica.session is not None
         try:
             async with asyncio.timeout(self._probe_timeout_s):
                 async with replica.session.get(replica.url + path) as response:
                     if response.status != 200:
                         raise ReplicaFailed(f"{path} answered HTTP {response.status}")
-                    return orjson.loads(await response.read()) if expect_json else None
-        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+                    return await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
             raise ReplicaFailed(f"{path}: {type(exc).__name__}: {exc}") from exc
 
     def _set_up(self, replica: Replica, up: bool) -> None:
@@ -418,7 +432,29 @@ class RemoteVllmGenerator:
         return sum(r.in_flight for r in self.replicas)
 
     async def kv_cache_tokens(self) -> int:
-        return 0  # the servers' caches are theirs: nothing is pre-filled from here
+        """The KV cache of the servers that are up, summed: pre-filled passages spread over them by
+        the routing questions take. A server that does not report its cache (a router in front of
+        the servers, another engine) counts 0."""
+        up = [r for r in self.replicas if r.up]
+        return sum(await asyncio.gather(*(self._kv_cache_tokens(r) for r in up)))
+
+    async def _kv_cache_tokens(self, replica: Replica) -> int:
+        tokens, reason = 0, ""
+        try:
+            text = (await self._get(replica, "/metrics")).decode("utf-8", "replace")
+            tokens = sum(
+                int(sample.labels["num_gpu_blocks"]) * int(sample.labels["block_size"])
+                for family in text_string_to_metric_families(text)
+                if family.name == _CACHE_INFO
+                for sample in family.samples
+            )
+        except (ReplicaFailed, ValueError, KeyError) as exc:
+            reason = f" ({type(exc).__name__}: {exc})"
+        if not tokens:
+            log.info(
+                "generation server %s reports no KV cache size%s: nothing is pre-filled there", replica.label, reason
+            )
+        return tokens
 
     async def close(self) -> None:
         for replica in self.replicas:

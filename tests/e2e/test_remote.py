@@ -6,6 +6,7 @@ servers: it stays last in this module."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -216,6 +217,36 @@ def test_document_routing_through_the_vllm_router_reuses_more_than_round_robin(
         assert cached["consistent_hash"] >= 1.5 * cached["round_robin"], cached
     finally:
         _stop(*sidecars.values(), *routers.values())
+
+
+def test_the_most_retrieved_passage_is_prefilled_on_the_server_its_questions_go_to(
+    stack: RemoteStack, sample_index: Path, tmp_path: Path
+) -> None:
+    async def top_chunk(question: str) -> str:
+        async with RagClient(stack.sidecar.target) as client:
+            return (await client.retrieve(question)).passages[0].chunk_id
+
+    chunk_id = asyncio.run(top_chunk("Who discovered penicillin?"))
+    counts = tmp_path / "hot-passages.json"
+    counts.write_text(json.dumps({"format": 1, "counts": {chunk_id: 3}}))  # as an earlier sidecar saved them
+    for server in stack.servers:
+        reset_prefix_cache(server)  # nothing of this passage is cached anywhere
+    sidecar = spawn_server(
+        sample_index,
+        tmp_path / "sidecar.log",
+        _remote_env([s.url for s in stack.servers], RAGSERVE_HOT_PASSAGES_PATH=str(counts)),
+    )
+    try:
+        wait_serving(sidecar)
+        assert "pre-filled the prefix cache with 1 of the most retrieved passages" in sidecar.log_text()
+        retrieval, _, final = asyncio.run(
+            _ask(sidecar.target, "In which year was penicillin discovered, and by whom?", max_tokens=4)
+        )
+    finally:
+        _stop(sidecar)
+    assert retrieval.passages[0].chunk_id == chunk_id
+    # The first question about it finds the template and the whole passage on its server.
+    assert final.usage.prefix_cache_hit_tokens >= _template_tokens() + 64, final.usage
 
 
 def test_servers_dying_mid_run(stack: RemoteStack) -> None:

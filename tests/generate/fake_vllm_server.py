@@ -1,5 +1,6 @@
 """FakeVllmServer: an HTTP server on loopback that speaks the part of vLLM's OpenAI-compatible API the
-remote generator uses (/health, /v1/models, streaming /v1/completions), scripted per test. A fake,
+remote generator uses (/health, /v1/models, streaming /v1/completions, the cache size in /metrics),
+scripted per test. A fake,
 named as such: the end-to-end tests run real vLLM servers."""
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ class FakeVllmServer:
     die_after_words: int | None = None  # drop the connection after this many words
     healthy: bool = True
     cached_tokens: int = 64
+    kv_blocks: int | None = 100  # None: /metrics answers 404, as a router in front of servers may
+    block_size: int = 32
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     connections: set[tuple[str, int]] = field(default_factory=set)
@@ -35,6 +38,7 @@ class FakeVllmServer:
         app = web.Application()
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/completions", self._completions)
         # Like vLLM, notice a client that went away: the handler is cancelled (counted as aborted).
         self._runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True)
@@ -62,6 +66,21 @@ class FakeVllmServer:
     async def _models(self, request: web.Request) -> web.Response:
         self._seen(request)
         return web.json_response({"object": "list", "data": [{"id": self.model, "root": self.model}]})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if self.kv_blocks is None:
+            return web.Response(status=404)
+        # vLLM's shape: an info gauge per engine, the cache config in its labels.
+        labels = f'block_size="{self.block_size}",cache_dtype="auto",engine="0",num_gpu_blocks="{self.kv_blocks}"'
+        text = (
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+            "# TYPE vllm:num_requests_running gauge\n"
+            f'vllm:num_requests_running{{engine="0",model_name="{self.model}"}} {self.running}.0\n'
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+            "# TYPE vllm:cache_config_info gauge\n"
+            f"vllm:cache_config_info{{{labels}}} 1.0\n"
+        )
+        return web.Response(text=text, content_type="text/plain")
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         self._seen(request)

@@ -238,3 +238,18 @@ def test_one_more_server_at_most_then_unavailable() -> None:
         assert _serving([by_url[r.url] for r in order]) == [1, 1, 0]  # the third was never asked
 
     run(test, servers=3)
+
+
+def test_the_kv_cache_is_what_the_servers_that_are_up_report() -> None:
+    async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
+        fakes[1].kv_blocks, fakes[1].block_size = 7, 16
+        assert await generator.kv_cache_tokens() == 100 * 32 + 7 * 16
+        fakes[1].kv_blocks = None  # a router, or an engine without vLLM's metrics: nothing to pre-fill there
+        assert await generator.kv_cache_tokens() == 100 * 32
+        fakes[1].kv_blocks = 7
+        generator.replicas[0].up = False
+        assert await generator.kv_cache_tokens() == 7 * 16
+        await fakes[1].stop()  # gone since its last probe
+        assert await generator.kv_cache_tokens() == 0
+
+    run(test)
