@@ -15,6 +15,7 @@ from indexer.chunking import ChunkingConfig
 from indexer.loaders import (
     DEFAULT_MAX_FILE_MB,
     DEFAULT_MAX_TEXT_CHARS,
+    DEFAULT_PARSE_MEMORY_MB,
     DEFAULT_PARSE_TIMEOUT_S,
     LoadLimits,
     Skipped,
@@ -70,6 +71,14 @@ _ParseTimeoutOption = Annotated[
         min=0.001, envvar="RAGSERVE_INDEXER_PARSE_TIMEOUT_S", help="Skip HTML/PDF files that take longer to parse"
     ),
 ]
+_ParseMemoryOption = Annotated[
+    int,
+    typer.Option(
+        min=128,
+        envvar="RAGSERVE_INDEXER_PARSE_MEMORY_MB",
+        help="Skip HTML/PDF files whose parsing needs more memory (the parse worker's address space)",
+    ),
+]
 _VerboseOption = Annotated[
     bool, typer.Option("--verbose", "-v", help="Also show third-party libraries' INFO lines on the console")
 ]
@@ -104,6 +113,7 @@ def build(
     max_file_mb: _MaxFileMbOption = DEFAULT_MAX_FILE_MB,
     max_text_chars: _MaxTextCharsOption = DEFAULT_MAX_TEXT_CHARS,
     parse_timeout_s: _ParseTimeoutOption = DEFAULT_PARSE_TIMEOUT_S,
+    parse_memory_mb: _ParseMemoryOption = DEFAULT_PARSE_MEMORY_MB,
     encoding: Annotated[str, typer.Option(help="Encoding of plain-text and Markdown files")] = "utf-8",
     verbose: _VerboseOption = False,
     log_file: _LogFileOption = None,
@@ -125,7 +135,7 @@ def build(
         overlap_tokens=overlap_tokens,
         batch_size=batch_size,
         progress=progress,
-        limits=LoadLimits(int(max_file_mb * 1024 * 1024), max_text_chars, parse_timeout_s, encoding),
+        limits=LoadLimits(int(max_file_mb * 1024 * 1024), max_text_chars, parse_timeout_s, encoding, parse_memory_mb),
     )
     try:
         "".encode(encoding)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import io
 import logging
@@ -68,6 +69,9 @@ def _title_of(text: str, fallback: str) -> str:
 DEFAULT_MAX_FILE_MB = 20.0
 DEFAULT_MAX_TEXT_CHARS = 5_000_000  # about 2,500 pages of prose
 DEFAULT_PARSE_TIMEOUT_S = 60.0
+# The parse worker's address space. About 64 MB is the worker itself; html.parser builds a tree
+# of about 130 times the file (a 20 MB file of tiny tags would take some 2.7 GB).
+DEFAULT_PARSE_MEMORY_MB = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +85,9 @@ class LoadLimits:
     parse_timeout_s: float = DEFAULT_PARSE_TIMEOUT_S
     # How plain-text and Markdown files are decoded (`build --encoding`); HTML and PDF say their own.
     encoding: str = "utf-8"
+    # The worker's memory: a file that needs more is skipped, instead of the host's OOM killer
+    # picking a process (on a shared host, perhaps the serving sidecar).
+    parse_memory_mb: int = DEFAULT_PARSE_MEMORY_MB
 
 
 class FileRejected(Exception):
@@ -176,27 +183,59 @@ def _import_parsers() -> None:
     import pypdf  # noqa: F401
 
 
-class _IsolatedParser:
-    """Runs HTML/PDF parsing in one worker process, killed and replaced when a file overruns its time.
+def _cap_memory(megabytes: int) -> None:
+    """The worker's initializer: an allocation past the cap raises MemoryError in the worker."""
+    try:
+        import resource
+    except ImportError:  # not on Windows: only the time cap applies there
+        return
+    cap = megabytes * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
-    A thread cannot be stopped mid-parse; a process can, so the time cap is a real bound. The worker
-    is started with "spawn" (not fork): the indexer may already hold a model's threads.
+
+def _parse_capped(reader: Reader, data: bytes, limits: LoadLimits) -> tuple[str, str] | None:
+    """In the worker: the reader's result, or None when it ran out of memory. The error itself is not
+    sent back: its traceback holds the half-built tree, and pickling it would need memory too."""
+    try:
+        return reader(data, limits)
+    except MemoryError:
+        pass  # leaving the handler drops the traceback, and with it the tree
+    gc.collect()
+    return None
+
+
+class _IsolatedParser:
+    """Runs HTML/PDF parsing in one worker process, killed and replaced when a file overruns its time
+    or its memory.
+
+    A thread cannot be stopped mid-parse; a process can, so the time cap is a real bound, and the
+    memory cap applies to the worker alone. The worker is started with "spawn" (not fork): the
+    indexer may already hold a model's threads.
     """
 
     def __init__(self) -> None:
         self._pool: Any = None
+        self._memory_mb = 0
 
     def parse(self, reader: Reader, data: bytes, limits: LoadLimits) -> tuple[str, str]:
+        if self._pool is not None and self._memory_mb != limits.parse_memory_mb:
+            self.close()
         if self._pool is None:
-            self._pool = multiprocessing.get_context("spawn").Pool(1)
+            self._memory_mb = limits.parse_memory_mb
+            context = multiprocessing.get_context("spawn")
+            self._pool = context.Pool(1, initializer=_cap_memory, initargs=(limits.parse_memory_mb,))
             # Start-up and library imports take seconds on a busy host: not part of any file's time.
             self._pool.apply_async(_import_parsers).get(timeout=_WORKER_START_TIMEOUT_S)
-        pending = self._pool.apply_async(reader, (data, limits))
+        pending = self._pool.apply_async(_parse_capped, (reader, data, limits))
         try:
-            return cast(tuple[str, str], pending.get(timeout=limits.parse_timeout_s))
+            result = cast(tuple[str, str] | None, pending.get(timeout=limits.parse_timeout_s))
         except multiprocessing.TimeoutError:
             self.close()
             raise FileRejected(f"parsing took longer than the limit of {limits.parse_timeout_s:g} s") from None
+        if result is None:
+            self.close()  # a worker that ran out of memory may be left in any state: start a new one
+            raise FileRejected(f"parsing needed more than the limit of {limits.parse_memory_mb:,} MB")
+        return result
 
     def close(self) -> None:
         if self._pool is not None:

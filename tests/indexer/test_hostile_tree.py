@@ -123,6 +123,22 @@ def test_a_parse_that_overruns_is_killed_and_the_next_file_still_parses(tmp_path
     assert elapsed < SLOW_READER_SLEEP_S / 3  # the worker was killed, not waited for
 
 
+def test_a_parse_that_needs_too_much_memory_is_stopped_and_the_next_file_still_parses(tmp_path: Path) -> None:
+    from indexer.loaders import LoadLimits, iter_folder_files
+    from tests.indexer.test_loaders import tiny_pdf
+
+    # 1 MB of tiny tags: html.parser's tree would take some 135 MB, past a 128 MB worker.
+    (tmp_path / "tags.html").write_bytes(b"<html><body>" + b"<i>a</i>" * 125_000 + b"</body></html>")
+    (tmp_path / "fine.pdf").write_bytes(tiny_pdf("Glaciers carve valleys."))
+    limits = LoadLimits(parse_memory_mb=128)
+    items = list(iter_folder_files(tmp_path, [tmp_path / "tags.html", tmp_path / "fine.pdf"], limits))
+    assert isinstance(items[0], Skipped) and "parsing needed more than the limit of 128 MB" in items[0].reason
+    assert isinstance(items[1], Document) and "Glaciers carve valleys" in items[1].text
+    # The same file parses within the default cap.
+    (tagged,) = iter_folder_files(tmp_path, [tmp_path / "tags.html"], LoadLimits())
+    assert isinstance(tagged, Document) and tagged.text.startswith("a")
+
+
 @pytest.mark.slow  # runs the indexer CLI in a child process (loads MiniLM)
 def test_non_utf8_file_name_is_indexed_and_served(tmp_path: Path) -> None:
     docs = tmp_path / "docs"
