@@ -10,7 +10,7 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -21,7 +21,7 @@ from ragserve import tracing
 from ragserve.config import Settings
 from ragserve.errors import ConfigError, Overloaded, RagError
 from ragserve.factory import make_index_watch, make_pipeline
-from ragserve.generate.base import Generator
+from ragserve.generate.base import Generator, ServerPool
 from ragserve.index.reload import IndexReloader
 from ragserve.request.pipeline import RagPipeline
 from ragserve.server.auth import BearerTokenInterceptor, ClientIdentityInterceptor, check_exposure
@@ -237,7 +237,8 @@ class RagServer:
             await pipeline.aclose()  # a part that started (the engine, a cache pool) is stopped again
             raise
         if pipeline.generator is not None:
-            self._background.append(asyncio.create_task(self._watch_generator(pipeline.generator)))
+            watch = self._watch_generator(pipeline.generator, rewarm=pipeline.warm_hot_passages)
+            self._background.append(asyncio.create_task(watch))
         self.pipeline = pipeline
         self._servicer.pipeline = pipeline
         if self.settings.index.reload_interval_s > 0:
@@ -263,25 +264,44 @@ class RagServer:
             await asyncio.sleep(self.settings.hot_passages_save_s)
             await asyncio.to_thread(pipeline.save_counts)
 
-    async def _watch_generator(self, generator: Generator) -> None:
-        """A dead engine turns overall health NOT_SERVING; Retrieve's own health stays SERVING."""
+    async def _watch_generator(
+        self, generator: Generator, rewarm: Callable[[], Awaitable[object]] | None = None
+    ) -> None:
+        """A dead engine turns overall health NOT_SERVING; Retrieve's own health stays SERVING. A
+        generation server that comes back has an empty prefix cache: `rewarm` runs again then."""
         healthy = True
-        while True:
-            await asyncio.sleep(self.settings.observability.health_probe_interval_s)
-            try:
-                async with asyncio.timeout(self.settings.observability.health_probe_timeout_s):
-                    await generator.check_health()
-                ok = True
-            except (RagError, TimeoutError) as exc:
-                ok = False
-                if healthy:
-                    log.error(
-                        "generator unhealthy: %s", exc or "health probe timed out (RAGSERVE_HEALTH_PROBE_TIMEOUT_S)"
+        servers_up = _servers_up(generator)
+        rewarming: asyncio.Task[None] | None = None
+        try:
+            while True:
+                await asyncio.sleep(self.settings.observability.health_probe_interval_s)
+                ok = await self._probe_generator(generator, healthy)
+                if ok != healthy:
+                    healthy = ok
+                    status = (
+                        health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
                     )
-            if ok != healthy:
-                healthy = ok
-                status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
-                await self._set_health(status, ("", SERVICE_NAME))
+                    await self._set_health(status, ("", SERVICE_NAME))
+                now_up = _servers_up(generator)
+                back, servers_up = now_up - servers_up, now_up
+                if back and rewarm is not None and (rewarming is None or rewarming.done()):
+                    log.info(
+                        "generation server(s) %s back: pre-filling the hot passages again", ", ".join(sorted(back))
+                    )
+                    rewarming = asyncio.create_task(_logged(rewarm()))  # probes go on meanwhile
+        finally:
+            if rewarming is not None:
+                rewarming.cancel()
+
+    async def _probe_generator(self, generator: Generator, healthy: bool) -> bool:
+        try:
+            async with asyncio.timeout(self.settings.observability.health_probe_timeout_s):
+                await generator.check_health()
+            return True
+        except (RagError, TimeoutError) as exc:
+            if healthy:
+                log.error("generator unhealthy: %s", exc or "health probe timed out (RAGSERVE_HEALTH_PROBE_TIMEOUT_S)")
+            return False
 
     def stop(self) -> None:
         self._stop.set()
@@ -315,3 +335,15 @@ class RagServer:
 
 async def serve(settings: Settings) -> None:
     await RagServer(settings).run()
+
+
+def _servers_up(generator: Generator) -> set[str]:
+    """The URLs of a server pool's generation servers that are up (none for the engine in process)."""
+    return {s.url for s in generator.replica_states() if s.up} if isinstance(generator, ServerPool) else set()
+
+
+async def _logged(work: Awaitable[object]) -> None:
+    try:
+        await work
+    except Exception:  # a background step must not die silently, nor take the watcher with it
+        log.exception("pre-filling the hot passages failed")

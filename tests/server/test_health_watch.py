@@ -1,4 +1,5 @@
-"""The generator health watcher: a probe that never answers must not hold health SERVING."""
+"""The generator health watcher: a probe that never answers must not hold health SERVING; a
+generation server that comes back gets the hot passages pre-filled again."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from grpc_health.v1 import health_pb2
 
 from ragserve.config import ObservabilitySettings, Settings
 from ragserve.server.app import RagServer
-from tests.fakes import FakeHangingHealthGenerator
+from ragserve.types import ReplicaState
+from tests.fakes import FakeGeneratorBase, FakeHangingHealthGenerator
 
 
 def test_a_probe_that_never_answers_turns_health_not_serving() -> None:
@@ -29,3 +31,50 @@ def test_a_probe_that_never_answers_turns_health_not_serving() -> None:
             watcher.cancel()
 
     assert asyncio.run(run()) == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class FakePoolGenerator(FakeGeneratorBase):
+    """A pool of generation servers whose up/down states the test sets."""
+
+    def __init__(self, up: dict[str, bool]) -> None:
+        self.up = up
+
+    def replica_states(self) -> list[ReplicaState]:
+        return [ReplicaState(url, up, 0) for url, up in self.up.items()]
+
+
+def test_a_generation_server_that_comes_back_gets_the_hot_passages_again() -> None:
+    observability = ObservabilitySettings(health_probe_interval_s=0.01, health_probe_timeout_s=1.0, metrics_port=0)
+    pool = FakePoolGenerator({"http://a": True, "http://b": False})
+    rewarms: list[set[str]] = []
+
+    async def rewarm() -> int:
+        rewarms.append({url for url, up in pool.up.items() if up})
+        return 1
+
+    async def settle(rewarmed: int) -> None:
+        for _ in range(500):  # until the watcher has seen it (a loaded host may be slow to run it)
+            if len(rewarms) >= rewarmed:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # ten more probes: nothing more happens
+
+    async def run() -> None:
+        server = RagServer(Settings(observability=observability))
+        watcher = asyncio.ensure_future(server._watch_generator(pool, rewarm=rewarm))
+        try:
+            await settle(0)
+            assert rewarms == []  # what was up at start was warmed at start
+            pool.up["http://b"] = True
+            await settle(1)
+            assert rewarms == [{"http://a", "http://b"}]  # once, however many probes see it up
+            pool.up["http://a"] = False
+            await settle(1)
+            assert len(rewarms) == 1  # a server going away needs nothing
+            pool.up["http://a"] = True
+            await settle(2)
+            assert len(rewarms) == 2
+        finally:
+            watcher.cancel()
+
+    asyncio.run(run())
