@@ -155,6 +155,7 @@ def test_warming_stays_within_its_share_of_the_kv_cache(make_pipeline) -> None:
     assert asyncio.run(warm(10_000_000, AnswerPolicy(prompt_layout="stable"))) == 0
 
 
+@pytest.mark.slow  # builds two index versions
 def test_a_hot_reload_prefills_the_new_versions_most_retrieved_passages(
     tmp_path: Path, embedder: SentenceTransformerEmbedder
 ) -> None:
