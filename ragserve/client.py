@@ -12,9 +12,9 @@ import grpc
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ragserve.addresses import is_loopback
 from ragserve.config import TransportSettings, default_of
 from ragserve.errors import ConfigError
-from ragserve.server.auth import is_loopback
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any, Literal, Self
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+
+from ragserve.addresses import is_loopback, normalize_http_url
 
 # The embedded default models; any HF id or local path can be configured instead.
 DEFAULT_EMBEDDER = "sentence-transformers/all-MiniLM-L6-v2"
@@ -112,6 +115,15 @@ class GeneratorSettings(BaseSettings):
     # Send each request's class as vLLM's `priority` (the servers must run --scheduling-policy
     # priority, else they refuse it).
     remote_priority: bool = False
+    # The longest silence a streamed answer may have (before its first token too), and the limit on
+    # one warming stream: past it the server has failed the call (the next one is asked).
+    remote_stall_s: float = Field(default=30.0, gt=0)
+    # One server's bring-up at start (its model, connections, the template prefix). The sidecar
+    # serves once one server is up; a server still coming up joins when it is ready.
+    remote_start_timeout_s: float = Field(default=120.0, gt=0)
+    # Send RAGSERVE_GENERATOR_REMOTE_API_KEY over plain http to a server that is not on loopback.
+    # Off: refused at start (the key would cross the network readable), as for the gRPC token.
+    remote_allow_plain_http_key: bool = False
 
     @model_validator(mode="after")
     def _lookup_range(self) -> Self:
@@ -125,6 +137,16 @@ class GeneratorSettings(BaseSettings):
         bad = [url for url in self.remote_url_list() if not url.startswith(("http://", "https://"))]
         if bad:
             raise ValueError(f"RAGSERVE_GENERATOR_REMOTE_URLS: not an http(s) URL: {', '.join(bad)}")
+        exposed = [
+            url
+            for url in self.remote_url_list()
+            if url.startswith("http://") and not is_loopback(urlsplit(url).hostname or "")
+        ]
+        if self.remote_api_key is not None and exposed and not self.remote_allow_plain_http_key:
+            raise ValueError(
+                "RAGSERVE_GENERATOR_REMOTE_API_KEY would travel in clear text to "
+                f"{', '.join(exposed)}: use https, or set RAGSERVE_GENERATOR_REMOTE_ALLOW_PLAIN_HTTP_KEY=true"
+            )
         # A request that sets no max_tokens would otherwise be refused for the server's own default.
         if self.default_max_tokens > self.max_tokens_limit:
             raise ValueError(
@@ -137,7 +159,9 @@ class GeneratorSettings(BaseSettings):
         return self.model or str(default_generator_path())
 
     def remote_url_list(self) -> list[str]:
-        return [url.strip().rstrip("/") for url in self.remote_urls.split(",") if url.strip()]
+        """The servers, each once (one spelling per server: see `normalize_http_url`)."""
+        urls = [normalize_http_url(url) for url in self.remote_urls.split(",") if url.strip()]
+        return list(dict.fromkeys(urls))
 
 
 class CacheSettings(BaseSettings):

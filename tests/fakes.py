@@ -25,7 +25,7 @@ from ragserve.index.base import SearchIndex
 from ragserve.prompt import Prompt
 from ragserve.rerank.base import EncodedPair
 from ragserve.rerank.cost import CostModel
-from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, Usage
+from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, RequestClass, Usage
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 
@@ -38,6 +38,7 @@ class FakeGeneratorBase:
     Tokens are counted as whitespace-separated words."""
 
     model_id = "fake-generator"
+    answer_identity = "fake-generator@fake"
     engine_choices: tuple[EngineChoice, ...] = ()
     host_cpu = "fake CPU"
     kv_tokens = 100_000
@@ -47,6 +48,11 @@ class FakeGeneratorBase:
 
     def stream(self, prompt: Prompt, params: GenerateParams, trace_id: str) -> AsyncIterator[GenerationChunk]:
         raise NotImplementedError
+
+    async def prefill(self, prompt: Prompt) -> None:
+        params = GenerateParams(max_tokens=1, temperature=0.0, request_class=RequestClass.BATCH)
+        async for _ in self.stream(prompt, params, "prefill"):
+            pass
 
     async def check_health(self) -> None:
         return None

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ragserve.addresses import is_loopback
 from ragserve.client import ClientSettings
 from ragserve.config import Settings
-from ragserve.server.auth import is_loopback
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"

@@ -51,6 +51,42 @@ def test_counts_persist_and_survive_a_bad_file(tmp_path: Path, caplog: pytest.Lo
     assert oversized.top(5) == []
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"format": 1, "counts": {"a": Infinity}}',
+        '{"format": 1, "counts": {"a": 1e400}}',
+        '{"format": 1, "counts": {"a": 2.5}}',
+        '{"format": 1, "counts": {"a": true}}',
+        '{"format": 1, "counts": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        '{"format": 1, "counts": {"a": ' + "9" * 5000 + "}}",
+    ],
+    ids=["infinity", "overflow", "float", "bool", "deep", "huge-int"],
+)
+def test_any_bad_counts_file_means_no_counts_never_a_failed_start(
+    tmp_path: Path, text: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "hot.json"
+    path.write_text(text)
+    hot = HotPassages(path)
+    with caplog.at_level(logging.WARNING):
+        hot.load()  # used to raise OverflowError / RecursionError and stop start-up
+    assert hot.top(5) == [] and "counting starts over" in caplog.text
+
+
+def test_counts_decay_so_old_repeats_give_way() -> None:
+    hot = HotPassages(None, half_life=100)
+    for _ in range(1000):
+        hot.record("one-callers-favourite")  # a burst long ago
+    assert hot.top(1) == ["one-callers-favourite"]
+    for _ in range(60):  # six half-lives of what is asked now, steadily
+        for chunk_id in ("a", "b", "c"):
+            hot.record(chunk_id)
+        for i in range(7):
+            hot.record(f"rare-{i}")
+    assert set(hot.top(3)) == {"a", "b", "c"}
+
+
 def test_a_read_only_place_is_reported_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     hot = HotPassages(tmp_path / "missing-folder" / "hot.json")
     hot.record("a")

@@ -15,6 +15,12 @@ class Generator(Protocol):
     def model_id(self) -> str: ...
 
     @property
+    def answer_identity(self) -> str:
+        """What decides an answer's text besides the prompt: the model that answers, a digest of its
+        files and the engine settings that change a greedy answer (the answer cache's key holds it)."""
+        ...
+
+    @property
     def engine_choices(self) -> tuple[EngineChoice, ...]:
         """The engine settings in force and why each was chosen (host or explicit setting)."""
         ...
@@ -33,6 +39,10 @@ class Generator(Protocol):
 
         `trace_id`: the caller's request id, for logs only. The engine request gets an id the
         generator makes itself, unique per call, so no caller can name (or collide with) another's."""
+        ...
+
+    async def prefill(self, prompt: Prompt) -> None:
+        """Put `prompt` into the prefix cache (warming): batch priority, no text kept, bounded in time."""
         ...
 
     async def check_health(self) -> None:

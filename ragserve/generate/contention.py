@@ -149,10 +149,21 @@ class ContentionWatch:
         return HostShareState(t.cpus, t.neighbour_cpus, t.wanted, t.adaptive)
 
     def _run(self) -> None:
+        failed = ""
         while not self._stop.wait(self._every_s):
-            neighbour = self._load.sample()
-            if neighbour is None:
-                continue
+            try:
+                self._sample()
+                failed = ""
+            except Exception as exc:  # never end silently with the count frozen (perhaps at one)
+                if failed != repr(exc):
+                    log.exception("contention watch: a sample failed; the engine keeps every thread meanwhile")
+                failed = repr(exc)
+                self.threads.wanted = self.threads.fixed or self.threads.cpus
+                metrics.GENERATOR_THREADS.set(self.threads.wanted)
+
+    def _sample(self) -> None:
+        neighbour = self._load.sample()
+        if neighbour is not None:
             before = self.threads.wanted
             wanted = self.threads.update(neighbour)
             metrics.HOST_NEIGHBOUR_CPUS.set(neighbour)

@@ -14,6 +14,7 @@ Each choice carries its reason, for the start-up log line and for `Info`.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,11 +37,25 @@ CPU_BLOCK_SIZE = 32
 class HostCpu:
     model: str
     flags: frozenset[str]
-    cpus: tuple[int, ...]
+    cpus: tuple[int, ...]  # the CPUs this process may run on (its affinity)
+    # The container's CPU quota (cgroup v2 cpu.max) in whole CPUs, rounded up; None: no quota.
+    quota_cpus: int | None = None
+
+    @property
+    def usable(self) -> int:
+        """CPUs' worth of time this process may use: its affinity, or less under a quota (on
+        Kubernetes without the static CPU manager every node CPU is in the affinity)."""
+        return min(len(self.cpus), self.quota_cpus) if self.quota_cpus else len(self.cpus)
+
+    @property
+    def usable_cpus(self) -> tuple[int, ...]:
+        return self.cpus[: self.usable]
 
     def describe(self) -> str:
         shown = [f for f in REPORTED_FLAGS if f in self.flags]
-        return f"{self.model}; {len(self.cpus)} CPUs; flags: {' '.join(shown) or 'none of ' + ' '.join(REPORTED_FLAGS)}"
+        quota = f" (quota {self.quota_cpus})" if self.quota_cpus and self.quota_cpus < len(self.cpus) else ""
+        flags = " ".join(shown) or "none of " + " ".join(REPORTED_FLAGS)
+        return f"{self.model}; {len(self.cpus)} CPUs{quota}; flags: {flags}"
 
     @property
     def native_bf16(self) -> bool:
@@ -64,7 +79,18 @@ class ResolvedEngine:
         return "; ".join(f"{c.name}={c.value} ({c.reason})" for c in self.choices)
 
 
-def read_host_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> HostCpu:
+def read_cpu_quota(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int | None:
+    """Whole CPUs the cgroup's quota allows ("max 100000": none; "150000 100000": 2)."""
+    try:
+        quota, _, period = cpu_max.read_text().strip().partition(" ")
+        if quota == "max":
+            return None
+        return max(1, math.ceil(int(quota) / int(period or "100000")))
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
+
+def read_host_cpu(cpuinfo: Path = Path("/proc/cpuinfo"), cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> HostCpu:
     model, flags = "unknown CPU", frozenset[str]()
     try:
         for line in cpuinfo.read_text(errors="replace").splitlines():
@@ -76,7 +102,7 @@ def read_host_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> HostCpu:
                 flags = frozenset(value.split())
     except OSError:
         pass  # not Linux: no flags known, so the safe choices (float32) are made
-    return HostCpu(model, flags, tuple(sorted(os.sched_getaffinity(0))))
+    return HostCpu(model, flags, tuple(sorted(os.sched_getaffinity(0))), read_cpu_quota(cpu_max))
 
 
 def cpu_list(cpus: tuple[int, ...]) -> str:
@@ -98,7 +124,7 @@ def _speculation_off_why(settings: GeneratorSettings, host: HostCpu) -> str:
         return ""
     if settings.device != "cpu":
         return "GPU: not measured there; RAGSERVE_GENERATOR_SPECULATIVE=ngram turns it on"
-    if len(host.cpus) > ALL_CORES_UP_TO:
+    if host.usable > ALL_CORES_UP_TO:
         return f"not measured on CPU hosts of more than {ALL_CORES_UP_TO} CPUs"
     if settings.engine_layout == "process":
         # BENCHMARKS.md: beside a busy-polling engine-core process the first token got slower.
@@ -153,14 +179,14 @@ def resolve_engine(settings: GeneratorSettings, host: HostCpu) -> ResolvedEngine
     layout, layout_why = resolve_cpu_layout(settings, host, speculative is not None)
     if layout == "thread":
         # vLLM binds OpenMP threads when it starts a worker process; on a server thread there is none.
-        bind, why = "", f"engine on a server thread: torch's own OpenMP threads ({len(host.cpus)} CPUs), not pinned"
+        bind, why = "", f"engine on a server thread: torch's own OpenMP threads ({host.usable} CPUs), not pinned"
     elif settings.cpu_omp_threads_bind:
         bind, why = settings.cpu_omp_threads_bind, "set by RAGSERVE_GENERATOR_CPU_OMP_THREADS_BIND"
-    elif len(host.cpus) <= ALL_CORES_UP_TO:
-        bind = cpu_list(host.cpus)
-        why = f"all {len(host.cpus)} usable CPUs: vLLM's auto binding would idle one for a server that mostly waits"
+    elif host.usable <= ALL_CORES_UP_TO:
+        bind = cpu_list(host.usable_cpus)
+        why = f"all {host.usable} usable CPUs: vLLM's auto binding would idle one for a server that mostly waits"
     else:
-        bind, why = "", f"vLLM's auto binding ({len(host.cpus)} CPUs: one per NUMA node stays with the server)"
+        bind, why = "", f"vLLM's auto binding ({host.usable} CPUs: one per NUMA node stays with the server)"
     choices.append(EngineChoice("omp_threads_bind", bind or ("none" if layout == "thread" else "auto"), why))
 
     if settings.block_size:
@@ -186,7 +212,7 @@ def resolve_threads(settings: GeneratorSettings, host: HostCpu) -> EngineChoice:
         return EngineChoice("threads", str(settings.threads), "set by RAGSERVE_GENERATOR_THREADS")
     return EngineChoice(
         "threads",
-        f"auto (up to {len(host.cpus)})",
+        f"auto (up to {host.usable})",
         "one fewer per core other processes keep busy: a team waiting on a busy core stalls every step",
     )
 
@@ -194,7 +220,7 @@ def resolve_threads(settings: GeneratorSettings, host: HostCpu) -> EngineChoice:
 def resolve_cpu_layout(settings: GeneratorSettings, host: HostCpu, speculative: bool) -> tuple[str, str]:
     if settings.engine_layout != "auto":
         return settings.engine_layout, "set by RAGSERVE_GENERATOR_ENGINE_LAYOUT"
-    if speculative and len(host.cpus) <= ALL_CORES_UP_TO:
+    if speculative and host.usable <= ALL_CORES_UP_TO:
         # Measured on two cores only; on bigger hosts vLLM's process keeps its NUMA-aware binding.
         return "thread", "speculation on a small CPU host: a separate engine-core process cost most of its gain"
     return "process", "vLLM's own layout (AsyncLLM)"

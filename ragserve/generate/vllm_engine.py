@@ -21,9 +21,18 @@ from ragserve.errors import ConfigError, InvalidArgument, Unavailable
 from ragserve.generate.contention import ContentionWatch, CpuCounters, EngineThreads, NeighbourLoad
 from ragserve.generate.engine_thread import EngineThreadDead, ThreadedEngine, in_process_engine_env
 from ragserve.generate.host import HostCpu, ResolvedEngine, read_host_cpu, resolve_engine
+from ragserve.generate.identity import model_digest
 from ragserve.generate.rendering import ChatRenderer
 from ragserve.prompt import SYSTEM_PREFIX, Prompt, build_prompt
-from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, HostShareState, Usage, model_name
+from ragserve.types import (
+    EngineChoice,
+    GenerateParams,
+    GenerationChunk,
+    HostShareState,
+    RequestClass,
+    Usage,
+    model_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +75,18 @@ class VllmGenerator:
         # Only an engine on a server thread can change its thread count between steps.
         self._contention: ContentionWatch | None = None
         if self._resolved.engine_layout == "thread" and settings.device == "cpu":
-            threads = EngineThreads(len(self._host.cpus), settings.threads)
+            threads = EngineThreads(self._host.usable, settings.threads)
             self._contention = ContentionWatch(NeighbourLoad(CpuCounters(self._host.cpus)), threads)
 
     @property
     def model_id(self) -> str:
         return model_name(self._model)  # what callers see (Info, the final event)
+
+    @property
+    def answer_identity(self) -> str:
+        # Engine settings (dtype, speculation) can change a greedy answer: they are part of it.
+        engine = ",".join(f"{c.name}={c.value}" for c in self._resolved.choices)
+        return f"{model_name(self._model)}@{model_digest(self._model)}|{engine}"
 
     @property
     def engine_choices(self) -> tuple[EngineChoice, ...]:
@@ -218,6 +233,11 @@ class VllmGenerator:
                 self._dead = exc
             log.error("generation failed: %s", exc)
             raise GenerationFailed("generation failed") from exc
+
+    async def prefill(self, prompt: Prompt) -> None:
+        params = GenerateParams(max_tokens=1, temperature=0.0, request_class=RequestClass.BATCH)
+        async for _ in self.stream(prompt, params, "prefill"):
+            pass
 
     def count_tokens(self, text: str) -> int:
         return self._renderer.count_tokens(text)

@@ -106,7 +106,9 @@ class IndexReloader:
         clock: Callable[[], float] = time.monotonic,
         after_swap: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
-        """`after_swap`: awaited on the event loop after each swap (e.g. warming the new version)."""
+        """`after_swap`: started on the event loop after each swap (e.g. warming the new version), in
+        the background: a slow or hung step never holds back the next version. A swap that comes
+        while the previous one's step still runs cancels it (it was for an older version)."""
         self._watch = watch
         self._target = target
         self._accept = accept
@@ -117,6 +119,7 @@ class IndexReloader:
         self._seen = seen if seen is not None else watch.published()
         self._clock = clock
         self._after_swap = after_swap
+        self._after_swap_task: asyncio.Task[None] | None = None
         self._failures = 0
         self._retry_at = 0.0
         self.reloads = 0
@@ -179,12 +182,30 @@ class IndexReloader:
 
     async def run(self) -> None:
         """Poll until cancelled. Loading runs on a worker thread: queries are never blocked by it."""
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                if await asyncio.to_thread(self.check_once) and self._after_swap is not None:
-                    await self._after_swap()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a bug here must not kill the watcher or the server
-                log.exception("index reload check failed; still serving the loaded version")
+        try:
+            while True:
+                await asyncio.sleep(self.interval_s)
+                try:
+                    if await asyncio.to_thread(self.check_once):
+                        self._start_after_swap()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # a bug here must not kill the watcher or the server
+                    log.exception("index reload check failed; still serving the loaded version")
+        finally:
+            if self._after_swap_task is not None:
+                self._after_swap_task.cancel()
+
+    def _start_after_swap(self) -> None:
+        if self._after_swap is None:
+            return
+        if self._after_swap_task is not None and not self._after_swap_task.done():
+            self._after_swap_task.cancel()
+        self._after_swap_task = asyncio.create_task(_logged(self._after_swap()))
+
+
+async def _logged(step: Awaitable[object]) -> None:
+    try:
+        await step
+    except Exception:  # logged, never left for the garbage collector to report
+        log.exception("the step after an index swap failed")

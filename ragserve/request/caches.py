@@ -62,7 +62,7 @@ class CacheScope:
     ranking: tuple[str, ...]
     # The retrieval options' own tag takes the request's dedupe flag: (dedupe) -> tag.
     retrieval_tags: tuple[str, str]
-    # Generator model and the engine settings that can change a greedy answer (dtype, speculation).
+    # The answering model, its files' digest and the engine settings that can change a greedy answer.
     generator: str
     prompt_id: str  # AnswerPolicy.prompt_id
 
@@ -73,9 +73,7 @@ def cache_scope(embedder_id: str, search: SearchStage, generator: Generator | No
     rerank = search.rerankers.cache_tags() if search.rerankers is not None else ()
     generator_tag = ""
     if generator is not None:
-        # Engine settings (dtype, speculation) can change a greedy answer: they are in the key.
-        engine = ",".join(f"{c.name}={c.value}" for c in generator.engine_choices)
-        generator_tag = f"{generator.model_id}|{engine}"
+        generator_tag = generator.answer_identity
     options = search.options
     return CacheScope(
         embedder_id,

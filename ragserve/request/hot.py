@@ -19,21 +19,30 @@ log = logging.getLogger(__name__)
 _FORMAT = 1
 # Ten thousand ids with counts take well under 1 MiB; anything much larger is not ours.
 _MAX_FILE_BYTES = 8 << 20
+_MAX_COUNT = 1 << 62
 
 
 class HotPassages:
-    def __init__(self, path: Path | None, max_tracked: int = 10_000) -> None:
+    def __init__(self, path: Path | None, max_tracked: int = 10_000, half_life: int = 10_000) -> None:
         """`path`: where the counts persist (None: in memory only). At most `max_tracked` chunk ids
-        are kept: past that, the least retrieved half is forgotten."""
+        are kept: past that, the least retrieved half is forgotten. Every `half_life` records all
+        counts halve, so what was asked long ago (or one caller's burst of repeats) gives way to
+        what is asked now instead of pinning the warm set for ever."""
         self.path = path
         self.max_tracked = max_tracked
+        self.half_life = half_life
         self._counts: Counter[str] = Counter()
+        self._since_decay = 0
         self._dirty = False
         self._save_failed = False
 
     def record(self, chunk_id: str) -> None:
         self._counts[chunk_id] += 1
         self._dirty = True
+        self._since_decay += 1
+        if self._since_decay >= self.half_life:
+            self._since_decay = 0
+            self._counts = Counter({k: v // 2 for k, v in self._counts.items() if v >= 2})
         if len(self._counts) > self.max_tracked:
             self._counts = Counter(dict(self._counts.most_common(self.max_tracked // 2)))
 
@@ -48,12 +57,14 @@ class HotPassages:
             size = self.path.stat().st_size
             if size > _MAX_FILE_BYTES:
                 raise ValueError(f"{size} bytes, more than {_MAX_FILE_BYTES}")
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            if data.get("format") != _FORMAT:
-                raise ValueError(f"format {data.get('format')!r}")
-            counts = {str(k): int(v) for k, v in dict(data["counts"]).items() if int(v) > 0}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.warning("ignoring the retrieval counts in %s (%s); counting starts over", self.path, exc)
+            counts = _parse_counts(self.path.read_bytes())
+        except Exception as exc:  # whatever the file holds, start-up goes on without it
+            log.warning(
+                "ignoring the retrieval counts in %s (%s: %s); counting starts over",
+                self.path,
+                type(exc).__name__,
+                str(exc)[:200],
+            )
             return
         self._counts = Counter(dict(Counter(counts).most_common(self.max_tracked)))
 
@@ -81,3 +92,22 @@ class HotPassages:
             )
             return
         self._dirty = False
+
+
+def _parse_counts(data: bytes) -> dict[str, int]:
+    """`{"format": 1, "counts": {chunk id: count}}` with plain positive integers only (no floats,
+    no Infinity, no booleans); anything else raises ValueError."""
+    parsed = json.loads(data, parse_constant=_refuse_constant)
+    if not isinstance(parsed, dict) or parsed.get("format") != _FORMAT or not isinstance(parsed.get("counts"), dict):
+        raise ValueError("not a counts file of format 1")
+    counts = {}
+    for chunk_id, count in parsed["counts"].items():
+        if type(count) is not int or count < 0 or count > _MAX_COUNT:
+            raise ValueError(f"a count that is not a plain integer: {str(count)[:32]!r}")
+        if count:
+            counts[chunk_id] = count
+    return counts
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a count")

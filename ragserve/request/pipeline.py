@@ -168,9 +168,7 @@ class RagPipeline:
                 continue  # served cut to the question (never reused), or past the share
             room -= tokens
             # The question comes last: every full KV block before it is this passage's, as served.
-            prompt = build_prompt("", [passage], policy.prompt_layout)
-            async for _ in generator.stream(prompt, GenerateParams(max_tokens=1, temperature=0.0), "warm-up"):
-                pass
+            await generator.prefill(build_prompt("", [passage], policy.prompt_layout))
             warmed += 1
         if warmed:
             log.info("pre-filled the prefix cache with %d of the most retrieved passages", warmed)

@@ -302,6 +302,9 @@ class RagServer:
             if healthy:
                 log.error("generator unhealthy: %s", exc or "health probe timed out (RAGSERVE_HEALTH_PROBE_TIMEOUT_S)")
             return False
+        except Exception:  # a bug or a peer's surprise fails this probe; the watcher goes on
+            log.exception("the generator's health probe failed")
+            return False
 
     def stop(self) -> None:
         self._stop.set()

@@ -4,24 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import ipaddress
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 
+from ragserve.addresses import is_loopback
 from ragserve.config import Settings
 from ragserve.errors import ConfigError
 from ragserve.server.handlers import AroundCallInterceptor
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def check_exposure(settings: Settings) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import time
@@ -18,6 +19,7 @@ from ragserve.generate.contention import (
     NeighbourLoad,
 )
 from ragserve.generate.engine_thread import ThreadedEngine
+from ragserve.generate.host import HostCpu, read_cpu_quota
 from tests.fakes import FakeSyncEngine
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -177,3 +179,45 @@ def test_the_engine_thread_calls_before_step_on_its_own_thread_before_every_step
         engine.shutdown()
     assert seen and set(seen) == {"vllm-engine"}
     assert len(seen) == fake.steps
+
+
+def test_a_failing_sample_is_logged_and_the_engine_gets_every_thread_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The watch used to end silently on any exception, freezing the count (perhaps at one)."""
+    stat = FakeProcStat(tmp_path / "stat", cpus=2)
+    load = NeighbourLoad(CpuCounters((0, 1), stat.path, own_seconds=lambda: 0.0))
+    threads = EngineThreads(cpus=2)
+    threads.wanted = 1  # a neighbour had taken a core
+    watch = ContentionWatch(load, threads, every_s=0.02)
+    watch.start()
+    try:
+        with caplog.at_level(logging.ERROR):
+            stat.path.write_text("cpu0 not numbers at all\ncpu1 x\n")  # the next samples raise
+            deadline = time.monotonic() + 5
+            while threads.wanted != 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert threads.wanted == 2 and "a sample failed" in caplog.text
+            stat.write()  # readable again: the watch still runs and samples
+            stat.add_seconds(0, 50.0)
+            stat.add_seconds(1, 50.0)
+            deadline = time.monotonic() + 5
+            while threads.wanted != 1 and time.monotonic() < deadline:
+                stat.add_seconds(0, 1.0)
+                stat.add_seconds(1, 1.0)
+                time.sleep(0.01)
+            assert threads.wanted == 1
+    finally:
+        watch.stop()
+
+
+@pytest.mark.parametrize(
+    ("text", "quota"), [("max 100000\n", None), ("150000 100000\n", 2), ("50000 100000", 1), ("garbage", None)]
+)
+def test_the_containers_cpu_quota_bounds_the_usable_cpus(tmp_path: Path, text: str, quota: int | None) -> None:
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text(text)
+    assert read_cpu_quota(cpu_max) == quota
+    host = HostCpu("CPU", frozenset(), tuple(range(64)), read_cpu_quota(cpu_max))
+    assert host.usable == (quota or 64) and len(host.usable_cpus) == host.usable
+    assert read_cpu_quota(tmp_path / "missing") is None

@@ -40,7 +40,8 @@ def run(
         )
         try:
             if start:
-                await generator.start()
+                await generator.start()  # serves once one server is up; the rest join in the background
+                await asyncio.gather(*generator._bringing_up, return_exceptions=True)
             await test(generator, fakes)
         finally:
             await generator.close()
@@ -203,7 +204,9 @@ def test_one_hedge_when_the_first_token_is_late() -> None:
 def test_the_pool_is_opened_at_start_and_reused() -> None:
     async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
         opened = set(fakes[0].connections)
-        assert len(opened) == 4  # the pool's size (the in-flight limit), opened before serving
+        # The request pool's size (the in-flight limit), opened before serving, and the one
+        # background connection the model check and the warm-up took.
+        assert len(opened) == 4 + 1
         for _ in range(5):
             await _collect(generator.stream(_prompt(), PARAMS, "t"))
         assert fakes[0].connections == opened  # five calls, no new connection
@@ -247,7 +250,7 @@ def test_the_kv_cache_is_what_the_servers_that_are_up_report() -> None:
         fakes[1].kv_blocks = None  # a router, or an engine without vLLM's metrics: nothing to pre-fill there
         assert await generator.kv_cache_tokens() == 100 * 32
         fakes[1].kv_blocks = 7
-        generator.replicas[0].up = False
+        generator.servers[0].up = False
         assert await generator.kv_cache_tokens() == 7 * 16
         await fakes[1].stop()  # gone since its last probe
         assert await generator.kv_cache_tokens() == 0

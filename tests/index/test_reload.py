@@ -4,6 +4,7 @@ queries; a corrupt new version is refused and the old one keeps serving."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import logging
@@ -220,3 +221,41 @@ def test_unreadable_source_is_retried_with_back_off_not_refused(
     assert reloader.check_once() is False  # backing off: no new attempt yet
     clock.advance(5.0)
     assert reloader.check_once() is True and holder.index.version == "2"
+
+
+def test_a_hung_step_after_a_swap_never_holds_back_the_next_version(
+    tmp_path: Path, embedder: SentenceTransformerEmbedder
+) -> None:
+    """Warming after a swap runs in the background: a generation server that never answers it
+    must not stop later versions from being served (it used to be awaited inside the reloader)."""
+    docs = write_docs(tmp_path / "docs")
+    root = tmp_path / "idx"
+    build_index(docs, root, embedder, progress=False)
+    holder = FakeServing(HnswIndex.load(root))
+    started: list[asyncio.Task[None] | None] = []
+    cancelled = []
+
+    async def hung_warm() -> None:
+        started.append(asyncio.current_task())  # type: ignore[arg-type]
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    async def run() -> None:
+        reloader = IndexReloader(FolderWatch(root), holder, interval_s=0.05, after_swap=hung_warm)
+        task = asyncio.create_task(reloader.run())
+        try:
+            for version, name in (("2", "volcanoes"), ("3", "glaciers")):
+                (docs / f"{name}.txt").write_text(f"{name}\nA brand new document about {name}.")
+                await asyncio.to_thread(build_index, docs, root, embedder, progress=False)
+                await _wait_for(lambda v=version: holder.index.version == v, 60)
+            await _wait_for(lambda: len(started) == 2 and len(cancelled) == 1, 10)  # the older one gave way
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        assert len(cancelled) == 2  # and the last one ends with the reloader
+
+    asyncio.run(run())

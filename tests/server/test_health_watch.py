@@ -78,3 +78,41 @@ def test_a_generation_server_that_comes_back_gets_the_hot_passages_again() -> No
             watcher.cancel()
 
     asyncio.run(run())
+
+
+class FakeSurprisingHealthGenerator(FakeGeneratorBase):
+    """A probe that raises what no probe should (a bug, or a peer's malformed answer), then recovers."""
+
+    def __init__(self) -> None:
+        self.probes = 0
+
+    async def check_health(self) -> None:
+        self.probes += 1
+        if self.probes <= 3:
+            raise TypeError("'int' object is not iterable")
+
+
+def test_a_probe_that_raises_anything_fails_that_probe_and_the_watcher_goes_on() -> None:
+    observability = ObservabilitySettings(health_probe_interval_s=0.01, health_probe_timeout_s=1.0, metrics_port=0)
+    generator = FakeSurprisingHealthGenerator()
+
+    async def run() -> list[int]:
+        server = RagServer(Settings(observability=observability))
+        await server.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        watcher = asyncio.ensure_future(server._watch_generator(generator))
+        seen = []
+        try:
+            for _ in range(500):
+                await asyncio.sleep(0.01)
+                reply = await server.health.Check(health_pb2.HealthCheckRequest(service=""), None)
+                if not seen or seen[-1] != reply.status:
+                    seen.append(int(reply.status))
+                if generator.probes > 5:
+                    break
+            assert not watcher.done()
+            return seen
+        finally:
+            watcher.cancel()
+
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    assert asyncio.run(run()) == [serving, not_serving, serving]

@@ -1,0 +1,26 @@
+"""What names a model's answers: its name and a digest of its files, for cache keys."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+
+# Files this small are hashed whole (config, tokenizer, generation settings); larger ones (weights)
+# by name and size: reading gigabytes at start-up to name them is not worth it.
+_HASH_WHOLE_BELOW = 4 << 20
+
+
+@functools.cache
+def model_digest(model: str) -> str:
+    """A short digest of a local model folder's files; a hub id stands for itself."""
+    folder = Path(model).expanduser()
+    if not folder.is_dir():
+        return "id"
+    digest = hashlib.blake2b(digest_size=8)
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        size = path.stat().st_size
+        digest.update(f"{path.relative_to(folder)}\x00{size}\x00".encode())
+        if size < _HASH_WHOLE_BELOW:
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
