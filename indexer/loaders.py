@@ -7,6 +7,7 @@ import hashlib
 import io
 import logging
 import multiprocessing
+import multiprocessing.pool
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -232,6 +233,11 @@ class _IsolatedParser:
         except multiprocessing.TimeoutError:
             self.close()
             raise FileRejected(f"parsing took longer than the limit of {limits.parse_timeout_s:g} s") from None
+        except multiprocessing.pool.MaybeEncodingError:
+            # Pickling the result failed in the worker (out of memory under its cap, or a value that
+            # cannot be pickled): the worker may be left in any state, so a new one takes over.
+            self.close()
+            raise FileRejected("the parsed text could not be sent back from the parse worker") from None
         if result is None:
             self.close()  # a worker that ran out of memory may be left in any state: start a new one
             raise FileRejected(f"parsing needed more than the limit of {limits.parse_memory_mb:,} MB")

@@ -442,6 +442,31 @@ class LimitsSettings(BaseSettings):
     # Batch Query streams in the generator at once (vLLM does not preempt for priority while its
     # running batch is full: vLLM issue 40004); more wait, within their deadline. 0: no cap.
     batch_max_engine_seqs: int = Field(default=4, ge=0)
+    # Per caller (the name on its mTLS client certificate, CN or SAN): the highest request class it
+    # may use and its calls in flight, as `name=class:cap` pairs, e.g.
+    # `reports-job=batch:4,web=interactive:48,*=batch:8` (`*`: every caller no other pair names, a
+    # caller without a certificate too). A caller asking above its class is served at its class.
+    # Empty: the class is the caller's word (docs/api.md).
+    caller_limits: str = ""
+
+    @model_validator(mode="after")
+    def _caller_limits_parse(self) -> Self:
+        parse_caller_limits(self.caller_limits)
+        return self
+
+
+def parse_caller_limits(text: str) -> dict[str, tuple[str, int]]:
+    """`name=class:cap,...` -> {name: (class, cap)}; ValueError naming the bad pair."""
+    limits: dict[str, tuple[str, int]] = {}
+    for pair in filter(None, (p.strip() for p in text.split(","))):
+        name, _, rule = pair.partition("=")
+        level, _, cap = rule.partition(":")
+        if not name.strip() or level.strip() not in ("interactive", "batch") or not cap.strip().isdigit():
+            raise ValueError(f"RAGSERVE_CALLER_LIMITS: {pair!r} is not name=interactive|batch:cap")
+        if int(cap) < 1:
+            raise ValueError(f"RAGSERVE_CALLER_LIMITS: {pair!r}: the cap must be at least 1")
+        limits[name.strip()] = (level.strip(), int(cap))
+    return limits
 
 
 class ObservabilitySettings(BaseSettings):

@@ -6,11 +6,12 @@ so under overload batch is refused first and a person is never refused because a
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ragserve import metrics
-from ragserve.config import LimitsSettings, default_of
+from ragserve.config import LimitsSettings, default_of, parse_caller_limits
 from ragserve.errors import Overloaded
 from ragserve.types import RequestClass
 
@@ -65,3 +66,44 @@ class InFlightLimiter:
     def _shed(self, request_class: RequestClass, message: str) -> None:
         metrics.SHED.labels(request_class.value).inc()
         raise Overloaded(message, self.retry_after_ms)
+
+
+class CallerLimits:
+    """RAGSERVE_CALLER_LIMITS: the highest class each named caller may use and its calls in flight.
+    A caller is named by its mTLS client certificate; `*` stands for every caller no pair names."""
+
+    def __init__(self, limits: dict[str, tuple[str, int]], retry_after_ms: int) -> None:
+        self._limits = {name: (RequestClass(level), cap) for name, (level, cap) in limits.items()}
+        self._retry_after_ms = retry_after_ms
+        self._in_flight: Counter[str] = Counter()
+
+    @classmethod
+    def from_settings(cls, limits: LimitsSettings) -> CallerLimits:
+        return cls(parse_caller_limits(limits.caller_limits), limits.overload_retry_after_ms)
+
+    def _rule_of(self, names: set[str]) -> str | None:
+        named = sorted(name for name in names if name in self._limits)
+        if named:
+            return named[0]
+        return "*" if "*" in self._limits else None
+
+    @contextmanager
+    def admit(self, names: set[str], asked: RequestClass) -> Iterator[RequestClass]:
+        """The class the call runs at (at most the caller's own); Overloaded past its cap."""
+        rule = self._rule_of(names)
+        if rule is None:
+            yield asked
+            return
+        ceiling, cap = self._limits[rule]
+        granted = RequestClass.BATCH if RequestClass.BATCH in (ceiling, asked) else RequestClass.INTERACTIVE
+        if self._in_flight[rule] >= cap:
+            metrics.SHED.labels(granted.value).inc()
+            raise Overloaded(
+                f"caller {rule!r} has {self._in_flight[rule]} calls in flight (its limit: RAGSERVE_CALLER_LIMITS)",
+                self._retry_after_ms,
+            )
+        self._in_flight[rule] += 1
+        try:
+            yield granted
+        finally:
+            self._in_flight[rule] -= 1

@@ -17,8 +17,9 @@ from ragserve.budget import Deadline
 from ragserve.config import Settings
 from ragserve.errors import DeadlineExpired, RagError, Unavailable
 from ragserve.request.pipeline import RagPipeline
+from ragserve.server.auth import client_ids
 from ragserve.server.convert import info_response_pb, query_event_pb, retrieve_response_pb
-from ragserve.server.limiter import InFlightLimiter
+from ragserve.server.limiter import CallerLimits, InFlightLimiter
 from ragserve.server.observability import observe_final, observe_request, observe_retrieval
 from ragserve.server.status import to_status
 from ragserve.server.validation import validate_generate, validate_request_class, validate_retrieve
@@ -90,7 +91,7 @@ class _Call:
 
     @contextlib.asynccontextmanager
     async def admitted(
-        self, limiter: InFlightLimiter, max_s: float, request_class: int = 0
+        self, limiter: InFlightLimiter, callers: CallerLimits, max_s: float, request_class: int = 0
     ) -> AsyncIterator[RequestClass]:
         """The call's span, its slot under the in-flight bound, its time cap, and one status for
         whatever it raises.
@@ -103,9 +104,10 @@ class _Call:
         """
         cancelled = True
         try:
-            cls = validate_request_class(request_class)  # admission depends on it: checked first
+            asked = validate_request_class(request_class)  # admission depends on it: checked first
             with (
                 tracing.request_span(f"{SERVICE_NAME}/{self.method}", self.context.invocation_metadata()),
+                callers.admit(client_ids(self.context), asked) as cls,  # at most the caller's own class
                 limiter.admit(cls),
             ):
                 metrics.IN_FLIGHT.inc()
@@ -172,11 +174,15 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
         self.pipeline = pipeline
         self._settings = settings
         self._limiter = limiter
+        self._callers = CallerLimits.from_settings(settings.limits)
 
     def _ready(self) -> RagPipeline:
         if self.pipeline is None:
             raise Unavailable("server is still loading the index and models")
         return self.pipeline
+
+    def _admitted(self, call: _Call, request_class: int) -> contextlib.AbstractAsyncContextManager[RequestClass]:
+        return call.admitted(self._limiter, self._callers, self._settings.limits.max_call_s, request_class)
 
     @staticmethod
     def _deadline(budget_ms: int, call: _Call) -> Deadline:
@@ -184,7 +190,7 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
 
     async def Retrieve(self, request: pb.RetrieveRequest, context: grpc.aio.ServicerContext) -> pb.RetrieveResponse:
         call = _Call("Retrieve", context)
-        async with call.admitted(self._limiter, self._settings.limits.max_call_s, request.request_class) as cls:
+        async with self._admitted(call, request.request_class) as cls:
             params = validate_retrieve(
                 self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents, cls
             )
@@ -196,7 +202,7 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
         # Written with context.write, not yielded: a write stuck behind a client that stopped reading
         # then runs inside the call's time cap (a yielded message is sent by grpc, outside it).
         call = _Call("Query", context)
-        async with call.admitted(self._limiter, self._settings.limits.max_call_s, request.request_class) as cls:
+        async with self._admitted(call, request.request_class) as cls:
             params = validate_retrieve(
                 self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents, cls
             )

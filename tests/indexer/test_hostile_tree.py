@@ -139,6 +139,24 @@ def test_a_parse_that_needs_too_much_memory_is_stopped_and_the_next_file_still_p
     assert isinstance(tagged, Document) and tagged.text.startswith("a")
 
 
+def unsendable_reader(data: bytes, limits: object) -> tuple[object, str]:
+    """A reader whose result cannot be pickled back from the parse worker (module level: the
+    spawned worker imports it by name)."""
+    return (lambda: "title"), "text"
+
+
+def test_a_result_that_cannot_be_sent_back_skips_the_file_and_replaces_the_worker(tmp_path: Path) -> None:
+    from indexer.loaders import FileRejected, LoadLimits, _IsolatedParser
+
+    parser = _IsolatedParser()
+    try:
+        with pytest.raises(FileRejected, match="could not be sent back"):
+            parser.parse(unsendable_reader, b"<p>x</p>", LoadLimits())  # type: ignore[arg-type]
+        assert parser._pool is None  # the worker that failed is gone; the next file gets a new one
+    finally:
+        parser.close()
+
+
 @pytest.mark.slow  # runs the indexer CLI in a child process (loads MiniLM)
 def test_non_utf8_file_name_is_indexed_and_served(tmp_path: Path) -> None:
     docs = tmp_path / "docs"

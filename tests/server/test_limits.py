@@ -25,9 +25,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from pydantic import ValidationError
 
-from ragserve.config import LimitsSettings, Settings, TransportSettings
+from ragserve.config import LimitsSettings, Settings, TransportSettings, parse_caller_limits
+from ragserve.errors import Overloaded
 from ragserve.index.hnsw import HnswIndex
 from ragserve.request.pipeline import RagPipeline
+from ragserve.server.limiter import CallerLimits
+from ragserve.types import RequestClass
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 from tests.cache.inproc_server import serve_pipeline
@@ -291,3 +294,44 @@ def test_a_gzip_bomb_is_refused_without_inflating(tmp_path: Path) -> None:
     finally:
         server.kill()
         server.wait()
+
+
+def test_caller_limits_cap_a_callers_class_and_calls() -> None:
+    """RAGSERVE_CALLER_LIMITS: a named caller runs at most at its class and within its cap; `*` is
+    everyone else; without the setting the class is the caller's word."""
+    limits = CallerLimits(parse_caller_limits("reports=batch:1,web=interactive:2,*=batch:1"), 100)
+    with limits.admit({"reports", "other-san"}, RequestClass.INTERACTIVE) as granted:
+        assert granted is RequestClass.BATCH  # asked above its class: served at its class
+        with pytest.raises(Overloaded, match="reports"), limits.admit({"reports"}, RequestClass.BATCH):
+            pass
+    with limits.admit({"web"}, RequestClass.INTERACTIVE) as granted, limits.admit({"web"}, RequestClass.BATCH) as b:
+        assert granted is RequestClass.INTERACTIVE and b is RequestClass.BATCH  # asking lower is fine
+    with limits.admit(set(), RequestClass.INTERACTIVE) as granted:  # no certificate: `*`
+        assert granted is RequestClass.BATCH
+    with CallerLimits({}, 100).admit(set(), RequestClass.INTERACTIVE) as granted:
+        assert granted is RequestClass.INTERACTIVE
+    for bad in ("web=urgent:2", "web=batch", "=batch:1", "web=batch:0"):
+        with pytest.raises(ValidationError, match="RAGSERVE_CALLER_LIMITS"):
+            LimitsSettings(caller_limits=bad)
+
+
+def test_a_caller_past_its_cap_is_refused_over_grpc(embedder, sample_index) -> None:
+    async def run() -> grpc.StatusCode:
+        generator = FakeEndlessGenerator(delay_s=0.05)
+        limits = LimitsSettings(caller_limits="*=batch:1")
+        async with (
+            served(embedder, sample_index, generator, limits=limits) as target,
+            grpc.aio.insecure_channel(target) as channel,
+        ):
+            stub = pb_grpc.RagServiceStub(channel)
+            first = stub.Query(pb.QueryRequest(query=Q, max_tokens=8), timeout=30)
+            await first.read()  # the retrieval event: the first call is in
+            try:
+                await stub.Retrieve(pb.RetrieveRequest(query=Q), timeout=10)
+            except grpc.aio.AioRpcError as exc:
+                return exc.code()
+            finally:
+                first.cancel()
+            return grpc.StatusCode.OK
+
+    assert asyncio.run(run()) == grpc.StatusCode.RESOURCE_EXHAUSTED
