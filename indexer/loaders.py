@@ -205,6 +205,10 @@ def _parse_capped(reader: Reader, data: bytes, limits: LoadLimits) -> tuple[str,
     return None
 
 
+# Not in typeshed's stub of multiprocessing.pool; the class is there since Python 3.3.
+_MaybeEncodingError: type[Exception] = getattr(multiprocessing.pool, "MaybeEncodingError", Exception)
+
+
 class _IsolatedParser:
     """Runs HTML/PDF parsing in one worker process, killed and replaced when a file overruns its time
     or its memory.
@@ -233,7 +237,7 @@ class _IsolatedParser:
         except multiprocessing.TimeoutError:
             self.close()
             raise FileRejected(f"parsing took longer than the limit of {limits.parse_timeout_s:g} s") from None
-        except multiprocessing.pool.MaybeEncodingError:
+        except _MaybeEncodingError:
             # Pickling the result failed in the worker (out of memory under its cap, or a value that
             # cannot be pickled): the worker may be left in any state, so a new one takes over.
             self.close()
