@@ -2,6 +2,7 @@
 
     python benchmarks/bench_remote.py --out bench-results/remote
     python benchmarks/bench_remote.py --out /tmp/remote-smoke --paragraphs 3
+    python benchmarks/bench_remote.py --out bench-results/remote-pair --single   # local and remote-1 only
 
 Indexes `<data>/corpus.jsonl` (SQuAD v2 dev; not shipped) and asks the recurring workload of
 benchmarks/bench_reuse.py (every question of `--paragraphs` paragraphs, shuffled) through `Query`,
@@ -93,6 +94,35 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def routed_pair(model: Path, dtype: str, run: Any, remote: Any, out: Path, count: int) -> None:
+    """Two servers (one CPU each): routed by the sidecar two ways, behind the router two ways, and
+    one killed a third of the way through."""
+    pair = [spawn_vllm_server(model, out / f"vllm-{i}.log", str(i), dtype) for i in range(2)]
+    urls = [s.url for s in pair]
+    routers: list[HttpProcess] = []
+    try:
+        for s in pair:
+            wait_http_ok(s)
+        for routing in ("document", "round_robin"):
+            run(f"2x {routing}", remote(urls, RAGSERVE_GENERATOR_REMOTE_ROUTING=routing))
+            for s in pair:
+                reset_prefix_cache(s)
+        for policy in ("cache_aware", "consistent_hash"):
+            router = spawn_router(urls, policy, out / f"router-{policy}.log")
+            routers.append(router)
+            wait_http_ok(router)
+            run(f"router {policy}", remote([router.url]))
+            router.stop()
+            for s in pair:
+                reset_prefix_cache(s)
+        run("2x document, one killed", remote(urls), victim=(count // 3, pair[0]))
+    finally:
+        for router in routers:
+            router.stop()
+        for s in pair:
+            s.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "squad2-dev")
@@ -101,6 +131,7 @@ def main() -> None:
     parser.add_argument("--paragraphs", type=int, default=12)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--single", action="store_true", help="only the local engine and one server (before/after)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     args.index = ensure_index(args.index, args.out, args.data / "corpus.jsonl")
@@ -133,30 +164,8 @@ def main() -> None:
     finally:
         server.stop()
 
-    pair = [spawn_vllm_server(model, args.out / f"vllm-{i}.log", str(i), dtype) for i in range(2)]
-    urls = [s.url for s in pair]
-    routers: list[HttpProcess] = []
-    try:
-        for s in pair:
-            wait_http_ok(s)
-        for routing in ("document", "round_robin"):
-            run(f"2x {routing}", remote(urls, RAGSERVE_GENERATOR_REMOTE_ROUTING=routing))
-            for s in pair:
-                reset_prefix_cache(s)
-        for policy in ("cache_aware", "consistent_hash"):
-            router = spawn_router(urls, policy, args.out / f"router-{policy}.log")
-            routers.append(router)
-            wait_http_ok(router)
-            run(f"router {policy}", remote([router.url]))
-            router.stop()
-            for s in pair:
-                reset_prefix_cache(s)
-        run("2x document, one killed", remote(urls), victim=(len(questions) // 3, pair[0]))
-    finally:
-        for router in routers:
-            router.stop()
-        for s in pair:
-            s.stop()
+    if not args.single:
+        routed_pair(model, dtype, run, remote, args.out, len(questions))
 
     lines = [
         "# Generation on vLLM servers (SQuAD v2 dev, recurring documents, through Query)",

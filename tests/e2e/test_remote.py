@@ -18,7 +18,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ragserve.client import RagClient
-from ragserve.config import default_generator_path
+from ragserve.config import GeneratorSettings, default_generator_path
+from ragserve.generate.remote import RemoteVllmGenerator
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc
 from tests.e2e.servers import (
@@ -33,6 +34,7 @@ from tests.e2e.servers import (
     wait_serving,
 )
 from tests.e2e.test_grpc_stream import _template_tokens
+from tests.generate import contract
 
 # float32 on both sides: bf16 greedy decoding is not token-exact between engine layouts (limitations.md).
 DTYPE = "float32"
@@ -247,6 +249,25 @@ def test_the_most_retrieved_passage_is_prefilled_on_the_server_its_questions_go_
     assert retrieval.passages[0].chunk_id == chunk_id
     # The first question about it finds the template and the whole passage on its server.
     assert final.usage.prefix_cache_hit_tokens >= _template_tokens() + 64, final.usage
+
+
+def test_the_remote_generator_meets_the_generator_contract_on_a_real_vllm_server(stack: RemoteStack) -> None:
+    server = stack.servers[0]
+
+    async def run() -> None:
+        settings = GeneratorSettings(backend="remote", remote_urls=server.url)
+        generator = RemoteVllmGenerator(settings, 4, 5.0)
+        await generator.start()
+        try:
+
+            async def held() -> int:
+                return int(await asyncio.to_thread(running_requests, server))
+
+            await contract.run_all(generator, held)
+        finally:
+            await generator.close()
+
+    asyncio.run(run())
 
 
 def test_servers_dying_mid_run(stack: RemoteStack) -> None:

@@ -1,0 +1,27 @@
+"""The generator contract (tests/generate/contract.py) on vLLM's engine in this process, as the
+sidecar runs it by default. The remote generator meets it over a real vLLM server in
+tests/e2e/test_remote.py and over fakes in tests/generate/test_contract.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ragserve.config import GeneratorSettings
+from ragserve.generate.vllm_engine import VllmGenerator
+from tests.generate import contract
+
+
+def test_the_local_engine_meets_the_generator_contract() -> None:
+    async def run() -> None:
+        generator = VllmGenerator(GeneratorSettings())
+        await generator.start()
+        try:
+
+            async def held() -> int:
+                return generator.unfinished_requests()
+
+            await contract.run_all(generator, held)
+        finally:
+            await contract.unhealthy_once_stopped(generator, generator.close)
+
+    asyncio.run(run())
