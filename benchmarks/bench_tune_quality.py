@@ -96,7 +96,7 @@ def _query_embedder(index: HnswIndex) -> Embedder:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from ragserve.embed.tuned import fitted_weight
+    from ragserve.index.shipped import fitted_weight
 
     _, dev, qrels = dev_split(args.data)
     index = HnswIndex.load(args.index)
@@ -135,7 +135,7 @@ def _reranked_rows(
     """With the version's tuned cross-encoder: DEV nDCG@10 at fixed depths 5/10/20, blended with
     the fused score at its fitted weight (and the cross-encoder alone), as the server orders them."""
     from indexer.tune.reranker import FIT_DEPTHS, score_blends
-    from ragserve.rerank.tuned import load_tuned_reranker
+    from ragserve.version_models import load_tuned_reranker
 
     assert isinstance(index, HnswIndex)
     tuned = load_tuned_reranker(index.folder, index.manifest, threads=0)

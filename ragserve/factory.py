@@ -28,8 +28,8 @@ from ragserve.rerank.per_version import SameReranker, VersionRerankers
 
 if TYPE_CHECKING:
     from ragserve.embed.onnx_backend import OnnxEmbedder
+    from ragserve.rerank.base import TunedCrossEncoder
     from ragserve.rerank.tiered import TieredReranker
-    from ragserve.rerank.tuned import TunedCrossEncoder
 
 log = logging.getLogger(__name__)
 
@@ -239,8 +239,8 @@ class VersionBuilder:
         )
 
     def __call__(self, index: SearchIndex) -> ServingVersion:
-        from ragserve.embed.tuned import fitted_weight, load_tuned_embedder
-        from ragserve.rerank.tuned import load_tuned_reranker
+        from ragserve.index.shipped import fitted_weight
+        from ragserve.version_models import load_tuned_embedder, load_tuned_reranker
 
         embedder: Embedder = self._configured
         tuned_reranker = None

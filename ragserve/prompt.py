@@ -7,11 +7,13 @@ inside a passage that could close or open that element is neutralized.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import unicodedata
 from dataclasses import dataclass
+from functools import lru_cache
 
-from ragserve.types import Passage
+from ragserve.types import Chunk, Passage
 
 # Short on purpose: a small generator repeated a longer rule list back instead of answering, and
 # answered SQuAD questions less often with it (BENCHMARKS.md, "Time to first token").
@@ -123,3 +125,13 @@ def build_prompt(question: str, passages: list[Passage], layout: str = "stable")
     if layout == "naive":
         return Prompt(system=f"Question: {_neutralize(question.strip())}\n\n{SYSTEM_PREFIX}", user="\n".join(parts))
     return Prompt(SYSTEM_PREFIX, "\n".join(parts), passages[0].chunk.chunk_id if passages else "")
+
+
+@lru_cache(maxsize=8)
+def prompt_template_id(prompt_id: str) -> str:
+    """A hash of a probe prompt rendered by the real template and of the prompt policy's id
+    ("reusable:384", "stable"): it changes with SYSTEM_PREFIX, the layout, the passage markup and
+    how passages are cut alike, so an edited template never serves answers of the old one."""
+    layout = prompt_id.partition(":")[0]
+    probe = build_prompt("?", [Passage(Chunk("c", "d", "t", "n"), 1.0, 1)], layout)
+    return hashlib.blake2b(f"{prompt_id}\x00{probe.system}\x00{probe.user}".encode(), digest_size=8).hexdigest()

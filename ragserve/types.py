@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
+from typing import Any
 
 
 def model_name(model: str) -> str:
@@ -246,9 +248,34 @@ class HostShareState:
 
 
 @dataclass(frozen=True, slots=True)
+class GeneratorStatus:
+    """What a generator says about where it runs (Info, health and the pace baseline read it)."""
+
+    # The engine runs on this host's CPUs (its pace is this host's; False for vLLM servers).
+    on_this_host: bool
+    # Each generation server of a remote pool (empty for the engine in process).
+    servers: tuple[ReplicaState, ...] = ()
+    # The local engine's share of its CPUs (None: not watched, or not on this host).
+    host_share: HostShareState | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class EngineChoice:
     """One engine setting as resolved at start-up, and why (an explicit setting, or the host)."""
 
     name: str
     value: str
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ShippedModel:
+    """A model an index version ships, its files checked (index/shipped.py): plain paths and values
+    for embed/ and rerank/, which never read a version folder themselves."""
+
+    version_folder: Path  # for messages: which version it came from
+    onnx: Path  # the ONNX int8 model file
+    files: Path  # its folder (config.json, tokenizer files)
+    base: str  # the model it was tuned from
+    sha256: str  # the ONNX file's digest, as the manifest lists it
+    spec: dict[str, Any]  # the manifest's entry, each key of its checked type

@@ -25,7 +25,7 @@ from ragserve.index.base import SearchIndex
 from ragserve.prompt import Prompt
 from ragserve.rerank.base import EncodedPair
 from ragserve.rerank.cost import CostModel
-from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, RequestClass, Usage
+from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, GeneratorStatus, RequestClass, Usage
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 
@@ -48,6 +48,9 @@ class FakeGeneratorBase:
 
     def stream(self, prompt: Prompt, params: GenerateParams, trace_id: str) -> AsyncIterator[GenerationChunk]:
         raise NotImplementedError
+
+    def status(self) -> GeneratorStatus:
+        return GeneratorStatus(on_this_host=True)
 
     async def prefill(self, prompt: Prompt) -> None:
         params = GenerateParams(max_tokens=1, temperature=0.0, request_class=RequestClass.BATCH)

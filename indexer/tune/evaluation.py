@@ -17,7 +17,7 @@ import orjson
 
 from ragserve.config import RetrievalSettings, default_of
 from ragserve.embed.base import Embedder
-from ragserve.index.base import LexicalSearch, ScoredChunk, SearchIndex
+from ragserve.index.base import ScoredChunk, SearchIndex
 from ragserve.index.fusion import RetrievalOptions, dedupe_documents, plan_breadth, weighted
 
 Qrels = dict[str, dict[str, int]]
@@ -144,13 +144,13 @@ def search_candidates(
     candidates, ef = breadth.candidates, breadth.ef
     dense: dict[str, list[ScoredChunk]] = {}
     lexical: dict[str, list[ScoredChunk]] = {}
-    has_lexical = isinstance(index, LexicalSearch) and index.lexical_available
+    has_lexical = index.lexical_available
     for qid, text in queries.items():
         # One query at a time, as the server embeds them: int8 dynamic quantization scales the
         # activations over the whole batch, so a batched query vector differs slightly.
         vector = np.asarray(embedder.embed_query(text).vector, dtype=np.float32)
         dense[qid] = index.search(vector, candidates, ef)
-        lexical[qid] = index.search_lexical(text, candidates) if has_lexical else []  # type: ignore[attr-defined]
+        lexical[qid] = index.search_lexical(text, candidates) if has_lexical else []
     return CandidateLists(dense, lexical)
 
 

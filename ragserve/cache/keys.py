@@ -18,13 +18,9 @@ from __future__ import annotations
 import hashlib
 import unicodedata
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import ClassVar
 
 import orjson
-
-from ragserve.prompt import build_prompt
-from ragserve.types import Chunk, Passage
 
 KEY_SCHEMA = 1  # bump when the key layout or the entry encoding changes
 
@@ -83,16 +79,6 @@ def retrieval_key(
     key, the semantic guard and every answer key built on this one)."""
     scope = _scope(top_k, index_version, index_identity, list(model_ids), list(settings))
     return RetrievalKey(normalize_query(query), scope, index_version, top_k)
-
-
-@lru_cache(maxsize=8)
-def prompt_template_id(prompt_id: str) -> str:
-    """A hash of a probe prompt rendered by the real template and of the prompt policy's id
-    ("reusable:384", "stable"): it changes with SYSTEM_PREFIX, the layout, the passage markup and
-    how passages are cut alike, so an edited template never serves answers of the old one."""
-    layout = prompt_id.partition(":")[0]
-    probe = build_prompt("?", [Passage(Chunk("c", "d", "t", "n"), 1.0, 1)], layout)
-    return hashlib.blake2b(f"{prompt_id}\x00{probe.system}\x00{probe.user}".encode(), digest_size=8).hexdigest()
 
 
 def answer_key(

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
 from ragserve.prompt import Prompt
-from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, HostShareState, ReplicaState
+from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, GeneratorStatus
 
 
 @runtime_checkable
@@ -59,22 +59,8 @@ class Generator(Protocol):
         """Tokens the engine's KV cache holds in all (0 when not known)."""
         ...
 
+    def status(self) -> GeneratorStatus:
+        """Where it runs: on this host's CPUs (with its share of them) or on servers (each one's state)."""
+        ...
+
     async def close(self) -> None: ...
-
-
-@runtime_checkable
-class ServerPool(Protocol):
-    """A generator that spreads requests over several generation servers."""
-
-    def replica_states(self) -> list[ReplicaState]:
-        """Each server: its base URL, whether it is up, and the requests open on it."""
-        ...
-
-
-@runtime_checkable
-class HostSharing(Protocol):
-    """A generator that runs on this host's CPUs and adapts to what else runs on them."""
-
-    def host_share(self) -> HostShareState | None:
-        """What other processes take of its CPUs and the threads it runs with (None: not watched)."""
-        ...

@@ -50,6 +50,7 @@ from ragserve.types import (
     EngineChoice,
     GenerateParams,
     GenerationChunk,
+    GeneratorStatus,
     ReplicaState,
     RequestClass,
     model_name,
@@ -118,6 +119,9 @@ class RemoteVllmGenerator:
 
     def replica_states(self) -> list[ReplicaState]:
         return [server.state() for server in self.servers]
+
+    def status(self) -> GeneratorStatus:
+        return GeneratorStatus(on_this_host=False, servers=tuple(self.replica_states()))
 
     # -- start and health --------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from ragserve.types import (
     EngineChoice,
     GenerateParams,
     GenerationChunk,
-    HostShareState,
+    GeneratorStatus,
     RequestClass,
     Usage,
     model_name,
@@ -96,8 +96,9 @@ class VllmGenerator:
     def host_cpu(self) -> str:
         return self._host.describe()
 
-    def host_share(self) -> HostShareState | None:
-        return self._contention.state() if self._contention is not None else None
+    def status(self) -> GeneratorStatus:
+        share = self._contention.state() if self._contention is not None else None
+        return GeneratorStatus(on_this_host=True, host_share=share)
 
     def _set_threads_before_step(self) -> None:
         """On the engine thread: the thread count the contention watch wants, before every step.

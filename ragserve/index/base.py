@@ -44,25 +44,17 @@ class SearchIndex(Protocol):
         """The k nearest chunks by cosine similarity; `ef` trades recall for time."""
         ...
 
-
-@runtime_checkable
-class LexicalSearch(Protocol):
-    """An index that also keeps a lexical (BM25) index over the same chunks."""
-
     @property
     def lexical_available(self) -> bool:
-        """False for an index built before BM25 was added: hybrid then falls back to dense."""
+        """Whether it keeps a lexical (BM25) index over the same chunks (False for a version built
+        before BM25 was added: hybrid then falls back to dense)."""
         ...
 
     def search_lexical(self, query: str, k: int) -> list[ScoredChunk]:
         """The k best chunks by BM25 score (only chunks sharing a term with the query)."""
         ...
 
-
-@runtime_checkable
-class ChunkLookup(Protocol):
-    """An index that can hand back chunks by id (to pre-fill the engine's KV with known passages)."""
-
     def chunks_by_id(self, chunk_ids: Sequence[str]) -> list[Chunk]:
-        """The chunks with these ids that this version holds, in the order asked; others skipped."""
+        """The chunks with these ids that this version holds, in the order asked; others skipped
+        (to pre-fill the engine's KV with known passages)."""
         ...

@@ -13,7 +13,7 @@ from typing import Literal
 import numpy as np
 
 from ragserve.config import RetrievalSettings, default_of
-from ragserve.index.base import LexicalSearch, ScoredChunk, SearchIndex
+from ragserve.index.base import ScoredChunk, SearchIndex
 
 Mode = Literal["dense", "bm25", "hybrid"]
 Fusion = Literal["rrf", "weighted"]
@@ -113,7 +113,7 @@ class SearchBreadth:
 
 def effective_mode(index: SearchIndex, options: RetrievalOptions) -> Mode:
     """The mode that can run: an index built before BM25 existed answers dense-only."""
-    lexical = isinstance(index, LexicalSearch) and index.lexical_available
+    lexical = index.lexical_available
     return options.mode if lexical else "dense"
 
 
@@ -145,10 +145,10 @@ def hybrid_search(
     if mode == "dense":
         hits = index.search(query_vector, breadth.depth, breadth.ef)
     elif mode == "bm25":
-        hits = index.search_lexical(query, breadth.depth)  # type: ignore[attr-defined]
+        hits = index.search_lexical(query, breadth.depth)
     else:
         dense = index.search(query_vector, breadth.candidates, breadth.ef)
-        bm25 = index.search_lexical(query, breadth.candidates)  # type: ignore[attr-defined]
+        bm25 = index.search_lexical(query, breadth.candidates)
         if options.fusion == "rrf":
             hits = rrf([dense, bm25], options.rrf_k)
         else:

@@ -17,8 +17,9 @@ from typing import TypeVar
 import numpy as np
 
 from ragserve.cache.base import AnswerCache, CachedAnswer, CachedRetrieval, CacheHit, RetrievalCache
-from ragserve.cache.keys import AnswerKey, RetrievalKey, answer_key, prompt_template_id, retrieval_key
+from ragserve.cache.keys import AnswerKey, RetrievalKey, answer_key, retrieval_key
 from ragserve.generate.base import Generator
+from ragserve.prompt import prompt_template_id
 from ragserve.request.answer import AnswerRun
 from ragserve.request.context import FittedContext
 from ragserve.request.search import SearchStage

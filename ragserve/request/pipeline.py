@@ -24,8 +24,8 @@ from ragserve.cache.keys import RetrievalKey
 from ragserve.config import LimitsSettings, QdrantSettings, RetrievalSettings, default_of
 from ragserve.embed.base import Embedder
 from ragserve.errors import ConfigError, DeadlineExpired
-from ragserve.generate.base import Generator, ServerPool
-from ragserve.index.base import ChunkLookup, SearchIndex
+from ragserve.generate.base import Generator
+from ragserve.index.base import SearchIndex
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.prompt import Prompt, build_prompt
 from ragserve.request.answer import AnswerRun, AnswerStream
@@ -136,7 +136,7 @@ class RagPipeline:
         await self._off_loop(lambda: serving.embedder.embed_queries(["warm-up"]))
         if self.generator is not None:
             await self.generator.start()
-            if not isinstance(self.generator, ServerPool):  # a remote server's pace is not this host's
+            if self.generator.status().on_this_host:  # a remote server's pace is not this host's
                 await self.pace.measure_baseline(self.generator)
             self.hot.load()
             await self.warm_hot_passages()
@@ -154,8 +154,6 @@ class RagPipeline:
         if generator is None or policy.warm_passages <= 0 or policy.prompt_layout != "reusable":
             return 0
         index = serving.index
-        if not isinstance(index, ChunkLookup):
-            return 0
         ids = self.hot.top(policy.warm_passages)
         chunks = await self._off_loop(lambda: index.chunks_by_id(ids)) if ids else []
         room = int(policy.warm_kv_share * await generator.kv_cache_tokens())

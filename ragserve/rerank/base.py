@@ -5,15 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from ragserve.budget import Deadline
 from ragserve.types import Passage
-
-if TYPE_CHECKING:
-    from ragserve.rerank.tuned import TunedCrossEncoder
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +84,17 @@ class Reranker(Protocol):
     def rerank(self, query: str, passages: Sequence[Passage], deadline: Deadline) -> RerankOutcome:
         """Never raises for lack of time: it scores what fits and says what it cut."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class TunedCrossEncoder:
+    """A version's tuned cross-encoder and what its tuning found."""
+
+    encoder: CrossEncoder  # its ONNX cross-encoder
+    ce_weight: float
+    beats_fused: bool
+    model_id: str
+    max_seq_len: int
 
 
 class RerankerSource(Protocol):

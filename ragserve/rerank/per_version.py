@@ -11,8 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ragserve.rerank.base import Reranker
-from ragserve.rerank.tuned import TunedCrossEncoder
+from ragserve.rerank.base import Reranker, TunedCrossEncoder
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from ragserve import tracing
 from ragserve.config import Settings
 from ragserve.errors import ConfigError, Overloaded, RagError
 from ragserve.factory import make_index_watch, make_pipeline
-from ragserve.generate.base import Generator, ServerPool
+from ragserve.generate.base import Generator
 from ragserve.index.reload import IndexReloader
 from ragserve.request.pipeline import RagPipeline
 from ragserve.server.auth import BearerTokenInterceptor, ClientIdentityInterceptor, check_exposure
@@ -342,7 +342,7 @@ async def serve(settings: Settings) -> None:
 
 def _servers_up(generator: Generator) -> set[str]:
     """The URLs of a server pool's generation servers that are up (none for the engine in process)."""
-    return {s.url for s in generator.replica_states() if s.up} if isinstance(generator, ServerPool) else set()
+    return {s.url for s in generator.status().servers if s.up}
 
 
 async def _logged(work: Awaitable[object]) -> None:

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypeVar
 
-from ragserve.generate.base import HostSharing, ServerPool
 from ragserve.types import (
     Degraded,
     EngineChoice,
     FinalSummary,
+    GeneratorStatus,
     Highlight,
     HostShareState,
     Passage,
-    ReplicaState,
     RequestClass,
     RetrievalResult,
     StageTimings,
@@ -136,8 +135,8 @@ def engine_setting_pb(choice: EngineChoice) -> pb.EngineSetting:
 def info_response_pb(pipeline: RagPipeline, retrieval_budget_ms: int, requests_in_flight: int) -> pb.InfoResponse:
     """What a loaded server runs; the budget and the in-flight count are the server's, not the pipeline's."""
     generator = pipeline.generator
-    servers: list[ReplicaState] = generator.replica_states() if isinstance(generator, ServerPool) else []
-    share = generator.host_share() if isinstance(generator, HostSharing) else None
+    status = generator.status() if generator is not None else GeneratorStatus(on_this_host=False)
+    servers, share = status.servers, status.host_share
     return pb.InfoResponse(
         index_version=pipeline.index.version,
         index_chunks=pipeline.index.count,

@@ -23,7 +23,7 @@ from ragserve.budget import Deadline
 from ragserve.cache.base import CachedAnswer, CachedRetrieval, CacheStore
 from ragserve.cache.circuit import BreakerState, CircuitBreaker
 from ragserve.cache.codec import encode_answer, encode_entry
-from ragserve.cache.keys import AnswerKey, answer_key, prompt_template_id, retrieval_key
+from ragserve.cache.keys import AnswerKey, answer_key, retrieval_key
 from ragserve.cache.layer import MAX_ANSWER_BYTES, StoreBackedAnswerCache
 from ragserve.cache.memory import MemoryStore
 from ragserve.cache.redis_cache import RedisStore
@@ -37,7 +37,7 @@ from ragserve.metrics import (
     ANSWER_CACHE_REJECTED,
     ANSWER_CACHE_REQUESTS,
 )
-from ragserve.prompt import Prompt
+from ragserve.prompt import Prompt, prompt_template_id
 from ragserve.request.caches import replay
 from ragserve.request.pipeline import RagPipeline
 from ragserve.request.policy import AnswerPolicy

@@ -15,7 +15,7 @@ import pytest
 from indexer.qdrant_publish import publish_folder_to_qdrant
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import IndexLoadError
-from ragserve.index.base import ChunkLookup, LexicalSearch, SearchIndex
+from ragserve.index.base import SearchIndex
 from ragserve.index.format import CHUNKS_FILE, VECTORS_FILE, read_verified_manifest, resolve_current
 from ragserve.index.fusion import RetrievalOptions, effective_mode, hybrid_search, plan_breadth
 from ragserve.index.hnsw import HnswIndex, read_chunks
@@ -73,7 +73,7 @@ def test_metadata(index: SearchIndex, embedder: SentenceTransformerEmbedder) -> 
     assert index.dim == embedder.dim
     assert index.count > 32
     assert index.version == "1"
-    assert isinstance(index, LexicalSearch) and index.lexical_available
+    assert index.lexical_available
 
 
 def test_dense_search(index: SearchIndex, embedder: SentenceTransformerEmbedder) -> None:
@@ -86,7 +86,6 @@ def test_dense_search(index: SearchIndex, embedder: SentenceTransformerEmbedder)
 
 
 def test_lexical_search(index: SearchIndex) -> None:
-    assert isinstance(index, LexicalSearch)
     hits = index.search_lexical("bloom filter false positive rate", 5)
     assert hits and hits[0].chunk.doc_id == "bloom-filters.txt"
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
@@ -97,7 +96,6 @@ def test_lexical_search(index: SearchIndex) -> None:
 def test_chunks_by_id(index: SearchIndex, embedder: SentenceTransformerEmbedder) -> None:
     if type(index).__name__ == "EdgeIndex":
         pytest.skip("the qdrant-edge test backend has no lookup (warming only needs the served backends)")
-    assert isinstance(index, ChunkLookup)
     hits = index.search(embedder.embed_queries(["Bloom filter"])[0], k=3, ef=64)
     wanted = [hits[2].chunk.chunk_id, "no-such-chunk#0", hits[0].chunk.chunk_id]
     assert index.chunks_by_id(wanted) == [hits[2].chunk, hits[0].chunk]  # in the order asked, unknown ids skipped

@@ -16,13 +16,14 @@ import pytest
 
 from indexer.tune.publish import build_tuned_version, export_tuned
 from ragserve.embed.base import Embedder
-from ragserve.embed.tuned import TUNED_DIR, TUNED_ONNX, fitted_weight, tuned_model_id
+from ragserve.embed.tuned import TUNED_DIR, TUNED_ONNX, tuned_model_id
 from ragserve.errors import IndexLoadError
 from ragserve.factory import VersionBuilder
 from ragserve.index.format import MANIFEST, latest_version, publish, resolve_current, sha256_file
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch, IndexReloader
+from ragserve.index.shipped import fitted_weight
 from ragserve.request.pipeline import RagPipeline
 from ragserve.request.serving import ServingVersion
 from ragserve.server.convert import info_response_pb

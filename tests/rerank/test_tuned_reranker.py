@@ -26,13 +26,15 @@ from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch, IndexReloader
 from ragserve.request.pipeline import RagPipeline
 from ragserve.request.serving import ServingVersion
+from ragserve.rerank.base import TunedCrossEncoder
 from ragserve.rerank.blend import blend, blended_order, normalized_fused
 from ragserve.rerank.cost import CostModel
 from ragserve.rerank.cross_encoder import RANDOM_HEAD_MARKER
 from ragserve.rerank.per_version import VersionRerankers
 from ragserve.rerank.tiered import Tier, TieredReranker
-from ragserve.rerank.tuned import TUNED_DIR, TUNED_ONNX, TunedCrossEncoder, load_tuned_reranker, tuned_reranker_id
+from ragserve.rerank.tuned import TUNED_DIR, TUNED_ONNX, tuned_reranker_id
 from ragserve.types import RetrievalResult, RetrieveParams
+from ragserve.version_models import load_tuned_reranker
 from tests.fakes import FakeCrossEncoder, FakeEmbedder
 from tests.index.tiny import DIM, publish_tiny, refresh_checksum, rewrite_manifest
 from tests.index.tuned_fake import TINY_TEXTS, save_fake_tuned_reranker, ships_tuned_reranker

@@ -19,6 +19,7 @@ from ragserve.types import (
     Degraded,
     EngineChoice,
     FinalSummary,
+    GeneratorStatus,
     Highlight,
     HostShareState,
     Passage,
@@ -129,6 +130,7 @@ def test_info_response_of_a_full_pipeline() -> None:
         unfinished_requests=lambda: 2,
         engine_choices=(EngineChoice("threads", "2", "host has 2 cores"),),
         host_cpu="x86_64 avx2",
+        status=lambda: GeneratorStatus(on_this_host=True),
     )
     reranker = SimpleNamespace(describe=lambda: ["tier1:20"])
     info = info_response_pb(_pipeline(generator, reranker), retrieval_budget_ms=150, requests_in_flight=5)
@@ -148,13 +150,17 @@ def test_info_response_of_a_full_pipeline() -> None:
 def test_info_reports_the_engines_share_of_the_host() -> None:
     state = HostShareState(usable_cpus=2, neighbour_cpus=1.3, engine_threads=1, adaptive=True)
     generator = SimpleNamespace(
-        model_id="gen", unfinished_requests=lambda: 0, engine_choices=(), host_cpu="cpu", host_share=lambda: state
+        model_id="gen",
+        unfinished_requests=lambda: 0,
+        engine_choices=(),
+        host_cpu="cpu",
+        status=lambda: GeneratorStatus(on_this_host=True, host_share=state),
     )
     info = info_response_pb(_pipeline(generator, None), retrieval_budget_ms=70, requests_in_flight=0)
     share = info.host_share
     assert (share.usable_cpus, share.engine_threads, share.adaptive) == (2, 1, True)
     assert share.neighbour_cpus == pytest.approx(1.3)
-    unwatched = SimpleNamespace(**{**vars(generator), "host_share": lambda: None})
+    unwatched = SimpleNamespace(**{**vars(generator), "status": lambda: GeneratorStatus(on_this_host=True)})
     info = info_response_pb(_pipeline(unwatched, None), retrieval_budget_ms=70, requests_in_flight=0)
     assert not info.HasField("host_share")
 

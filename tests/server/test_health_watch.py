@@ -9,7 +9,7 @@ from grpc_health.v1 import health_pb2
 
 from ragserve.config import ObservabilitySettings, Settings
 from ragserve.server.app import RagServer
-from ragserve.types import ReplicaState
+from ragserve.types import GeneratorStatus, ReplicaState
 from tests.fakes import FakeGeneratorBase, FakeHangingHealthGenerator
 
 
@@ -39,8 +39,8 @@ class FakePoolGenerator(FakeGeneratorBase):
     def __init__(self, up: dict[str, bool]) -> None:
         self.up = up
 
-    def replica_states(self) -> list[ReplicaState]:
-        return [ReplicaState(url, up, 0) for url, up in self.up.items()]
+    def status(self) -> GeneratorStatus:
+        return GeneratorStatus(False, tuple(ReplicaState(url, up, 0) for url, up in self.up.items()))
 
 
 def test_a_generation_server_that_comes_back_gets_the_hot_passages_again() -> None:
