@@ -29,6 +29,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.workloads import RedisProcess, serve_pipeline  # noqa: E402
 from indexer.build import build_index  # noqa: E402
 from ragserve.cache.circuit import CircuitBreaker  # noqa: E402
 from ragserve.cache.layer import StoreBackedCache  # noqa: E402
@@ -36,10 +37,8 @@ from ragserve.cache.memory import MemoryStore  # noqa: E402
 from ragserve.cache.redis_cache import RedisStore  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder  # noqa: E402
+from ragserve.factory import assemble_pipeline  # noqa: E402
 from ragserve.index.hnsw import HnswIndex  # noqa: E402
-from ragserve.request.pipeline import RagPipeline  # noqa: E402
-from tests.cache.inproc_server import serve_pipeline  # noqa: E402
-from tests.cache.redis_proc import RedisProcess  # noqa: E402
 
 SAMPLE_DOCS = REPO / "indexer" / "sample_docs"
 TOP_K = 5
@@ -123,7 +122,7 @@ async def main(args: argparse.Namespace) -> None:
         build_index(SAMPLE_DOCS, index_root, embedder, progress=False)
         index = HnswIndex.load(index_root)
         executor = ThreadPoolExecutor(2)
-        pipeline = RagPipeline(embedder, index, None, executor)
+        pipeline = assemble_pipeline(embedder, index, None, executor)
         redis_server = RedisProcess(Path(tmp))
         redis_server.start()
         try:

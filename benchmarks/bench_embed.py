@@ -23,9 +23,8 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_quality import evaluate, load_qrels, load_queries
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.workloads import evaluate, load_qrels, load_queries
 from indexer.build import build_index
 from indexer.chunking import ChunkingConfig, chunk_document, embedding_text
 from indexer.loaders import Document, iter_source

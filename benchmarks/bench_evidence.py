@@ -32,10 +32,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_ttft import contains_gold, load_questions  # noqa: E402
 from benchmarks.harness import ensure_index, percentile, write_results  # noqa: E402
+from benchmarks.workloads import contains_gold, load_questions  # noqa: E402
 from ragserve.budget import Deadline  # noqa: E402
-from ragserve.config import IndexSettings, Settings, default_of  # noqa: E402
+from ragserve.config import AnswerSettings, IndexSettings, Settings, default_of  # noqa: E402
 from ragserve.factory import make_pipeline  # noqa: E402
 from ragserve.generate.host import read_host_cpu  # noqa: E402
 from ragserve.request.sentences import content_terms, question_weights, sentence_spans  # noqa: E402
@@ -67,7 +67,7 @@ def dense_assisted_sentence(question: str, result: RetrievalResult, embedder: An
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    settings = Settings(index=IndexSettings(path=args.index), generation_enabled=False)
+    settings = Settings(index=IndexSettings(path=args.index), answer=AnswerSettings(generation_enabled=False))
     pipeline = make_pipeline(settings, with_generator=False)
     rows: list[dict[str, Any]] = []
     timing: dict[int, list[float]] = {}

@@ -23,8 +23,8 @@ from pathlib import Path
 import hnswlib
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_quality import load_qrels, load_queries
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.workloads import load_qrels, load_queries
 
 
 def exact_top(data: np.ndarray, queries: np.ndarray, k: int, block: int = 256) -> np.ndarray:

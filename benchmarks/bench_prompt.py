@@ -17,9 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import percentile
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import percentile
 from ragserve.config import GeneratorSettings, RequestSettings, default_of
 from ragserve.generate.host import read_host_cpu
 from ragserve.generate.vllm_engine import VllmGenerator

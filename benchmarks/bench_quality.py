@@ -17,37 +17,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
-import subprocess
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
-from indexer.tune.evaluation import load_qrels as read_qrels
-from indexer.tune.evaluation import load_queries as read_queries
-from indexer.tune.evaluation import ndcg_at, recall_at
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-# --- BEIR helpers (also imported by the other bench scripts) ------------------------------------
-
-
-def load_queries(data: Path) -> dict[str, str]:
-    return read_queries(data / "queries.jsonl")
-
-
-def load_qrels(data: Path) -> dict[str, dict[str, int]]:
-    path = data / "qrels.tsv"
-    return read_qrels(path if path.exists() else data / "qrels" / "test.tsv")
-
-
-def evaluate(runs: dict[str, list[str]], qrels: dict[str, dict[str, int]], ids: Iterable[str]) -> dict[str, float]:
-    ids = [q for q in ids if q in qrels]
-    return {
-        "ndcg@10": sum(ndcg_at(runs.get(q, []), qrels[q]) for q in ids) / len(ids),
-        "recall@100": sum(recall_at(runs.get(q, []), qrels[q]) for q in ids) / len(ids),
-        "queries": float(len(ids)),
-    }
+from benchmarks.workloads import Server, evaluate, load_qrels, load_queries
 
 
 def tuning_split(ids: list[str]) -> tuple[list[str], list[str]]:
@@ -59,71 +35,12 @@ def tuning_split(ids: list[str]) -> tuple[list[str], list[str]]:
 # --- the service --------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 MODES = {
     "dense": {"RAGSERVE_RETRIEVAL_MODE": "dense"},
     "bm25": {"RAGSERVE_RETRIEVAL_MODE": "bm25"},
     "rrf": {"RAGSERVE_RETRIEVAL_MODE": "hybrid", "RAGSERVE_FUSION": "rrf"},
     "weighted": {"RAGSERVE_RETRIEVAL_MODE": "hybrid", "RAGSERVE_FUSION": "weighted"},
 }
-
-
-class Server:
-    """`ragserve serve` in retrieval-only mode as a subprocess on a free loopback port."""
-
-    def __init__(self, index: Path, env: dict[str, str], log: Path) -> None:
-        self.port = _free_port()
-        full_env = {
-            **os.environ,
-            "RAGSERVE_INDEX_PATH": str(index),
-            "RAGSERVE_GENERATION_ENABLED": "false",
-            "RAGSERVE_CACHE_BACKEND": "off",  # measure retrieval, not the cache
-            "RAGSERVE_MAX_TOP_K": "100",
-            "RAGSERVE_RETRIEVAL_BUDGET_MS": "10000",  # quality run: no budget cuts
-            "RAGSERVE_INDEX_RELOAD_INTERVAL_S": "0",
-            "RAGSERVE_LOG_LEVEL": "WARNING",
-            **env,
-        }
-        self._log = log.open("w")
-        cmd = [sys.executable, "-c", "from ragserve.cli import main; main()", "serve", "--port", str(self.port)]
-        self.proc = subprocess.Popen(cmd, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    async def wait_ready(self, timeout_s: float = 300.0) -> None:
-        import grpc
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-        end = time.monotonic() + timeout_s
-        async with grpc.aio.insecure_channel(self.target) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while time.monotonic() < end:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"server exited with {self.proc.returncode}; see {self._log.name}")
-                try:
-                    reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.aio.AioRpcError:
-                    pass
-                await asyncio.sleep(0.5)
-        raise TimeoutError("server did not become SERVING")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
 
 
 async def retrieve_all(target: str, queries: dict[str, str], top_k: int, concurrency: int) -> dict[str, list[str]]:

@@ -33,8 +33,6 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_reuse import WARMUP, ask, recurring  # noqa: E402
-from benchmarks.bench_ttft import Question, load_questions  # noqa: E402
 from benchmarks.harness import (  # noqa: E402
     ensure_index,
     load_avg,
@@ -44,16 +42,21 @@ from benchmarks.harness import (  # noqa: E402
     stop_server,
     write_results,
 )
-from ragserve.client import RagClient  # noqa: E402
-from ragserve.config import GeneratorSettings, default_generator_path  # noqa: E402
-from ragserve.generate.host import read_host_cpu, resolve_engine  # noqa: E402
-from tests.e2e.servers import (  # noqa: E402
+from benchmarks.workloads import (  # noqa: E402
+    WARMUP,
     HttpProcess,
+    Question,
+    ask,
+    load_questions,
+    recurring,
     reset_prefix_cache,
     spawn_router,
     spawn_vllm_server,
     wait_http_ok,
 )
+from ragserve.client import RagClient  # noqa: E402
+from ragserve.config import GeneratorSettings, default_generator_path  # noqa: E402
+from ragserve.generate.host import read_host_cpu, resolve_engine  # noqa: E402
 
 
 async def drive(
@@ -64,7 +67,7 @@ async def drive(
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     async with RagClient(target, default_timeout_s=120) as client:
-        await ask(client, Question("warmup", WARMUP, [], False, ""), max_tokens)
+        await ask(client, WARMUP, max_tokens)
         for i, q in enumerate(questions):
             if victim is not None and i == victim[0]:
                 victim[1].kill()  # the whole server: API, engine core and workers

@@ -36,8 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.harness import load_avg, percentile, start_server, stop_server  # noqa: E402
+from benchmarks.workloads import build_all  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
-from tests.rerank.models import build_all  # noqa: E402
 
 BASE_ENV = {
     "RAGSERVE_RERANK_MODE": "two-tier",

@@ -28,29 +28,18 @@ import asyncio
 import json
 import random
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_ttft import Question, contains_gold, declines, load_questions  # noqa: E402
 from benchmarks.harness import ensure_index, load_avg, percentile, start_server, stop_server, write_results  # noqa: E402
+from benchmarks.workloads import WARMUP, Question, ask, load_questions, recurring  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
 from ragserve.generate.host import read_host_cpu  # noqa: E402
 
 LAYOUTS = ("stable", "reusable")
-WARMUP = "What are these documents about?"
-
-
-def recurring(qs: list[Question], paragraphs: int, seed: int) -> list[Question]:
-    rng = random.Random(seed)
-    docs = sorted({q.doc_id for q in qs})
-    chosen = set(rng.sample(docs, min(paragraphs, len(docs))))
-    picked = [q for q in qs if q.doc_id in chosen]
-    rng.shuffle(picked)
-    return picked
 
 
 def zipf(qs: list[Question], n: int, s: float, seed: int) -> list[Question]:
@@ -69,48 +58,11 @@ def zipf(qs: list[Question], n: int, s: float, seed: int) -> list[Question]:
     return out
 
 
-async def ask(client: RagClient, q: Question, max_tokens: int) -> dict[str, Any]:
-    row: dict[str, Any] = {"id": q.id, "impossible": q.impossible, "ok": False}
-    parts: list[str] = []
-    started = time.perf_counter()
-    async for event in client.query(q.question, max_tokens=max_tokens, temperature=0.0, timeout_s=120):
-        kind = event.WhichOneof("event")
-        if kind == "retrieval":
-            top = event.retrieval.passages[0]
-            row["top_chunk"] = top.chunk_id
-            shown = event.retrieval.passages[event.retrieval.support.evidence_passage]  # what a client shows
-            row["highlight"] = (
-                shown.text[shown.highlight.start : shown.highlight.end] if shown.HasField("highlight") else ""
-            )
-            row["support_low"] = event.retrieval.support.low
-            row["evidence_ms"] = event.retrieval.timings.evidence_ms
-            row["retrieval_ms"] = event.retrieval.timings.retrieval_total_ms
-        elif kind == "token":
-            row.setdefault("ttft_ms", (time.perf_counter() - started) * 1000.0)
-            parts.append(event.token.text)
-        elif kind == "final":
-            usage = event.final.usage
-            row.update(
-                prompt_tokens=usage.prompt_tokens,
-                cached_tokens=usage.prefix_cache_hit_tokens,
-                context_tokens=usage.context_tokens,
-                finish=event.final.finish_reason,
-                ok=True,
-            )
-    row["total_ms"] = (time.perf_counter() - started) * 1000.0
-    row["answer"] = answer = "".join(parts)
-    row["declined"] = declines(answer)
-    if not q.impossible:
-        row["answer_gold"] = contains_gold(answer, q.answers)
-        row["highlight_gold"] = contains_gold(row.get("highlight", ""), q.answers)
-    return row
-
-
 async def drive(target: str, questions: list[Question], max_tokens: int) -> list[dict[str, Any]]:
     rows = []
     seen: set[str] = set()
     async with RagClient(target, default_timeout_s=120) as client:
-        await ask(client, Question("warmup", WARMUP, [], False, ""), max_tokens)
+        await ask(client, WARMUP, max_tokens)
         for q in questions:
             row = await ask(client, q, max_tokens)
             row["revisit"] = row.get("top_chunk") in seen

@@ -38,8 +38,8 @@ import grpc
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_ttft import load_questions  # noqa: E402
 from benchmarks.harness import ensure_index, load_avg, percentile, plot_ttft, start_server, stop_server, write_results  # noqa: E402
+from benchmarks.workloads import load_questions  # noqa: E402
 from ragserve.client import RagClient, RequestClassName  # noqa: E402
 from ragserve.generate.host import read_host_cpu  # noqa: E402
 

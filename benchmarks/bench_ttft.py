@@ -50,9 +50,7 @@ import json
 import math
 import os
 import random
-import re
 import shlex
-import string
 import sys
 import time
 from collections.abc import Iterator
@@ -66,6 +64,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.harness import build_index, load_avg, percentile, start_server, stop_server  # noqa: E402
+from benchmarks.workloads import (  # noqa: E402
+    ABSTAIN_PATTERNS,
+    WARMUP,
+    Question,
+    build_all,
+    contains_gold,
+    declines,
+    load_questions,
+)
 from ragserve.client import RagClient  # noqa: E402
 from ragserve.generate.host import cpu_list, read_host_cpu  # noqa: E402
 
@@ -75,55 +82,6 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_t
 SLOW = {"previous-defaults"}
 # Per-request server logs (one line per answer) land in the out dir next to the results.
 SERVER_ENV = {"RAGSERVE_LOG_LEVEL": "INFO"}
-WARMUP_QUESTION = "What are these documents about?"
-
-# An answer "declines" when it says the documents do not hold the answer (the prompt asks the model
-# to say that the retrieved documents do not contain it). Matched on the lower-cased answer.
-ABSTAIN_PATTERNS = (
-    r"\b(?:do|does|did) not (?:contain|include|mention|say|state|specify|provide|give)\b",
-    r"\b(?:don't|doesn't|didn't) (?:contain|include|mention|say|state|specify|provide|give)\b",
-    r"\bnot (?:mentioned|provided|stated|specified|given|found|included)\b",
-    r"\bno (?:information|mention)\b",
-    r"\bnot (?:enough|sufficient) information\b",
-    r"\b(?:cannot|can't|can not) be (?:answered|determined|found)\b",
-    r"\b(?:cannot|can't|unable to) (?:answer|find|determine)\b",
-)
-_ABSTAIN = [re.compile(p) for p in ABSTAIN_PATTERNS]
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCTUATION = frozenset(string.punctuation)
-
-
-def squad_normalize(text: str) -> str:
-    """SQuAD's answer normalization: lower-case, no punctuation, no articles, single spaces."""
-    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
-    return " ".join(_ARTICLES.sub(" ", text).split())
-
-
-def contains_gold(answer: str, spans: list[str]) -> bool:
-    padded = f" {squad_normalize(answer)} "
-    return any(f" {gold} " in padded for gold in map(squad_normalize, spans) if gold)
-
-
-def declines(answer: str) -> bool:
-    text = answer.lower().replace("\u2019", "'")
-    return any(p.search(text) for p in _ABSTAIN)
-
-
-@dataclass(frozen=True)
-class Question:
-    id: str
-    question: str
-    answers: list[str]
-    impossible: bool
-    doc_id: str
-
-
-def load_questions(data: Path, seed: int) -> list[Question]:
-    with (data / "questions.jsonl").open() as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    qs = [Question(r["id"], r["question"], list(r["answers"]), bool(r["impossible"]), r["doc_id"]) for r in rows]
-    random.Random(seed).shuffle(qs)  # every --questions N is a mix of both articles, both kinds
-    return qs
 
 
 def configurations(context_budgets: list[int]) -> dict[str, dict[str, str]]:
@@ -380,11 +338,7 @@ async def drive(name: str, target: str, qs: list[Question], args: argparse.Names
         answers: list[Answer] = []
         result["answers"] = answers
         for _ in range(args.warmup):  # first-request costs stay out of the figures
-            answers.append(
-                await ask(
-                    client, Question("warmup", WARMUP_QUESTION, [], False, ""), "warmup", args.max_tokens, args.timeout
-                )
-            )
+            answers.append(await ask(client, WARMUP, "warmup", args.max_tokens, args.timeout))
 
         t0 = time.perf_counter()
         for i, q in enumerate(qs, start=1):
@@ -803,8 +757,6 @@ def main() -> None:
     cpu = read_host_cpu()
     common: dict[str, str] = {}
     if args.rerank_models:
-        from tests.rerank.models import build_all
-
         models = build_all(args.rerank_models.resolve())
         common = {
             "RAGSERVE_RERANK_MODE": "two-tier",

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_quality import load_qrels, load_queries
+from benchmarks.workloads import load_qrels, load_queries
 from indexer.tune.evaluation import hash_split, score_runs, search_candidates
 from ragserve.embed.base import Embedder
 from ragserve.index.hnsw import HnswIndex
@@ -135,7 +135,7 @@ def _reranked_rows(
     """With the version's tuned cross-encoder: DEV nDCG@10 at fixed depths 5/10/20, blended with
     the fused score at its fitted weight (and the cross-encoder alone), as the server orders them."""
     from indexer.tune.reranker import FIT_DEPTHS, score_blends
-    from ragserve.version_models import load_tuned_reranker
+    from ragserve.factory import load_tuned_reranker
 
     assert isinstance(index, HnswIndex)
     tuned = load_tuned_reranker(index.folder, index.manifest, threads=0)
@@ -208,10 +208,10 @@ def cmd_latency(args: argparse.Namespace) -> None:
 
     import numpy as np
 
-    from benchmarks.bench_quality import Server
+    from benchmarks.workloads import Server
 
     _, dev, qrels = dev_split(args.data)
-    # The default budget, not bench_quality's 10 s; any RAGSERVE_* override after it (--env).
+    # The default budget, not the 10 s Server sets for quality runs; any RAGSERVE_* override after it (--env).
     env = {"RAGSERVE_RETRIEVAL_BUDGET_MS": "70", **dict(kv.split("=", 1) for kv in args.env)}
     server = Server(args.index, env, Path(f"/tmp/bench_tune_latency_{args.label or 'index'}.log"))
     try:

@@ -1,4 +1,6 @@
-"""Helpers shared by the benchmarks that start real `ragserve serve` processes on loopback."""
+"""Helpers shared by the benchmarks that start real `ragserve serve` processes on loopback: ports,
+the server, its index, percentiles and the results files (what is asked and what runs beside the
+server: workloads.py)."""
 
 from __future__ import annotations
 
@@ -31,10 +33,21 @@ def load_avg() -> str:
     return f"{one:.2f} {five:.2f} {fifteen:.2f}"
 
 
+# Ports handed out by this process. A server given a port binds it only when it is up (a vLLM
+# server after about a minute), and until then the kernel may offer the same port again: a gRPC
+# server started meanwhile took a vLLM server's port once, and the HTTP probe read HTTP/2 frames.
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback TCP port nobody listens on right now and that this process never handed out."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def start_server(

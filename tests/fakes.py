@@ -139,11 +139,15 @@ class FakeEndlessGenerator(FakeGeneratorBase):
             self.closed += 1
 
 
-class FakeSlowCountingGenerator(FakeGenerator):
-    """Its token counting blocks its thread, as a tokenizer call on a long prompt does."""
+class FakeThreadRecordingGenerator(FakeGenerator):
+    """Records the thread of every token count (to tell work on the event loop from work off it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counted_on: list[int] = []
 
     def count_tokens(self, text: str) -> int:
-        time.sleep(0.004)
+        self.counted_on.append(threading.get_ident())
         return len(text.split())
 
 

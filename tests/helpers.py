@@ -1,25 +1,9 @@
-"""Small helpers shared by tests and benchmarks (fixtures live in the conftest files, fakes in
-tests/fakes.py)."""
+"""Small helpers shared by the tests (fixtures live in the conftest files, fakes in tests/fakes.py)."""
 
 from __future__ import annotations
 
-import socket
-
-# Ports handed out by this process. A server given a port binds it only when it is up (a vLLM
-# server after about a minute), and until then the kernel may offer the same port again: a gRPC
-# server started meanwhile took a vLLM server's port once, and the HTTP probe read HTTP/2 frames.
-_handed_out: set[int] = set()
-
-
-def free_port() -> int:
-    """A loopback TCP port nobody listens on right now and that this process never handed out."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port not in _handed_out:
-            _handed_out.add(port)
-            return port
+# The benchmarks hand out ports too; one function for both, kept under this name for the tests.
+from benchmarks.harness import free_port as free_port
 
 
 def pdf_file(objects: list[bytes], trailer: str = "") -> bytes:

@@ -7,12 +7,12 @@ failure patterns are exact; the client's behaviour against the real service is i
 from __future__ import annotations
 
 import asyncio
-import time
 
 import grpc
 import pytest
 
 from ragserve.client import RagClient
+from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 from tests.fakes import FakeRagService
 
@@ -55,21 +55,47 @@ def test_gives_up_after_the_configured_attempts() -> None:
     assert asyncio.run(run()) == (grpc.StatusCode.UNAVAILABLE, 3)
 
 
+class FakeDeadlineRecordingService(FakeRagService):
+    """Records the time each Retrieve call had left when it arrived (None: the caller set no deadline)."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        super().__init__(failures=0, delay_s=delay_s)
+        self.time_remaining: list[float | None] = []
+
+    async def Retrieve(self, request: pb.RetrieveRequest, context: grpc.aio.ServicerContext) -> pb.RetrieveResponse:
+        self.time_remaining.append(context.time_remaining())
+        return await super().Retrieve(request, context)
+
+
 def test_default_deadline_applies() -> None:
-    async def run() -> tuple[grpc.StatusCode, float]:
-        server, target = await _serve(FakeRagService(failures=0, delay_s=2.0))
+    async def run() -> grpc.StatusCode:
+        # Answers after 30 s: only a deadline (0.3 s) ends the call first.
+        server, target = await _serve(FakeRagService(failures=0, delay_s=30.0))
         try:
             async with RagClient(target, default_timeout_s=0.3) as client:
-                started = time.perf_counter()
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await client.retrieve("q")
-                return info.value.code(), time.perf_counter() - started
+                return info.value.code()
         finally:
             await server.stop(None)
 
-    code, elapsed = asyncio.run(run())
-    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert 0.25 < elapsed < 1.5
+    assert asyncio.run(run()) == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_the_default_deadline_is_the_one_the_server_sees() -> None:
+    async def run() -> list[float | None]:
+        servicer = FakeDeadlineRecordingService()
+        server, target = await _serve(servicer)
+        try:
+            async with RagClient(target, default_timeout_s=20.0) as client:
+                await client.retrieve("q")
+        finally:
+            await server.stop(None)
+        return servicer.time_remaining
+
+    (left,) = asyncio.run(run())
+    # At most the 20 s set; the 10 s margin is for a slow host, far from no deadline or grpc's own.
+    assert left is not None and 10.0 < left <= 20.0
 
 
 def test_query_is_an_async_iterator_of_events() -> None:

@@ -86,7 +86,7 @@ def test_the_evidence_is_a_later_passages_highlight_only_when_it_covers_clearly_
 
 
 def test_ask_prints_the_evidence_passages_highlight_with_its_citation(capsys: pytest.CaptureFixture[str]) -> None:
-    from ragserve.cli import _print_retrieval
+    from ragserve.cli.client_commands import _print_retrieval
     from ragserve.v1 import rag_pb2 as pb
 
     event = pb.RetrievalEvent(

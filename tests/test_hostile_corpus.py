@@ -20,9 +20,9 @@ from indexer.build import build_index
 from ragserve.budget import Deadline
 from ragserve.config import default_generator_path
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
+from ragserve.factory import assemble_pipeline
 from ragserve.index.hnsw import HnswIndex
 from ragserve.prompt import Prompt, canonical
-from ragserve.request.pipeline import RagPipeline
 from ragserve.types import GenerateParams, RetrieveParams, Usage
 from tests.fakes import FakeGenerator
 
@@ -86,7 +86,7 @@ def test_hostile_corpus_is_served_as_text_and_prompts_keep_the_templates_control
     tokenizer = renderer.tokenizer
     recorder = FakeGenerator(["ok"], usage=Usage(1, 1, 0))  # keeps every prompt; answers one word
     executor = ThreadPoolExecutor(2)
-    pipeline = RagPipeline(embedder, HnswIndex.load(hostile_index), recorder, executor)
+    pipeline = assemble_pipeline(embedder, HnswIndex.load(hostile_index), recorder, executor)
 
     async def ask(question: str) -> list[str]:
         params = RetrieveParams(question, top_k=len(HOSTILE_DOCS), budget_ms=10_000)

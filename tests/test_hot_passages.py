@@ -14,6 +14,7 @@ import pytest
 from indexer.build import build_index
 from ragserve.budget import Deadline
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
+from ragserve.factory import assemble_pipeline
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch, IndexReloader
 from ragserve.prompt import Prompt
@@ -127,7 +128,7 @@ def make_pipeline(sample_index: Path, embedder: SentenceTransformerEmbedder):
     def make(generator: FakeGenerator, hot: HotPassages, policy: AnswerPolicy | None = None) -> RagPipeline:
         executors.append(ThreadPoolExecutor(2))  # a closed pipeline shuts its threads down
         index = HnswIndex.load(sample_index)
-        return RagPipeline(embedder, index, generator, executors[-1], policy=policy, hot=hot)
+        return assemble_pipeline(embedder, index, generator, executors[-1], policy=policy, hot=hot)
 
     yield make
     for executor in executors:
@@ -203,7 +204,7 @@ def test_a_hot_reload_prefills_the_new_versions_most_retrieved_passages(
 
     async def reload_once() -> tuple[str, list[Prompt]]:
         with ThreadPoolExecutor(2) as executor:
-            pipeline = RagPipeline(embedder, HnswIndex.load(root), generator, executor, hot=hot)
+            pipeline = assemble_pipeline(embedder, HnswIndex.load(root), generator, executor, hot=hot)
             async with pipeline:
                 index = pipeline.index
                 assert isinstance(index, HnswIndex)

@@ -3,17 +3,43 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
 
+import pytest
+
+from ragserve.prompt import Prompt
+from ragserve.request import pace as pace_module
 from ragserve.request.pace import PaceMonitor
-from ragserve.types import HostShareState
-from tests.fakes import FakeGenerator
+from ragserve.types import GenerateParams, GenerationChunk, HostShareState
+from tests.fakes import FakeClock, FakeGenerator
 
 
-def test_baseline_then_the_ratio_of_answers_that_had_the_engine_alone() -> None:
+class FakeClockedGenerator(FakeGenerator):
+    """Each word takes exactly `step_s` on `clock` (simulated time): no sleeping, no host speed."""
+
+    def __init__(self, clock: FakeClock, step_s: float, words: list[str]) -> None:
+        super().__init__(words=words)
+        self.clock = clock
+        self.step_s = step_s
+
+    async def stream(self, prompt: Prompt, params: GenerateParams, trace_id: str) -> AsyncIterator[GenerationChunk]:
+        async for chunk in super().stream(prompt, params, trace_id):
+            self.clock.advance(self.step_s)
+            yield chunk
+
+
+def test_baseline_then_the_ratio_of_answers_that_had_the_engine_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The baseline's arithmetic on a simulated clock; how fast this host decodes is a benchmark's
+    # question, not a unit test's.
+    clock = FakeClock()
+    monkeypatch.setattr(pace_module, "time", SimpleNamespace(perf_counter=clock))
     pace = PaceMonitor()
     assert pace.describe() == "not measured yet"
-    asyncio.run(pace.measure_baseline(FakeGenerator(words=["a"] * 6, delay_s=0.01)))
-    assert pace.baseline_ms is not None and 8 < pace.baseline_ms < 40
+    asyncio.run(pace.measure_baseline(FakeClockedGenerator(clock, step_s=0.010, words=["a"] * 6)))
+    # From the first token to the last: 5 gaps of 10 ms over 6 tokens (the first token's wait,
+    # the prefill, is not decode pace).
+    assert pace.baseline_ms is not None and pace.baseline_ms == pytest.approx(10.0)
     base = pace.baseline_ms
     for _ in range(5):
         pace.record(base * 1.2, had_engine_alone=True)

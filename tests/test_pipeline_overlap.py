@@ -8,8 +8,8 @@ from pathlib import Path
 
 from ragserve.budget import Deadline
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
+from ragserve.factory import assemble_pipeline
 from ragserve.index.hnsw import HnswIndex
-from ragserve.request.pipeline import RagPipeline
 from ragserve.types import GenerateParams, RetrievalResult, RetrieveParams, TokenDelta, Usage
 from tests.fakes import FakeGenerator
 
@@ -23,7 +23,7 @@ def test_generation_starts_before_the_retrieval_event_is_sent(
 
     async def scenario() -> None:
         with ThreadPoolExecutor(2) as executor:
-            pipeline = RagPipeline(embedder, HnswIndex.load(sample_index), fake, executor)
+            pipeline = assemble_pipeline(embedder, HnswIndex.load(sample_index), fake, executor)
             events = pipeline.query(params, GenerateParams(4, 0.0), Deadline(10_000), "r1")
             first = await anext(events)
             assert isinstance(first, RetrievalResult)

@@ -135,8 +135,8 @@ def test_every_former_variable_is_still_read() -> None:
         ("RAGSERVE_TRACING_ENABLED", "true", "observability.tracing_enabled", True),
         ("RAGSERVE_METRICS_PORT", "0", "observability.metrics_port", 0),
         ("RAGSERVE_HEALTH_PROBE_INTERVAL_S", "0.5", "observability.health_probe_interval_s", 0.5),
-        ("RAGSERVE_PROMPT_LAYOUT", "naive", "prompt_layout", "naive"),
-        ("RAGSERVE_GENERATION_ENABLED", "false", "generation_enabled", False),
+        ("RAGSERVE_PROMPT_LAYOUT", "naive", "answer.prompt_layout", "naive"),
+        ("RAGSERVE_GENERATION_ENABLED", "false", "answer.generation_enabled", False),
         ("RAGSERVE_GENERATOR_MAX_MODEL_LEN", "4096", "generator.max_model_len", 4096),
         ("RAGSERVE_RERANK_RESERVE_MS", "7", "rerank.reserve_ms", 7.0),
         ("RAGSERVE_CACHE_BACKEND", "off", "cache.backend", "off"),
@@ -260,7 +260,7 @@ def test_a_changed_copy_leaves_the_original() -> None:
         update={"limits": settings.limits.model_copy(update={"max_in_flight": 4}), "generation_enabled": False}
     )
     assert changed.limits.max_in_flight == 4 and not changed.generation_enabled
-    assert settings.limits.max_in_flight == 64 and settings.generation_enabled
+    assert settings.limits.max_in_flight == 64 and settings.answer.generation_enabled
 
 
 # `ragserve serve` flags over the environment.
@@ -276,7 +276,7 @@ def _served_settings(monkeypatch: pytest.MonkeyPatch, *args: str) -> Settings:
         seen.append(settings)
 
     monkeypatch.setattr(app, "serve", fake_serve)
-    monkeypatch.setattr(cli, "_setup_logging", lambda default_format="json", verbose=False: None)
+    monkeypatch.setattr(cli.serve, "setup_logging", lambda default_format="json", verbose=False: None)
     result = CliRunner().invoke(cli.app, ["serve", *args])
     assert result.exit_code == 0, result.output
     return seen[0]
@@ -305,7 +305,7 @@ def test_serve_without_flags_keeps_the_environment(monkeypatch: pytest.MonkeyPat
 def test_serve_reports_a_broken_rule_as_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from ragserve import cli
 
-    monkeypatch.setattr(cli, "_setup_logging", lambda default_format="json", verbose=False: None)
+    monkeypatch.setattr(cli.serve, "setup_logging", lambda default_format="json", verbose=False: None)
     monkeypatch.setenv("RAGSERVE_DEFAULT_TOP_K", "99")
     result = CliRunner().invoke(cli.app, ["serve"])
     assert result.exit_code == 2

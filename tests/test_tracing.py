@@ -9,7 +9,7 @@ import grpc
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from ragserve import tracing
-from ragserve.config import IndexSettings, Settings
+from ragserve.config import AnswerSettings, IndexSettings, Settings
 from ragserve.factory import make_pipeline
 from ragserve.server.limiter import InFlightLimiter
 from ragserve.server.servicer import RagServicer
@@ -23,7 +23,7 @@ PARENT_SPAN_ID = "00f067aa0ba902b7"
 def test_retrieve_spans_continue_the_callers_trace(sample_index: Path) -> None:
     exporter = InMemorySpanExporter()
     tracing.setup_tracing(exporter=exporter)
-    settings = Settings(index=IndexSettings(path=sample_index), generation_enabled=False)
+    settings = Settings(index=IndexSettings(path=sample_index), answer=AnswerSettings(generation_enabled=False))
     pipeline = make_pipeline(settings, with_generator=False)
 
     async def run() -> None:

@@ -39,7 +39,7 @@ from indexer.tune.evaluation import (
 from indexer.tune.publish import build_tuned_version
 from ragserve.config import EmbedderSettings
 from ragserve.embed.base import Embedder, resolve_embedder_path
-from ragserve.factory import serve_version
+from ragserve.factory import load_tuned_embedder, serve_version
 from ragserve.index.format import latest_version, publish
 from ragserve.index.fusion import weighted
 from ragserve.index.hnsw import HnswIndex
@@ -47,7 +47,6 @@ from ragserve.index.shipped import fitted_weight
 from ragserve.request.sentences import split_sentences
 from ragserve.request.serving import ServingVersion
 from ragserve.types import Chunk
-from ragserve.version_models import load_tuned_embedder
 
 
 @dataclass(frozen=True)

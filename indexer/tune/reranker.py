@@ -38,7 +38,7 @@ from indexer.tune.evaluation import (
 from indexer.tune.reranker_model import RerankGroup, RerankTrainOptions, segment_match_model, train_cross_encoder
 from ragserve.config import RerankSettings, default_of
 from ragserve.embed.base import Embedder, resolve_embedder_path
-from ragserve.factory import serve_version
+from ragserve.factory import load_tuned_embedder, load_tuned_reranker, serve_version
 from ragserve.index.format import MANIFEST, latest_version, new_build_dir, publish, sha256_file
 from ragserve.index.fusion import dedupe_documents, weighted
 from ragserve.index.hnsw import HnswIndex
@@ -48,7 +48,6 @@ from ragserve.rerank.blend import blended_order
 from ragserve.rerank.tuned import TUNED_DIR as TUNED_RERANKER_DIR
 from ragserve.rerank.tuned import TUNED_ONNX as TUNED_RERANKER_ONNX
 from ragserve.types import Chunk
-from ragserve.version_models import load_tuned_embedder, load_tuned_reranker
 
 # The weight is fitted over these depths, shallow ones included: the budget often leaves tier 1
 # only a few pairs, and there the blend must not do worse than the fused order.

@@ -2,27 +2,17 @@
 
 The prompt is rendered here exactly as the in-process engine renders it (same chat template, same
 tokenizer) and sent as token ids to `/v1/completions`, so the template prefix is the same tokens on
-every server and their prefix caches hit. One server's wire protocol, and the limits on what it may
-send, are `generate/vllm_server.py`; this module is the pool: routing, fail-over, the hedge, the
-breaker and health.
-
-Several servers and no router: the sidecar picks the server by rendezvous hashing on the prompt's
-reuse key (its top passage), so questions about one document land where that document's KV already
-sits; a server that is down or has no free connection is passed over. One URL (a router) gets the
-key in a header it can hash on. One hedge at most: when the first server has sent no token within
-the bound, the same prompt goes to the next one; the first token wins and the other request is
-aborted (closing the HTTP stream aborts it on the server).
-
-The servers' KV cache size comes from their own /metrics, so the pipeline can pre-fill the most
-retrieved passages there too, each on the server its questions go to, on the servers' background
-connections.
+every server and their prefix caches hit. One server and what it may send: `generate/vllm_server.py`
+and `generate/vllm_wire.py`; which server: `generate/routing.py`. This module is the pool: start,
+fail-over, one hedge (when the first server has sent no token within the bound, the next one gets
+the prompt; the first token wins, the other request is aborted), the breaker, health, and warming
+on each server's background connections (docs/remote.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import itertools
 import logging
 import time
@@ -35,15 +25,9 @@ from ragserve.errors import ConfigError, InvalidArgument, Overloaded, Unavailabl
 from ragserve.generate.host import read_host_cpu
 from ragserve.generate.identity import model_digest
 from ragserve.generate.rendering import ChatRenderer
-from ragserve.generate.vllm_server import (
-    OVERLOADED_RETRY_MS,
-    ServerFailed,
-    ServerRejected,
-    ServerTimeouts,
-    ServerUnreachable,
-    StreamLimits,
-    VllmServer,
-)
+from ragserve.generate.routing import hedge_after_s, order_servers, routing_key
+from ragserve.generate.vllm_server import OVERLOADED_RETRY_MS, ServerTimeouts, VllmServer
+from ragserve.generate.vllm_wire import ServerFailed, ServerRejected, ServerUnreachable, StreamLimits
 from ragserve.metrics import REPLICA_HEDGES, REPLICA_REQUESTS, REPLICA_UP
 from ragserve.prompt import Prompt, build_prompt
 from ragserve.types import (
@@ -99,13 +83,8 @@ class RemoteVllmGenerator:
     def engine_choices(self) -> tuple[EngineChoice, ...]:
         s = self._settings
         routing = s.remote_routing if len(self.servers) > 1 else f"by the server (header {s.remote_routing_header})"
-        hedge = (
-            "off"
-            if s.remote_hedge_after_ms < 0
-            else f"{s.remote_hedge_after_ms:g} ms"
-            if s.remote_hedge_after_ms
-            else "TTFT p95"
-        )
+        after = s.remote_hedge_after_ms
+        hedge = "off" if after < 0 else f"{after:g} ms" if after else "TTFT p95"
         return (
             EngineChoice("backend", "remote", "RAGSERVE_GENERATOR_BACKEND"),
             EngineChoice("servers", str(len(self.servers)), "RAGSERVE_GENERATOR_REMOTE_URLS"),
@@ -173,24 +152,10 @@ class RemoteVllmGenerator:
         self._set_up(server, True)
 
     async def _check_model(self, server: VllmServer) -> None:
-        """The name this server serves our model under (per server: an alias on one, a path on
-        another); ConfigError when it serves another model."""
-        served = await server.models()
         wanted = (
             {self._settings.remote_model} if self._settings.remote_model else {self._model, model_name(self._model)}
         )
-        match = [m for m in served if m.id in wanted or model_name(m.root) in wanted]
-        if not match:
-            names = ", ".join(repr(m.id[:80]) for m in served[:8]) or "none"
-            raise ConfigError(
-                f"generation server {server.label} serves {names}, not {self.model_id} "
-                "(RAGSERVE_GENERATOR_MODEL / RAGSERVE_GENERATOR_REMOTE_MODEL)"
-            )
-        server.refusal = ""
-        if server.served_model and server.served_model != match[0].id:
-            log.warning("generation server %s now serves our model as %r", server.label, match[0].id)
-        server.served_model = match[0].id
-        server.checked = True
+        await server.check_model(wanted, self.model_id)
 
     async def _warm(self, server: VllmServer) -> None:
         """Put the template prefix into the server's prefix cache."""
@@ -255,25 +220,10 @@ class RemoteVllmGenerator:
         up = [s for s in self.servers if s.up]
         if not up:
             raise Unavailable("no generation server is up")
-        if len(up) == 1:
-            return up
-        if self._settings.remote_routing == "round_robin" or not key:
-            start = next(self._round_robin) % len(up)
-            return up[start:] + up[:start]
-        # Rendezvous hashing: the same key picks the same server while it is up, and only the keys
-        # of a server that goes away move.
-        return sorted(
-            up, key=lambda s: hashlib.blake2b(f"{key}\x00{s.url}".encode(), digest_size=8).digest(), reverse=True
-        )
+        return order_servers(up, key, self._settings.remote_routing, self._round_robin)
 
     def _hedge_after_s(self, server: VllmServer) -> float | None:
-        after = self._settings.remote_hedge_after_ms
-        if after < 0:
-            return None
-        if after == 0:
-            p95 = server.ttft_p95_ms()
-            return None if p95 is None else p95 / 1000.0
-        return after / 1000.0
+        return hedge_after_s(self._settings.remote_hedge_after_ms, server.ttft_p95_ms())
 
     def _body(self, prompt: Prompt, params: GenerateParams) -> dict[str, Any]:
         """The request without its per-server fields (model name, request id: see `_for`)."""
@@ -434,19 +384,7 @@ class RemoteVllmGenerator:
         the routing questions take. A server that does not report its cache (a router in front of
         the servers, another engine) counts 0."""
         up = [s for s in self.servers if s.up]
-        return sum(await asyncio.gather(*(self._kv_cache_tokens(s) for s in up)))
-
-    async def _kv_cache_tokens(self, server: VllmServer) -> int:
-        tokens, reason = 0, ""
-        try:
-            tokens = await server.kv_cache_tokens()
-        except ServerFailed as exc:
-            reason = f" ({exc})"
-        if not tokens:
-            log.info(
-                "generation server %s reports no KV cache size%s: nothing is pre-filled there", server.label, reason
-            )
-        return tokens
+        return sum(await asyncio.gather(*(s.reported_kv_cache_tokens() for s in up)))
 
     async def close(self) -> None:
         for task in self._bringing_up:
@@ -455,11 +393,3 @@ class RemoteVllmGenerator:
         self._bringing_up = set()
         for server in self.servers:
             await server.close()
-
-
-def routing_key(prompt: Prompt) -> str:
-    """What decides the server: the template and the top passage (their KV is what can be reused).
-    A hash: a router sees no document names, and a header no characters it could misread."""
-    if not prompt.reuse_key:
-        return ""
-    return hashlib.blake2b(f"{prompt.system}\x00{prompt.reuse_key}".encode(), digest_size=12).hexdigest()

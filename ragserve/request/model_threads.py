@@ -9,6 +9,7 @@ call already running is never interrupted.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import queue
 import threading
@@ -94,3 +95,23 @@ class ClassedExecutor(Executor):
         if wait:
             for thread in threads:
                 thread.join()
+
+
+class ModelThreads:
+    """The one owner of the threads model work runs on, off the event loop: embedding and prompt
+    work (`models`), reranking (`rerank`: it holds a thread for up to the whole budget, so the next
+    request's embed never waits behind it; defaults to `models`) and a remote index's searches
+    (`search`: a slow Qdrant never holds the embedding threads; None: searches run on `models`)."""
+
+    def __init__(self, models: Executor, rerank: Executor | None = None, search: Executor | None = None) -> None:
+        self.models = models
+        self.rerank = rerank or models
+        self.search = search
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """`fn` on the model threads (the request's class decides its place in their queue)."""
+        return await asyncio.get_running_loop().run_in_executor(self.models, fn)
+
+    def shutdown(self) -> None:
+        for executor in {e for e in (self.models, self.rerank, self.search) if e is not None}:
+            executor.shutdown(wait=False, cancel_futures=True)

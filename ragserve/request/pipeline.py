@@ -15,21 +15,19 @@ import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Executor
 from typing import TypeVar
 
 from ragserve.budget import Deadline, StageTimer
 from ragserve.cache.base import AnswerCache, RetrievalCache
 from ragserve.cache.keys import RetrievalKey
-from ragserve.config import LimitsSettings, QdrantSettings, RetrievalSettings, default_of
+from ragserve.config import LimitsSettings, default_of
 from ragserve.embed.base import Embedder
 from ragserve.errors import ConfigError, DeadlineExpired
 from ragserve.generate.base import Generator
 from ragserve.index.base import SearchIndex
-from ragserve.index.fusion import RetrievalOptions
 from ragserve.prompt import Prompt, build_prompt
 from ragserve.request.answer import AnswerRun, AnswerStream
-from ragserve.request.caches import PipelineCaches, cache_scope, replay
+from ragserve.request.caches import PipelineCaches, replay
 from ragserve.request.context import FittedContext, fit_context
 from ragserve.request.evidence import with_evidence
 from ragserve.request.hot import HotPassages
@@ -37,8 +35,9 @@ from ragserve.request.model_threads import CURRENT_CLASS
 from ragserve.request.pace import PaceMonitor
 from ragserve.request.policy import ABSTAIN_ANSWER, AnswerPolicy
 from ragserve.request.search import SearchStage, check_client
-from ragserve.request.serving import ServingVersion
-from ragserve.rerank.base import Reranker, RerankerSource
+from ragserve.request.serving import ServingVersion, VersionSource
+from ragserve.request.warming import Warmer
+from ragserve.rerank.base import Reranker
 from ragserve.types import (
     FinalSummary,
     GenerateParams,
@@ -63,41 +62,31 @@ log = logging.getLogger(__name__)
 class RagPipeline:
     def __init__(
         self,
-        embedder: Embedder,
-        index: SearchIndex,
+        versions: VersionSource,
+        search: SearchStage,
         generator: Generator | None,
-        executor: Executor,
-        ef_search: int = default_of(RetrievalSettings, "hnsw_ef_search"),
-        cache: RetrievalCache | None = None,
-        retrieval: RetrievalOptions | None = None,
-        rerankers: RerankerSource | None = None,
-        policy: AnswerPolicy | None = None,
-        rerank_executor: Executor | None = None,
-        answers: AnswerCache | None = None,
-        search_executor: Executor | None = None,
-        search_min_ms: float = default_of(QdrantSettings, "min_search_ms"),
-        versions: Callable[[SearchIndex], ServingVersion] | None = None,
-        hot: HotPassages | None = None,
+        caches: PipelineCaches,
+        policy: AnswerPolicy,
+        hot: HotPassages,
         batch_engine_seqs: int = default_of(LimitsSettings, "batch_max_engine_seqs"),
     ) -> None:
-        """`rerankers`: how each index version's reranker is chosen (None: none ever is).
-        `versions`: what an index version serves with (the factory's `VersionBuilder` loads the models
-        a version ships); by default the configured embedder and reranker, whatever it ships."""
+        """The parts come from the factory (`ragserve/factory/pipeline.py` `assemble_pipeline`).
+        `hot`: the top passages Query retrieves (what warming pre-fills); `batch_engine_seqs`: batch's
+        share of the generator (0: no cap), so interactive requests never wait for it."""
+        self.versions = versions
+        self.search = search
         self.generator = generator
-        self.policy = policy or AnswerPolicy()
-        self.hot = hot or HotPassages(None)  # the top passages Query retrieves, for warm_hot_passages
+        self.caches = caches
+        self.policy = policy
+        self.hot = hot
         self.pace = PaceMonitor()  # is the engine running at this host's pace (a busy neighbour)?
-        # Batch's share of the generator (0: no cap): interactive requests never wait for it.
         self._batch_slots = asyncio.Semaphore(batch_engine_seqs) if batch_engine_seqs > 0 else None
-        self._executor = executor
-        options = retrieval or RetrievalOptions()
-        self._versions = versions or _configured_parts(embedder, rerankers, options)
-        self.serving = self._versions(index)  # replaced whole by swap_index; a request reads it once
-        self.search = SearchStage(
-            options, ef_search, rerankers, executor, rerank_executor, search_executor, search_min_ms
-        )
-        scope = cache_scope(embedder.model_id, self.search, generator, self.policy.prompt_id)
-        self.caches = PipelineCaches(scope, cache, answers)
+        self._warmer = Warmer(generator, policy, hot, search.threads) if generator is not None else None
+
+    @property
+    def serving(self) -> ServingVersion:
+        """What the current version serves with; a request reads it once."""
+        return self.versions.current
 
     @property
     def index(self) -> SearchIndex:
@@ -122,13 +111,8 @@ class RagPipeline:
         return self.caches.answers
 
     def swap_index(self, index: SearchIndex) -> None:
-        """From the next request on (one assignment, atomic under the GIL); calls in flight keep the
-        version they read, with its models. Blocking (the reloader calls it on its own thread): the
-        models the version ships are loaded and its reranker warmed first, so no request pays for
-        them; raises a RagError when the version cannot be served."""
-        serving = self._versions(index)
-        serving.warm_up()
-        self.serving = serving
+        """A newly published version, from the next request on (request/serving.py `VersionSource.swap`)."""
+        self.versions.swap(index)
 
     async def astart(self) -> None:
         """Warm every part before traffic: the embedder, the engine, the reranker, the cache pools."""
@@ -147,30 +131,9 @@ class RagPipeline:
         await self.caches.start()
 
     async def warm_hot_passages(self) -> int:
-        """Pre-fill the engine's prefix cache with the serving version's most retrieved top passages,
-        one at a time, within the policy's share of the KV cache; how many were warmed. Only the
-        reusable layout renders a passage the same for every question, so only it can reuse them."""
-        generator, serving, policy = self.generator, self.serving, self.policy
-        if generator is None or policy.warm_passages <= 0 or policy.prompt_layout != "reusable":
-            return 0
-        index = serving.index
-        ids = self.hot.top(policy.warm_passages)
-        chunks = await self._off_loop(lambda: index.chunks_by_id(ids)) if ids else []
-        room = int(policy.warm_kv_share * await generator.kv_cache_tokens())
-        warmed = 0
-        for chunk in chunks:
-            passage = Passage(chunk, 1.0, 1)
-            text_tokens = generator.count_tokens(chunk.text.strip())
-            tokens = fit_context("", [passage], 0, generator.count_tokens).tokens  # with its title
-            if text_tokens > policy.whole_passage_max_tokens or tokens > room:
-                continue  # served cut to the question (never reused), or past the share
-            room -= tokens
-            # The question comes last: every full KV block before it is this passage's, as served.
-            await generator.prefill(build_prompt("", [passage], policy.prompt_layout))
-            warmed += 1
-        if warmed:
-            log.info("pre-filled the prefix cache with %d of the most retrieved passages", warmed)
-        return warmed
+        """Pre-fill the engine's prefix cache for the serving version (request/warming.py): at start,
+        after a hot reload and when a generation server comes back. How many passages were warmed."""
+        return 0 if self._warmer is None else await self._warmer.warm(self.serving)
 
     def save_counts(self) -> None:
         """Persist the retrieval counts (blocking: call it off the event loop)."""
@@ -183,8 +146,7 @@ class RagPipeline:
         await asyncio.to_thread(self.save_counts)
         if self.generator is not None:
             await self.generator.close()
-        for executor in self.search.executors():
-            executor.shutdown(wait=False, cancel_futures=True)
+        self.search.threads.shutdown()
 
     async def __aenter__(self) -> RagPipeline:
         await self.astart()
@@ -194,8 +156,8 @@ class RagPipeline:
         await self.aclose()
 
     async def _off_loop(self, fn: Callable[[], T]) -> T:
-        # Model calls block for milliseconds: run them on a bounded executor, not the event loop.
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        # Model calls block for milliseconds: run them on the model threads, not the event loop.
+        return await self.search.threads.run(fn)
 
     async def retrieve(self, params: RetrieveParams, deadline: Deadline) -> RetrievalResult:
         result, _ = await self._retrieve(params, deadline, self.serving)
@@ -368,15 +330,3 @@ def _record_answer(timings: StageTimings, run: AnswerRun) -> None:
     timings.ttft_ms = run.first_token_ms or 0.0
     timings.time_per_output_token_ms = run.time_per_output_token_ms()
     timings.total_ms = run.ended_ms
-
-
-def _configured_parts(
-    embedder: Embedder, rerankers: RerankerSource | None, options: RetrievalOptions
-) -> Callable[[SearchIndex], ServingVersion]:
-    """Every version with the configured embedder, reranker and options (nothing it ships is loaded)."""
-
-    def serving(index: SearchIndex) -> ServingVersion:
-        reranker = rerankers.for_version(index.version, None) if rerankers is not None else None
-        return ServingVersion(index, embedder, reranker, options)
-
-    return serving

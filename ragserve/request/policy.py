@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ragserve.config import Settings, default_of
+from ragserve.config import AnswerSettings, WarmingSettings, default_of
 
 # The answer the system prompt asks the model to give when the passages do not hold one; the
 # server gives the same words when it abstains itself.
@@ -15,23 +15,12 @@ ABSTAIN_ANSWER = "The documents do not contain the answer."
 class AnswerPolicy:
     # "reusable": the top passage whole (its KV is reused by later questions that retrieve it first);
     # "stable": every passage cut to the question's sentences; "naive": a benchmark baseline only.
-    prompt_layout: str = default_of(Settings, "prompt_layout")
-    whole_passage_max_tokens: int = default_of(Settings, "prompt_whole_passage_max_tokens")
-    low_support_below: float = default_of(Settings, "low_support_below")
-    abstain_on_low_support: bool = default_of(Settings, "abstain_on_low_support")
-    warm_passages: int = default_of(Settings, "warm_passages")
-    warm_kv_share: float = default_of(Settings, "warm_kv_share")
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> AnswerPolicy:
-        return cls(
-            settings.prompt_layout,
-            settings.prompt_whole_passage_max_tokens,
-            settings.low_support_below,
-            settings.abstain_on_low_support,
-            settings.warm_passages,
-            settings.warm_kv_share,
-        )
+    prompt_layout: str = default_of(AnswerSettings, "prompt_layout")
+    whole_passage_max_tokens: int = default_of(AnswerSettings, "prompt_whole_passage_max_tokens")
+    low_support_below: float = default_of(AnswerSettings, "low_support_below")
+    abstain_on_low_support: bool = default_of(AnswerSettings, "abstain_on_low_support")
+    warm_passages: int = default_of(WarmingSettings, "warm_passages")
+    warm_kv_share: float = default_of(WarmingSettings, "warm_kv_share")
 
     @property
     def whole_first_max_tokens(self) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -20,6 +19,7 @@ from ragserve.errors import DeadlineExpired, Unavailable
 from ragserve.index.base import ScoredChunk
 from ragserve.index.fusion import RetrievalOptions, effective_mode, hybrid_search, plan_breadth
 from ragserve.prompt import stable_order
+from ragserve.request.model_threads import ModelThreads
 from ragserve.request.serving import ServingVersion
 from ragserve.rerank.base import Reranker, RerankerSource, RerankOutcome
 from ragserve.types import Degraded, Passage, RetrieveParams
@@ -52,25 +52,14 @@ class SearchStage:
         options: RetrievalOptions,
         ef_search: int,
         rerankers: RerankerSource | None,
-        executor: Executor,
-        rerank_executor: Executor | None = None,
-        search_executor: Executor | None = None,
+        threads: ModelThreads,
         search_min_ms: float = 25.0,
     ) -> None:
         self.options = options
         self.ef_search = ef_search
         self.rerankers = rerankers  # how a version's reranker is chosen (for cache keys; None: none)
-        self._executor = executor
-        # Reranking holds a thread for up to the whole budget; on its own pool, the next request's
-        # few-millisecond embed and search never wait behind it.
-        self._rerank_executor = rerank_executor or executor
-        # A remote index (Qdrant) searches on its own threads, bounded by the budget: a slow or
-        # silent server must neither hold the embedding threads nor outlive the request's budget.
-        self._search_executor = search_executor
+        self.threads = threads
         self._search_min_ms = search_min_ms
-
-    def executors(self) -> set[Executor]:
-        return {e for e in (self._executor, self._rerank_executor, self._search_executor) if e is not None}
 
     async def run(
         self, params: RetrieveParams, serving: ServingVersion, vector: np.ndarray, deadline: Deadline
@@ -107,8 +96,8 @@ class SearchStage:
     async def _search(self, fn: Callable[[], list[ScoredChunk]], deadline: Deadline) -> list[ScoredChunk]:
         """A local index searches on the model threads; a remote one on its own, within the budget."""
         loop = asyncio.get_running_loop()
-        if self._search_executor is None:
-            return await loop.run_in_executor(self._executor, fn)
+        if self.threads.search is None:
+            return await loop.run_in_executor(self.threads.models, fn)
         # Without any results there is nothing to degrade to, so a nearly spent budget still gets a
         # short try (search_min_ms) rather than none; the caller's own deadline is never exceeded.
         wait_s = max(deadline.budget_left_ms(), self._search_min_ms) / 1000.0
@@ -116,7 +105,7 @@ class SearchStage:
         if client_left is not None:
             wait_s = min(wait_s, client_left)
         try:
-            return await asyncio.wait_for(loop.run_in_executor(self._search_executor, fn), wait_s)
+            return await asyncio.wait_for(loop.run_in_executor(self.threads.search, fn), wait_s)
         except TimeoutError:
             # The thread stays in the call until the client's timeout frees it; the request does not wait.
             check_client(deadline, "the index answered")
@@ -129,8 +118,8 @@ class SearchStage:
     ) -> RerankOutcome:
         """Reorder under the Deadline; it decides depth before each batch. Never fails the request."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._rerank_executor, lambda: reranker.rerank(query, passages, deadline))
+        return await loop.run_in_executor(self.threads.rerank, lambda: reranker.rerank(query, passages, deadline))
 
     async def warm_up(self, serving: ServingVersion) -> None:
         """The version's reranker measures its cost on the rerank threads (start-up)."""
-        await asyncio.get_running_loop().run_in_executor(self._rerank_executor, serving.warm_up)
+        await asyncio.get_running_loop().run_in_executor(self.threads.rerank, serving.warm_up)

@@ -229,7 +229,7 @@ class RagServer:
         log.info("listening on %s; loading models and index", address)
         loop = asyncio.get_running_loop()
         pipeline = await loop.run_in_executor(
-            None, lambda: make_pipeline(self.settings, with_generator=self.settings.generation_enabled)
+            None, lambda: make_pipeline(self.settings, with_generator=self.settings.answer.generation_enabled)
         )
         try:
             await pipeline.astart()
@@ -261,7 +261,7 @@ class RagServer:
     async def _save_counts(self, pipeline: RagPipeline) -> None:
         """The retrieval counts warming reads at the next start, written now and then."""
         while True:
-            await asyncio.sleep(self.settings.hot_passages_save_s)
+            await asyncio.sleep(self.settings.warming.hot_passages_save_s)
             await asyncio.to_thread(pipeline.save_counts)
 
     async def _watch_generator(

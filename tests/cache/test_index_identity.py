@@ -15,7 +15,7 @@ from ragserve.budget import Deadline
 from ragserve.cache.layer import StoreBackedAnswerCache, StoreBackedCache
 from ragserve.cache.memory import MemoryStore
 from ragserve.config import IndexSettings, QdrantSettings, Settings
-from ragserve.factory import make_index_watch
+from ragserve.factory import assemble_pipeline, make_index_watch
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import IndexReloader
 from ragserve.request.pipeline import RagPipeline
@@ -36,7 +36,7 @@ def executor():
 
 
 def _pipeline(index: HnswIndex, executor: ThreadPoolExecutor) -> RagPipeline:
-    return RagPipeline(
+    return assemble_pipeline(
         FakeEmbedder(DIM),
         index,
         FakeGeneratorBase(),

@@ -21,7 +21,7 @@ from ragserve.cache.layer import StoreBackedCache
 from ragserve.cache.memory import MemoryStore
 from ragserve.cache.semantic import SemanticIndex
 from ragserve.config import CacheSettings
-from ragserve.factory import make_cache
+from ragserve.factory import assemble_pipeline, make_cache
 from ragserve.index.hnsw import HnswIndex
 from ragserve.metrics import CACHE_REQUESTS
 from ragserve.request.pipeline import RagPipeline
@@ -39,7 +39,7 @@ def executor():
 
 
 def _pipeline(embedder, index_root: Path, executor, cache) -> RagPipeline:
-    return RagPipeline(embedder, HnswIndex.load(index_root), None, executor, cache=cache)
+    return assemble_pipeline(embedder, HnswIndex.load(index_root), None, executor, cache=cache)
 
 
 async def _retrieve(pipeline: RagPipeline, query: str, top_k: int = 3, budget_ms: int = 10_000) -> RetrievalResult:

@@ -19,8 +19,8 @@ from ragserve.cache.layer import StoreBackedCache
 from ragserve.cache.memory import MemoryStore
 from ragserve.cache.semantic import SemanticIndex
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
+from ragserve.factory import assemble_pipeline
 from ragserve.index.hnsw import HnswIndex
-from ragserve.request.pipeline import RagPipeline
 from ragserve.types import RetrievalResult, RetrieveParams
 
 DIM = 8
@@ -129,7 +129,7 @@ def test_long_queries_sharing_a_prefix_never_hit_semantically(embedder, sample_i
     assert semantic.meaning_change(LONG_A, LONG_B) == ""  # and the guard sees no change in meaning
     cache = StoreBackedCache(MemoryStore(), semantic=SemanticIndex(threshold=0.95))
     executor = ThreadPoolExecutor(2)
-    pipeline = RagPipeline(embedder, HnswIndex.load(sample_index), None, executor, cache=cache)
+    pipeline = assemble_pipeline(embedder, HnswIndex.load(sample_index), None, executor, cache=cache)
 
     async def retrieve(query: str) -> RetrievalResult:
         result = await pipeline.retrieve(RetrieveParams(query, 3, 10_000), Deadline(10_000))

@@ -3,7 +3,6 @@ hnswlib index, vLLM engine): start, wait for SERVING, stop, and a few probes of 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -18,9 +17,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+# The vLLM server and router helpers live with the benchmarks, which start them too.
+from benchmarks.workloads import START_TIMEOUT_S, HttpProcess
 from tests.helpers import free_port
-
-START_TIMEOUT_S = 300
 
 
 @dataclass
@@ -149,101 +148,6 @@ def cancel_mid_stream(stub: Any, question: str, after_tokens: int = 3) -> None:
             break
     assert stub.Info(pb.InfoRequest(), timeout=5).generator_unfinished_requests == 1
     call.cancel()
-
-
-@dataclass
-class HttpProcess:
-    """A vLLM OpenAI-compatible server or a vLLM router started by a test, on loopback, in a process
-    group of its own: a vLLM server's engine-core and worker processes go with it (killed alone, the
-    API process leaves them running, busy-polling the CPUs for the rest of the run)."""
-
-    url: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-    def _signal_group(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, sig)
-
-    def kill(self) -> None:
-        """The server dies at once, all of it."""
-        self._signal_group(signal.SIGKILL)
-        self.process.wait()
-
-    def stop(self) -> None:
-        self._signal_group(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=30)
-        self._signal_group(signal.SIGKILL)  # whatever of the group is left
-        self.process.wait()
-
-
-def _spawn_http(command: list[str], log: Path, env: dict[str, str] | None = None) -> HttpProcess:
-    port = free_port()
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [*command, "--host", "127.0.0.1", "--port", str(port)],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,
-        )
-    return HttpProcess(f"http://127.0.0.1:{port}", process, log)
-
-
-def spawn_vllm_server(model: Path, log: Path, cpus: str, dtype: str) -> HttpProcess:
-    """`python -m vllm.entrypoints.openai.api_server` with the flags ragserve needs (docs/remote.md),
-    its OpenMP threads on `cpus`."""
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--dtype", dtype,
-        "--block-size", "32", "--enable-prefix-caching", "--enable-prompt-tokens-details",
-        "--max-model-len", "2048", "--enforce-eager", "--max-num-seqs", "16",
-    ]  # fmt: skip
-    # Dev mode: POST /reset_prefix_cache, so a test can start from cold caches.
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": cpus, "VLLM_SERVER_DEV_MODE": "1"}
-    return _spawn_http(command, log, env)
-
-
-def reset_prefix_cache(server: HttpProcess) -> None:
-    import urllib.request
-
-    with urllib.request.urlopen(urllib.request.Request(server.url + "/reset_prefix_cache", method="POST"), timeout=30):
-        pass
-
-
-def spawn_router(workers: list[str], policy: str, log: Path) -> HttpProcess:
-    """vLLM's router (the `vllm-router` wheel) in front of `workers`."""
-    metrics = ["--prometheus-port", str(free_port())]  # its default port is shared by every router
-    return _spawn_http([router_command(), "--worker-urls", *workers, "--policy", policy, *metrics], log)
-
-
-def router_command() -> str:
-    """The router installed beside this Python (its venv's bin, on PATH or not)."""
-    beside = Path(sys.executable).parent / "vllm-router"
-    return str(beside) if beside.is_file() else "vllm-router"
-
-
-def wait_http_ok(server: HttpProcess, path: str = "/health", timeout_s: float = START_TIMEOUT_S) -> None:
-    import http.client
-    import urllib.request
-
-    give_up = time.monotonic() + timeout_s
-    while time.monotonic() < give_up:
-        if server.process.poll() is not None:
-            pytest.fail(f"{server.url} exited with {server.process.returncode} during start-up:\n{server.log_tail()}")
-        try:
-            with urllib.request.urlopen(server.url + path, timeout=2) as reply:
-                if reply.status == 200:
-                    return
-        except http.client.HTTPException as error:
-            pytest.fail(f"{server.url}: something else than an HTTP/1 server answers there ({error!r})")
-        except OSError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"{server.url} not answering {path} after {timeout_s} s:\n{server.log_tail()}")
 
 
 def running_requests(server: HttpProcess) -> float:

@@ -17,22 +17,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from benchmarks.workloads import HttpProcess, reset_prefix_cache, spawn_router, spawn_vllm_server, wait_http_ok
 from ragserve.client import RagClient
 from ragserve.config import GeneratorSettings, default_generator_path
 from ragserve.generate.remote import RemoteVllmGenerator
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc
-from tests.e2e.servers import (
-    HttpProcess,
-    LiveServer,
-    reset_prefix_cache,
-    running_requests,
-    spawn_router,
-    spawn_server,
-    spawn_vllm_server,
-    wait_http_ok,
-    wait_serving,
-)
+from tests.e2e.servers import LiveServer, running_requests, spawn_server, wait_serving
 from tests.e2e.test_grpc_stream import _template_tokens
 from tests.generate import contract
 

@@ -11,7 +11,9 @@ import pytest
 
 from ragserve.config import GeneratorSettings, default_generator_path
 from ragserve.errors import ConfigError, InvalidArgument, Overloaded, Unavailable
-from ragserve.generate.remote import RemoteVllmGenerator, routing_key
+from ragserve.generate.remote import RemoteVllmGenerator
+from ragserve.generate.routing import routing_key
+from ragserve.metrics import REPLICA_HEDGES
 from ragserve.prompt import Prompt, build_prompt
 from ragserve.types import Chunk, GenerateParams, GenerationChunk, Passage
 from tests.generate.fake_vllm_server import FakeVllmServer
@@ -49,6 +51,14 @@ def run(
                 await fake.stop()
 
     asyncio.run(main())
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    """Polls `done` for 10 s at least (a server notices an abort a few loop turns late, more on a loaded host)."""
+    for _ in range(500):
+        if done():
+            return
+        await asyncio.sleep(0.02)
 
 
 def _serving(fakes: list[FakeVllmServer]) -> list[int]:
@@ -125,12 +135,12 @@ def test_both_servers_down_is_unavailable_at_once() -> None:
             await _collect(generator.stream(_prompt(), PARAMS, "t"))
         with pytest.raises(Unavailable):
             await generator.check_health()
-        # Once down, the next call does not even try.
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        with pytest.raises(Unavailable):
+        # Once down, the next call does not even try: no server gets another failed attempt.
+        assert [r.up for r in generator.replica_states()] == [False, False]
+        failures = [s.failures for s in generator.servers]
+        with pytest.raises(Unavailable, match="no generation server is up"):
             await _collect(generator.stream(_prompt(), PARAMS, "t"))
-        assert loop.time() - started < 0.1
+        assert [s.failures for s in generator.servers] == failures
 
     run(test)
 
@@ -190,12 +200,16 @@ def test_one_hedge_when_the_first_token_is_late() -> None:
         key = routing_key(_prompt())
         first = generator._order(key)[0]
         slow = next(f for f in fakes if f.url == first.url)
-        slow.first_token_delay_s = 2.0
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        fast = next(f for f in fakes if f is not slow)
+        slow.first_token_delay_s = 30.0  # without the hedge the answer would wait 30 s for it
+        answered = [f.completed for f in (fast, slow)]  # the warm-ups
+        hedges = REPLICA_HEDGES._value.get()
         chunks = await _collect(generator.stream(_prompt(), PARAMS, "t"))
-        assert chunks[-1].finished and loop.time() - started < 1.0  # the second server answered
-        await asyncio.sleep(0.1)
+        assert chunks[-1].finished  # the second server answered, the first never did:
+        assert [f.completed for f in (fast, slow)] == [answered[0] + 1, answered[1]]
+        # ... sent there by the hedge, not by a fail-over once the slow one hit the stall limit.
+        assert REPLICA_HEDGES._value.get() == hedges + 1 and first.failures == 0 and first.up
+        await _until(lambda: slow.aborted == 1 and slow.running == 0)
         assert slow.aborted == 1 and slow.running == 0  # the loser was aborted
 
     run(test, remote_hedge_after_ms=100)

@@ -16,8 +16,9 @@ import pytest
 
 from ragserve.config import GeneratorSettings, default_generator_path
 from ragserve.errors import InvalidArgument, Overloaded, Unavailable
-from ragserve.generate.remote import RemoteVllmGenerator, routing_key
-from ragserve.generate.vllm_server import CHARS_PER_TOKEN_MAX, INT32_MAX, ServerFailed, parse_chunk
+from ragserve.generate.remote import RemoteVllmGenerator
+from ragserve.generate.routing import routing_key
+from ragserve.generate.vllm_wire import CHARS_PER_TOKEN_MAX, INT32_MAX, ServerFailed, parse_chunk
 from ragserve.prompt import Prompt, build_prompt
 from ragserve.types import Chunk, GenerateParams, GenerationChunk, Passage
 from tests.generate.fake_vllm_server import FakeVllmServer
@@ -150,7 +151,7 @@ def test_a_gzip_metrics_answer_is_refused_not_unpacked() -> None:
         async with server._get("/metrics") as response:
             assert response.headers.get("Content-Encoding") is None  # we asked for identity
         fakes[0].health_body, fakes[0].health_encoding = _gzip_bomb(16), "gzip"
-        from ragserve.generate.vllm_server import read_capped
+        from ragserve.generate.vllm_wire import read_capped
 
         with pytest.raises(ServerFailed, match="gzip"):
             async with server._get("/health") as response:

@@ -8,6 +8,7 @@ import pytest
 from indexer.build import build_index
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import IndexLoadError
+from ragserve.factory import assemble_pipeline
 from ragserve.index.format import CHUNKS_FILE, CURRENT, HNSW_FILE, MANIFEST, resolve_current
 from ragserve.index.hnsw import HnswIndex
 from tests.conftest import SAMPLE_DOCS
@@ -106,11 +107,10 @@ def test_index_from_before_bm25_still_loads_dense_only(index_copy: Path, embedde
     from concurrent.futures import ThreadPoolExecutor
 
     from ragserve.budget import Deadline
-    from ragserve.request.pipeline import RagPipeline
     from ragserve.types import RetrieveParams
 
     with ThreadPoolExecutor(1) as executor:
-        pipeline = RagPipeline(embedder, index, None, executor, retrieval=opts)
+        pipeline = assemble_pipeline(embedder, index, None, executor, retrieval=opts)
         result = asyncio.run(
             pipeline.retrieve(RetrieveParams("Bloom filter false positives", 3, 10_000), Deadline(10_000))
         )

@@ -19,8 +19,8 @@ import pytest
 
 from ragserve.client import RagClient
 from ragserve.errors import Unavailable
+from ragserve.factory import assemble_pipeline
 from ragserve.index.qdrant_index import QdrantIndex
-from ragserve.request.pipeline import RagPipeline
 from tests.cache.inproc_server import serve_pipeline
 from tests.fakes import FakeEmbedder
 
@@ -76,7 +76,7 @@ def test_retrieve_answers_unavailable_within_the_budget(endpoint: str, request: 
         model_threads = ThreadPoolExecutor(1, thread_name_prefix="test-model")
         search_threads = ThreadPoolExecutor(2, thread_name_prefix="test-qdrant")
         # A constant query vector: the embedder is not what this test is about.
-        pipeline = RagPipeline(
+        pipeline = assemble_pipeline(
             FakeEmbedder(DIM, constant=True), _index_at(port), None, model_threads, search_executor=search_threads
         )
         async with serve_pipeline(pipeline) as target, RagClient(target, default_timeout_s=120) as client:

@@ -17,6 +17,7 @@ import pytest
 
 from indexer.build import build_index
 from ragserve.config import (
+    AnswerSettings,
     CacheSettings,
     IndexSettings,
     ObservabilitySettings,
@@ -84,7 +85,7 @@ async def _hot_reload_under_load(
     settings = Settings(
         index=IndexSettings(path=root, reload_interval_s=0.1),
         transport=TransportSettings(port=free_port()),
-        generation_enabled=False,
+        answer=AnswerSettings(generation_enabled=False),
         observability=ObservabilitySettings(metrics_port=0),
         cache=CacheSettings(backend="off"),
         requests=RequestSettings(retrieval_budget_ms=10_000),

@@ -18,13 +18,12 @@ from indexer.tune.publish import build_tuned_version, export_tuned
 from ragserve.embed.base import Embedder
 from ragserve.embed.tuned import TUNED_DIR, TUNED_ONNX, tuned_model_id
 from ragserve.errors import IndexLoadError
-from ragserve.factory import VersionBuilder
+from ragserve.factory import VersionBuilder, assemble_pipeline
 from ragserve.index.format import MANIFEST, latest_version, publish, resolve_current, sha256_file
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch, IndexReloader
 from ragserve.index.shipped import fitted_weight
-from ragserve.request.pipeline import RagPipeline
 from ragserve.request.serving import ServingVersion
 from ragserve.server.convert import info_response_pb
 from tests.fakes import FakeEmbedder
@@ -168,7 +167,7 @@ def test_hot_reload_swaps_the_embedder_with_the_version_and_refuses_a_corrupt_mo
     publish_tiny(root, TEXTS, bm25=True)
     configured = FakeEmbedder(dim=DIM)
     versions = VersionBuilder(configured, None, RetrievalOptions(), embedder_threads=1)
-    holder = RagPipeline(configured, HnswIndex.load(root), None, executor, versions=versions)
+    holder = assemble_pipeline(configured, HnswIndex.load(root), None, executor, versions=versions)
     reloader = IndexReloader(FolderWatch(root), holder, clock=lambda: 0.0)
     assert holder.embedder is configured
     publish_tuned(root, fake_models[32])

@@ -96,9 +96,9 @@ def test_a_tuned_reranker_is_published_with_the_version_and_loaded_by_the_server
     import shutil
 
     from indexer.tune.reranker import CE_WEIGHTS, FIT_DEPTHS, RerankTuneJob, run_tune_reranker
+    from ragserve.factory import load_tuned_reranker
     from ragserve.index.hnsw import HnswIndex
     from ragserve.rerank.tuned import TUNED_ONNX
-    from ragserve.version_models import load_tuned_reranker
 
     root = tmp_path / "idx"
     shutil.copytree(sample_index, root, symlinks=True)

@@ -10,6 +10,7 @@ import pytest
 
 from ragserve.budget import Deadline
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
+from ragserve.factory import assemble_pipeline
 from ragserve.index.hnsw import HnswIndex
 from ragserve.request.pipeline import RagPipeline
 from ragserve.rerank.cross_encoder import OnnxCrossEncoder
@@ -44,7 +45,9 @@ def test_rerank_stage_reports_tiers_and_keeps_top_k(
     sample_index: Path, embedder: SentenceTransformerEmbedder, reranker: TieredReranker
 ) -> None:
     with ThreadPoolExecutor(2) as executor:
-        pipeline = RagPipeline(embedder, HnswIndex.load(sample_index), None, executor, rerankers=SameReranker(reranker))
+        pipeline = assemble_pipeline(
+            embedder, HnswIndex.load(sample_index), None, executor, rerankers=SameReranker(reranker)
+        )
         result = run(pipeline, budget_ms=60_000)
     assert result.rerank_tiers == ["tier1:10", "tier2:3"]
     assert not result.degraded.rerank_skipped and not result.degraded.rerank_truncated
@@ -57,8 +60,10 @@ def test_ten_ms_budget_still_returns_the_fused_order_flagged(
     sample_index: Path, embedder: SentenceTransformerEmbedder, reranker: TieredReranker
 ) -> None:
     with ThreadPoolExecutor(2) as executor:
-        plain = RagPipeline(embedder, HnswIndex.load(sample_index), None, executor)
-        reranked = RagPipeline(embedder, HnswIndex.load(sample_index), None, executor, rerankers=SameReranker(reranker))
+        plain = assemble_pipeline(embedder, HnswIndex.load(sample_index), None, executor)
+        reranked = assemble_pipeline(
+            embedder, HnswIndex.load(sample_index), None, executor, rerankers=SameReranker(reranker)
+        )
         expected = run(plain, budget_ms=60_000, top_k=3)
         result = run(reranked, budget_ms=10, top_k=3)
     assert len(result.passages) == 3

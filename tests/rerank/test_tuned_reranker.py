@@ -19,7 +19,7 @@ import pytest
 from ragserve.budget import Deadline
 from ragserve.config import RerankSettings, Settings
 from ragserve.errors import IndexLoadError
-from ragserve.factory import VersionBuilder, make_rerankers
+from ragserve.factory import VersionBuilder, assemble_pipeline, load_tuned_reranker, make_rerankers
 from ragserve.index.format import resolve_current
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
@@ -34,7 +34,6 @@ from ragserve.rerank.per_version import VersionRerankers
 from ragserve.rerank.tiered import Tier, TieredReranker
 from ragserve.rerank.tuned import TUNED_DIR, TUNED_ONNX, tuned_reranker_id
 from ragserve.types import RetrievalResult, RetrieveParams
-from ragserve.version_models import load_tuned_reranker
 from tests.fakes import FakeCrossEncoder, FakeEmbedder
 from tests.index.tiny import DIM, publish_tiny, refresh_checksum, rewrite_manifest
 from tests.index.tuned_fake import TINY_TEXTS, save_fake_tuned_reranker, ships_tuned_reranker
@@ -71,7 +70,7 @@ def serve(index: HnswIndex, executor: ThreadPoolExecutor, mode: str) -> RagPipel
     settings = Settings(rerank=rerank)
     embedder, rerankers = FakeEmbedder(dim=DIM), make_rerankers(settings)
     versions = VersionBuilder.from_settings(settings, embedder, rerankers, RetrievalOptions())
-    pipeline = RagPipeline(embedder, index, None, executor, rerankers=rerankers, versions=versions)
+    pipeline = assemble_pipeline(embedder, index, None, executor, rerankers=rerankers, versions=versions)
     asyncio.run(pipeline.astart())
     return pipeline
 

@@ -27,8 +27,8 @@ from pydantic import ValidationError
 
 from ragserve.config import LimitsSettings, Settings, TransportSettings, parse_caller_limits
 from ragserve.errors import Overloaded
+from ragserve.factory import assemble_pipeline
 from ragserve.index.hnsw import HnswIndex
-from ragserve.request.pipeline import RagPipeline
 from ragserve.server.limiter import CallerLimits
 from ragserve.types import RequestClass
 from ragserve.v1 import rag_pb2 as pb
@@ -46,7 +46,7 @@ NEVER_S = 20.0
 @asynccontextmanager
 async def served(embedder, sample_index, generator, **settings: object) -> AsyncIterator[str]:
     executor = ThreadPoolExecutor(2)
-    pipeline = RagPipeline(embedder, HnswIndex.load(sample_index), generator, executor)
+    pipeline = assemble_pipeline(embedder, HnswIndex.load(sample_index), generator, executor)
     try:
         async with serve_pipeline(pipeline, Settings(**settings)) as target:  # type: ignore[arg-type]
             async with grpc.aio.insecure_channel(target) as channel:
@@ -240,7 +240,7 @@ _OPTIONS_ONLY_SERVER = textwrap.dedent(
     from ragserve.v1 import rag_pb2_grpc as pb_grpc
 
     async def main():
-        settings = Settings(generation_enabled=False)
+        settings = Settings(answer=AnswerSettings(generation_enabled=False))
         server = grpc.aio.server(options=server_options(settings))
         pb_grpc.add_RagServiceServicer_to_server(RagServicer(settings, InFlightLimiter(4)), server)
         port = server.add_insecure_port("127.0.0.1:0")

@@ -22,7 +22,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ragserve.config import IndexSettings, ObservabilitySettings, Settings, TransportSettings
+from ragserve.config import AnswerSettings, IndexSettings, ObservabilitySettings, Settings, TransportSettings
 from ragserve.errors import ConfigError
 from ragserve.server import app
 from ragserve.server.unix_socket import private_socket_path
@@ -129,7 +129,7 @@ class SocketModeSpyServer:
 def _uds_settings(path: Path) -> Settings:
     return Settings(
         transport=TransportSettings(uds_path=str(path)),
-        generation_enabled=False,
+        answer=AnswerSettings(generation_enabled=False),
         observability=ObservabilitySettings(metrics_port=0),
         index=IndexSettings(reload_interval_s=0),
     )

@@ -1,4 +1,4 @@
-"""`ragserve`: serve, prepare models, and ask questions from the command line."""
+"""The client commands: `ask`, `retrieve` and `health`, with the access flags they share."""
 
 from __future__ import annotations
 
@@ -13,90 +13,9 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from ragserve.cli.app import DEFAULT_HOST, DEFAULT_PORT, app
 from ragserve.client import ClientSettings
-from ragserve.config import (
-    EmbedderSettings,
-    Settings,
-    TransportSettings,
-    default_generator_path,
-    default_of,
-)
 from ragserve.errors import ConfigError, RagError
-
-# Where the clients below look for the server unless told otherwise: its own default address.
-DEFAULT_HOST: str = default_of(TransportSettings, "host")
-DEFAULT_PORT: int = default_of(TransportSettings, "port")
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="ragserve: a low-latency RAG sidecar.")
-
-
-def _setup_logging(default_format: str = "json", verbose: bool = False) -> None:
-    from ragserve.logs import setup_logging
-
-    setup_logging(default_format, verbose)
-
-
-@app.command()
-def serve(
-    host: Annotated[str | None, typer.Option(help=f"Listen host (default {DEFAULT_HOST})")] = None,
-    port: Annotated[int | None, typer.Option(help=f"Listen port (default {DEFAULT_PORT})")] = None,
-    uds: Annotated[str | None, typer.Option(help="Listen on this Unix socket path instead")] = None,
-    index: Annotated[Path | None, typer.Option(help="Index root (RAGSERVE_INDEX_PATH)")] = None,
-    verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Also log third-party libraries' INFO lines (vLLM's included)")
-    ] = False,
-) -> None:
-    """Run the gRPC service until SIGTERM or SIGINT."""
-    _setup_logging(verbose=verbose)
-    from pydantic import ValidationError
-
-    from ragserve.server.app import serve as serve_async
-
-    try:
-        settings = settings_from_flags(host, port, uds, index)
-        asyncio.run(serve_async(settings))
-    except (RagError, ValidationError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-
-
-def settings_from_flags(host: str | None, port: int | None, uds: str | None, index: Path | None) -> Settings:
-    """`serve`'s flags over the environment: a flag left out keeps its variable (or default)."""
-    transport = {key: value for key, value in (("host", host), ("port", port), ("uds_path", uds)) if value is not None}
-    return Settings(transport=transport, index={} if index is None else {"path": index})  # type: ignore[arg-type]
-
-
-@app.command("prepare-models")
-def prepare_models(
-    target: Annotated[Path | None, typer.Option(help="Where to write the generator folder")] = None,
-    force: Annotated[bool, typer.Option(help="Convert again even if already prepared")] = False,
-    verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Also show third-party libraries' INFO lines on the console")
-    ] = False,
-    log_file: Annotated[Path | None, typer.Option(help="Also write every log line (third-party INFO too) here")] = None,
-) -> None:
-    """Convert the bundled SmolLM2-135M-Instruct GGUF into an HF folder vLLM loads, and export the
-    query embedder to ONNX when that backend is configured (both once)."""
-    from ragserve.logs import setup_cli_logging
-
-    setup_cli_logging(verbose, log_file)
-    from pydantic import ValidationError
-
-    from ragserve.factory import make_embedder
-    from ragserve.generate.model_prep import prepare_generator
-
-    try:
-        embedder_settings = EmbedderSettings()
-        path = prepare_generator(target or default_generator_path(), force=force)
-        typer.echo(f"generator ready at {path}")
-        if embedder_settings.backend == "onnx" and embedder_settings.device == "cpu":
-            # The server would otherwise pay for the ONNX export on its first start.
-            embedder = make_embedder(embedder_settings)
-            typer.echo(f"ONNX query embedder ready: {embedder.model_id}")
-    except (RagError, ValidationError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-
 
 # Client access flags shared by ask, retrieve and health; each falls back to its environment variable.
 TokenFileOption = Annotated[
@@ -387,46 +306,3 @@ def _probe(target: str, access: ClientSettings, credentials: Any, metadata: Any,
             if final or time.monotonic() >= give_up:
                 return status, details
             time.sleep(0.5)
-
-
-@app.command("cache-flush")
-def cache_flush(
-    redis_url: Annotated[str | None, typer.Option(help="Redis URL (RAGSERVE_CACHE_REDIS_URL)")] = None,
-    namespace: Annotated[str | None, typer.Option(help="Key prefix (RAGSERVE_CACHE_NAMESPACE)")] = None,
-) -> None:
-    """Drop every retrieval and answer cache entry in the shared Redis cache (only this namespace)."""
-    from ragserve.config import CacheSettings
-
-    cfg = CacheSettings()
-    if cfg.backend != "redis" and redis_url is None:
-        typer.echo(
-            f"the cache backend is {cfg.backend!r}: an in-process cache lives in the server and is emptied by "
-            "restarting it; publishing a new index version also makes every older entry unreachable"
-        )
-        return
-    from ragserve.cache.base import CacheBackendError
-    from ragserve.cache.redis_cache import RedisStore
-
-    store = RedisStore(redis_url or cfg.redis_url, namespace=namespace or cfg.namespace)
-
-    async def run() -> int:
-        try:
-            return await store.flush()
-        finally:
-            await store.close()
-
-    try:
-        dropped = asyncio.run(run())
-    except CacheBackendError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(f"dropped {dropped} cache entries from {store.url} (namespace {store.namespace!r})")
-
-
-def main() -> None:
-    # vLLM's engine core is a spawned process: everything that starts it runs under this guard.
-    app()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,167 +1,14 @@
-"""Settings, read from the environment (RAGSERVE_ prefix) and from CLI flags."""
+"""Settings' sections other than the generator's, each reading its own environment variables."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Any, Literal, Self
-from urllib.parse import urlsplit
+from typing import Literal, Self
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
-from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ragserve.addresses import is_loopback, normalize_http_url
-
-# The embedded default models; any HF id or local path can be configured instead.
-DEFAULT_EMBEDDER = "sentence-transformers/all-MiniLM-L6-v2"
-DEFAULT_GENERATOR_NAME = "SmolLM2-135M-Instruct"
-
-
-def default_home() -> Path:
-    """Where prepared models and the demo index live unless configured otherwise."""
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return Path(xdg) / "ragserve" if xdg else Path.home() / ".cache" / "ragserve"
-
-
-def default_generator_path() -> Path:
-    return default_home() / "models" / DEFAULT_GENERATOR_NAME
-
-
-def default_of(section: type[BaseModel], name: str) -> Any:
-    """The default this module gives `section.name`. A constructor taking a value that a setting owns
-    uses it as its own default, so the two cannot disagree."""
-    return section.model_fields[name].get_default(call_default_factory=True)
-
-
-class GeneratorSettings(BaseSettings):
-    """vLLM engine settings. Defaults suit the CPU build; the GPU path uses the same fields."""
-
-    model_config = SettingsConfigDict(env_prefix="RAGSERVE_GENERATOR_", extra="forbid", frozen=True)
-
-    # HF id or local folder; empty means the prepared embedded default.
-    model: str = ""
-    device: Literal["cpu", "cuda"] = "cpu"
-    # auto: on CPU, bfloat16 only where the CPU has native bf16, else float32 (generate/host.py);
-    # on CUDA, vLLM's choice.
-    dtype: str = "auto"
-    max_model_len: int = 2048
-    # CUDA graphs are not supported by the CPU backend; on a GPU set this to false.
-    enforce_eager: bool = True
-    enable_prefix_caching: bool = True
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.80
-    # KV cache size for the CPU backend, in GiB (exported as VLLM_CPU_KVCACHE_SPACE).
-    cpu_kvcache_space_gib: int = 1
-    # CPUs for the CPU backend's OpenMP threads (exported as VLLM_CPU_OMP_THREADS_BIND), e.g. "0" or
-    # "0-1"; empty: chosen from the host (all usable CPUs on small hosts, else vLLM's auto binding).
-    cpu_omp_threads_bind: str = ""
-    # KV cache block size in tokens (0: 32 on CPU, vLLM's default on CUDA). Only full blocks are
-    # prefix-cached; the CPU backend needs a multiple of 16 and is fastest on multiples of 32.
-    block_size: int = Field(default=0, ge=0)
-    # Prompt-lookup (n-gram) speculative decoding (drafts copied from the prompt). auto: on for CPU
-    # hosts of up to 4 CPUs, with the engine on a server thread, where it was measured to pay
-    # (BENCHMARKS.md); off elsewhere (GPU and bigger hosts: not measured). ngram: on; off: off.
-    speculative: Literal["auto", "ngram", "off"] = "auto"
-    speculative_tokens: int = Field(default=4, ge=1, le=16)
-    prompt_lookup_max: int = Field(default=4, ge=1)
-    prompt_lookup_min: int = Field(default=2, ge=1)
-    # Where vLLM's engine core runs. process: its own process (vLLM's AsyncLLM, the GPU layout);
-    # thread: a thread of the server process (no busy-polling core process beside the model's
-    # OpenMP threads); auto: chosen from the host and the other settings (generate/host.py).
-    engine_layout: Literal["auto", "process", "thread"] = "auto"
-    # Threads of the engine on a server thread (engine_layout thread). 0: every usable CPU, one fewer
-    # per core other processes keep busy, checked twice a second (generate/contention.py); N: always N.
-    threads: int = Field(default=0, ge=0)
-    max_num_seqs: int = 16
-    # priority: interactive requests run before batch ones in the engine's waiting queue (vLLM's
-    # priority scheduling); fcfs: arrival order for all.
-    scheduling_policy: Literal["priority", "fcfs"] = "priority"
-    # One engine call (a step, adding a request) running longer than this turns health NOT_SERVING
-    # until it ends: far above any step a healthy engine takes (docs: BENCHMARKS.md, TTFT).
-    stall_s: float = Field(default=30.0, gt=0)
-    default_max_tokens: int = Field(default=128, ge=1)
-    max_tokens_limit: int = Field(default=1024, ge=1)
-    seed: int = 0
-
-    # local: the vLLM engine in this process (the default). remote: vLLM OpenAI-compatible servers
-    # (`python -m vllm.entrypoints.openai.api_server`); no engine starts here (docs/remote.md).
-    backend: Literal["local", "remote"] = "local"
-    # remote: comma-separated server base URLs (http://host:8000), or one router's URL.
-    remote_urls: str = ""
-    # The name the servers serve the model under (/v1/models); empty: the one whose name or folder
-    # matches `model` (the tokenizer here must be the servers' model's).
-    remote_model: str = ""
-    # Several URLs: document (rendezvous hashing on the prompt's top passage, so questions about
-    # one document land where its KV sits) or round_robin (for comparison). One URL is used as is.
-    remote_routing: Literal["document", "round_robin"] = "document"
-    # The header carrying the routing key to a router (vLLM router consistent_hash policy, or the
-    # production-stack router's session policy: --session-key with the same name). Never a client id.
-    remote_routing_header: str = "x-session-id"
-    # Bearer token for servers started with --api-key.
-    remote_api_key: SecretStr | None = None
-    # A server that does not accept a connection by then is down for this call (the next one is asked).
-    remote_connect_timeout_s: float = Field(default=2.0, gt=0)
-    # Connections per server (HTTP/1.1: one stream each); 0: RAGSERVE_MAX_IN_FLIGHT.
-    remote_pool_size: int = Field(default=0, ge=0)
-    # Idle connections close before the server's own keep-alive (uvicorn: 5 s) drops them.
-    remote_keepalive_s: float = Field(default=4.0, gt=0)
-    # A second server gets the same prompt when the first has sent no token by then; the first token
-    # wins, the other is aborted. 0: the first server's measured TTFT p95 (after 20 answers; no
-    # hedge before); negative: never hedge.
-    remote_hedge_after_ms: float = 0.0
-    # A server failing this many calls or probes in a row is left alone until a probe succeeds.
-    remote_breaker_failures: int = Field(default=2, ge=1)
-    # Send each request's class as vLLM's `priority` (the servers must run --scheduling-policy
-    # priority, else they refuse it).
-    remote_priority: bool = False
-    # The longest silence a streamed answer may have (before its first token too), and the limit on
-    # one warming stream: past it the server has failed the call (the next one is asked).
-    remote_stall_s: float = Field(default=30.0, gt=0)
-    # One server's bring-up at start (its model, connections, the template prefix). The sidecar
-    # serves once one server is up; a server still coming up joins when it is ready.
-    remote_start_timeout_s: float = Field(default=120.0, gt=0)
-    # Send RAGSERVE_GENERATOR_REMOTE_API_KEY over plain http to a server that is not on loopback.
-    # Off: refused at start (the key would cross the network readable), as for the gRPC token.
-    remote_allow_plain_http_key: bool = False
-
-    @model_validator(mode="after")
-    def _lookup_range(self) -> Self:
-        if self.prompt_lookup_min > self.prompt_lookup_max:
-            raise ValueError(
-                f"RAGSERVE_GENERATOR_PROMPT_LOOKUP_MIN={self.prompt_lookup_min} is above "
-                f"RAGSERVE_GENERATOR_PROMPT_LOOKUP_MAX={self.prompt_lookup_max}"
-            )
-        if self.backend == "remote" and not self.remote_url_list():
-            raise ValueError("RAGSERVE_GENERATOR_BACKEND=remote needs RAGSERVE_GENERATOR_REMOTE_URLS")
-        bad = [url for url in self.remote_url_list() if not url.startswith(("http://", "https://"))]
-        if bad:
-            raise ValueError(f"RAGSERVE_GENERATOR_REMOTE_URLS: not an http(s) URL: {', '.join(bad)}")
-        exposed = [
-            url
-            for url in self.remote_url_list()
-            if url.startswith("http://") and not is_loopback(urlsplit(url).hostname or "")
-        ]
-        if self.remote_api_key is not None and exposed and not self.remote_allow_plain_http_key:
-            raise ValueError(
-                "RAGSERVE_GENERATOR_REMOTE_API_KEY would travel in clear text to "
-                f"{', '.join(exposed)}: use https, or set RAGSERVE_GENERATOR_REMOTE_ALLOW_PLAIN_HTTP_KEY=true"
-            )
-        # A request that sets no max_tokens would otherwise be refused for the server's own default.
-        if self.default_max_tokens > self.max_tokens_limit:
-            raise ValueError(
-                f"RAGSERVE_GENERATOR_DEFAULT_MAX_TOKENS={self.default_max_tokens} is above "
-                f"RAGSERVE_GENERATOR_MAX_TOKENS_LIMIT={self.max_tokens_limit}"
-            )
-        return self
-
-    def resolved_model(self) -> str:
-        return self.model or str(default_generator_path())
-
-    def remote_url_list(self) -> list[str]:
-        """The servers, each once (one spelling per server: see `normalize_http_url`)."""
-        urls = [normalize_http_url(url) for url in self.remote_urls.split(",") if url.strip()]
-        return list(dict.fromkeys(urls))
+from ragserve.config.base import DEFAULT_EMBEDDER, default_home
 
 
 class CacheSettings(BaseSettings):
@@ -492,64 +339,11 @@ class ObservabilitySettings(BaseSettings):
     health_probe_timeout_s: float = Field(default=5.0, gt=0)
 
 
-# Settings' sections, each reading its own environment variables (names as before the sections).
-_SECTIONS: dict[str, type[BaseSettings]] = {
-    "transport": TransportSettings,
-    "access": AccessSettings,
-    "index": IndexSettings,
-    "qdrant": QdrantSettings,
-    "embedder": EmbedderSettings,
-    "retrieval": RetrievalSettings,
-    "requests": RequestSettings,
-    "limits": LimitsSettings,
-    "observability": ObservabilitySettings,
-    "generator": GeneratorSettings,
-    "rerank": RerankSettings,
-    "cache": CacheSettings,
-}
-
-
-def _env_name(section: type[BaseSettings], field: str) -> str:
-    return f"{section.model_config.get('env_prefix', '')}{field}".upper()
-
-
-# Each section's variables -> the field they set ("RAGSERVE_HOST" -> "transport.host").
-_SECTION_ENV = {
-    _env_name(cls, field): f"{name}.{field}" for name, cls in _SECTIONS.items() for field in cls.model_fields
-}
-# A flat keyword of the old Settings (its variable without the prefix) -> where the field lives now.
-_MOVED = {env.removeprefix("RAGSERVE_").lower(): path for env, path in _SECTION_ENV.items()}
-
-
-class _OwnFieldsEnv(EnvSettingsSource):
-    """Settings' own fields from the environment; a section reads its variables itself, so a
-    variable named like a section (RAGSERVE_INDEX, RAGSERVE_CACHE) is not parsed as one."""
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        if field_name in _SECTIONS:
-            return None, field_name, False
-        return super().get_field_value(field, field_name)
-
-
-class Settings(BaseSettings):
-    """Everything the server needs, in sections. Environment variables use the RAGSERVE_ prefix;
-    each section reads its own (RAGSERVE_HOST -> transport.host, RAGSERVE_INDEX_PATH -> index.path).
-    Immutable: derive a changed copy with model_copy(update=...)."""
+class AnswerSettings(BaseSettings):
+    """What Query answers with: the prompt's layout, the support a highlight needs, abstaining, and
+    whether there is a generator at all. Variables use the RAGSERVE_ prefix (RAGSERVE_PROMPT_LAYOUT, ...)."""
 
     model_config = SettingsConfigDict(env_prefix="RAGSERVE_", extra="forbid", frozen=True)
-
-    transport: TransportSettings = Field(default_factory=TransportSettings)
-    access: AccessSettings = Field(default_factory=AccessSettings)
-    index: IndexSettings = Field(default_factory=IndexSettings)
-    qdrant: QdrantSettings = Field(default_factory=QdrantSettings)
-    embedder: EmbedderSettings = Field(default_factory=EmbedderSettings)
-    retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
-    requests: RequestSettings = Field(default_factory=RequestSettings)
-    limits: LimitsSettings = Field(default_factory=LimitsSettings)
-    observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
-    generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
-    rerank: RerankSettings = Field(default_factory=RerankSettings)
-    cache: CacheSettings = Field(default_factory=CacheSettings)
 
     # The template prefix always comes first and the question last. "reusable": the top passage
     # goes in whole (up to prompt_whole_passage_max_tokens), the same for every question, so a
@@ -566,6 +360,16 @@ class Settings(BaseSettings):
     # true: a Query with low support is answered "The documents do not contain the answer."
     # without calling the generator (off by default: docs/evidence.md has its precision and recall).
     abstain_on_low_support: bool = False
+    # Retrieval-only mode: no generator is loaded and Query answers FAILED_PRECONDITION.
+    generation_enabled: bool = True
+
+
+class WarmingSettings(BaseSettings):
+    """Pre-filling the engine's prefix cache with the most retrieved passages, and where their
+    counts persist. Variables use the RAGSERVE_ prefix (RAGSERVE_WARM_PASSAGES, RAGSERVE_HOT_PASSAGES_PATH, ...)."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_", extra="forbid", frozen=True)
+
     # At start and after a hot reload, pre-fill the engine's prefix cache with this many of the
     # passages Query retrieval ranked first most often (reusable layout only; 0 = off).
     warm_passages: int = Field(default=32, ge=0)
@@ -577,52 +381,3 @@ class Settings(BaseSettings):
     hot_passages_path: Path | None = None
     # How often the counts are written (and once at shutdown).
     hot_passages_save_s: float = Field(default=60.0, gt=0)
-    # Retrieval-only mode: no generator is loaded and Query answers FAILED_PRECONDITION.
-    generation_enabled: bool = True
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, _OwnFieldsEnv(settings_cls), dotenv_settings, file_secret_settings
-
-    @model_validator(mode="before")
-    @classmethod
-    def _sections_from_keywords(cls, data: Any) -> Any:
-        """A section given as a dict is built like its default (unset fields from the environment);
-        an old flat keyword is refused with where it lives now."""
-        if not isinstance(data, dict):
-            return data
-        moved = [key for key in data if key in _MOVED and key not in cls.model_fields]
-        if moved:
-            raise ValueError(
-                "settings are grouped in sections: "
-                + ", ".join(f"{key} is now {_MOVED[key]}" for key in moved)
-                + " (environment variable names are unchanged)"
-            )
-        return {
-            key: _SECTIONS[key](**value) if key in _SECTIONS and isinstance(value, dict) else value
-            for key, value in data.items()
-        }
-
-    @classmethod
-    def env_names(cls) -> dict[str, str]:
-        """Every environment variable Settings reads -> the field it sets ("RAGSERVE_HOST" -> "transport.host")."""
-        own = {_env_name(cls, field): field for field in cls.model_fields if field not in _SECTIONS}
-        return {**_SECTION_ENV, **own}
-
-    @model_validator(mode="after")
-    def _streams_cover_calls(self) -> Self:
-        needed = self.limits.max_in_flight + self.limits.max_side_streams
-        if self.transport.max_concurrent_streams < needed:
-            raise ValueError(
-                f"RAGSERVE_MAX_CONCURRENT_STREAMS ({self.transport.max_concurrent_streams}) must be at least "
-                f"RAGSERVE_MAX_IN_FLIGHT + RAGSERVE_MAX_SIDE_STREAMS ({needed}): "
-                "else calls over one channel queue in the client instead of being refused"
-            )
-        return self

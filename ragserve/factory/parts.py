@@ -1,34 +1,27 @@
-"""Settings -> concrete backends. The only module that picks implementations."""
+"""Settings -> the parts: embedder, index, reranker, caches, generator, index watch. The factory
+package is the only place that picks implementations."""
 
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ragserve.cache.base import AnswerCache, CacheStore, RetrievalCache
 from ragserve.cache.integrity import MIN_KEY_BYTES, EntrySeal
-from ragserve.config import CacheSettings, EmbedderSettings, RerankSettings, Settings, default_home
-from ragserve.embed.base import Embedder
+from ragserve.config import CacheSettings, EmbedderSettings, RerankSettings, Settings
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import ConfigError
+from ragserve.factory.versions import rerank_threads
 from ragserve.generate.base import Generator
 from ragserve.index.base import SearchIndex
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch, IndexWatch, ServedIndex
-from ragserve.request.hot import HotPassages
-from ragserve.request.model_threads import ClassedExecutor
-from ragserve.request.pipeline import RagPipeline
-from ragserve.request.policy import AnswerPolicy
-from ragserve.request.serving import ServingVersion
-from ragserve.rerank.base import Reranker, RerankerSource
+from ragserve.rerank.base import Reranker, RerankerSource, TunedCrossEncoder
 from ragserve.rerank.per_version import SameReranker, VersionRerankers
 
 if TYPE_CHECKING:
     from ragserve.embed.onnx_backend import OnnxEmbedder
-    from ragserve.rerank.base import TunedCrossEncoder
     from ragserve.rerank.tiered import TieredReranker
 
 log = logging.getLogger(__name__)
@@ -192,102 +185,6 @@ def make_answer_cache(settings: Settings | CacheSettings) -> AnswerCache | None:
     )
 
 
-def check_compatible(embedder: Embedder, index: SearchIndex) -> None:
-    """An index is only meaningful with the embedder that built it: the version's own tuned one if
-    it ships one (checked when that was loaded), else the configured one."""
-    if index.embedder_id != embedder.model_id or index.dim != embedder.dim:
-        raise ConfigError(
-            f"index was built with embedder {index.embedder_id!r} (dim {index.dim}) but the server "
-            f"is configured with {embedder.model_id!r} (dim {embedder.dim}); re-index or set RAGSERVE_EMBEDDER_MODEL"
-        )
-
-
-class VersionBuilder:
-    """What an index version serves with: the index files, plus the tuned query embedder, tuned
-    cross-encoder and fitted fusion weight a folder version may ship (a Qdrant version ships none).
-    Blocking: loads ONNX models; the caller warms the reranker before the version serves."""
-
-    def __init__(
-        self,
-        configured: Embedder,
-        rerankers: RerankerSource | None,
-        options: RetrievalOptions,
-        *,
-        embedder_threads: int,
-        reranker_threads: int = 0,
-        reranker_cpus: frozenset[int] | None = None,
-    ) -> None:
-        self._configured = configured
-        self._rerankers = rerankers
-        self._options = options
-        self._embedder_threads = embedder_threads
-        self._reranker_threads = reranker_threads
-        self._reranker_cpus = reranker_cpus
-
-    @classmethod
-    def from_settings(
-        cls, settings: Settings, configured: Embedder, rerankers: RerankerSource | None, options: RetrievalOptions
-    ) -> VersionBuilder:
-        threads, cpus = rerank_threads(settings.rerank)
-        return cls(
-            configured,
-            rerankers,
-            options,
-            embedder_threads=settings.embedder.threads,
-            reranker_threads=threads,
-            reranker_cpus=cpus,
-        )
-
-    def __call__(self, index: SearchIndex) -> ServingVersion:
-        from ragserve.index.shipped import fitted_weight
-        from ragserve.version_models import load_tuned_embedder, load_tuned_reranker
-
-        embedder: Embedder = self._configured
-        tuned_reranker = None
-        options = self._options
-        if isinstance(index, HnswIndex):
-            folder, manifest = index.folder, index.manifest
-            embedder = load_tuned_embedder(folder, manifest, self._embedder_threads) or embedder
-            tuned_reranker = load_tuned_reranker(folder, manifest, self._reranker_threads, self._reranker_cpus)
-            options = options.for_version(fitted_weight(folder, manifest))
-        check_compatible(embedder, index)
-        if embedder is not self._configured:
-            log.info(
-                "index version %s ships its own tuned query embedder %s: queries use it",
-                index.version,
-                index.embedder_id,
-            )
-        reranker = self._rerankers.for_version(index.version, tuned_reranker) if self._rerankers is not None else None
-        return ServingVersion(index, embedder, reranker, options)
-
-
-def serve_version(index: SearchIndex, configured: Embedder, threads: int = 0) -> ServingVersion:
-    """A loaded version with the models it ships, as the server would serve it (no reranker
-    chosen): for the indexer's tuners, which verify what they publish this way (threads 0: every core)."""
-    builder = VersionBuilder(configured, None, RetrievalOptions(), embedder_threads=threads, reranker_threads=threads)
-    return builder(index)
-
-
-def parse_cpus(spec: str, setting: str) -> frozenset[int] | None:
-    """ "0", "0,1" or "0-3" -> a CPU set; empty -> None (no pinning)."""
-    if not spec.strip():
-        return None
-    cpus: set[int] = set()
-    try:
-        for part in spec.split(","):
-            lo, _, hi = part.strip().partition("-")
-            cpus.update(range(int(lo), int(hi or lo) + 1))
-    except ValueError as exc:
-        raise ConfigError(f"{setting}={spec!r} is not a CPU list like 1 or 0,1 or 0-3") from exc
-    return frozenset(cpus)
-
-
-def rerank_threads(cfg: RerankSettings) -> tuple[int, frozenset[int] | None]:
-    """ONNX Runtime threads per reranker call and the CPUs they are pinned to (RAGSERVE_RERANK_*)."""
-    cpus = parse_cpus(cfg.cpus, "RAGSERVE_RERANK_CPUS")
-    return cfg.threads or (len(cpus) if cpus else 0), cpus
-
-
 def make_reranker(settings: Settings) -> Reranker | None:
     """The configured cross-encoder tiers from RAGSERVE_RERANK_*; None unless the mode is one-tier
     or two-tier (auto and tuned use a version's own model: `make_rerankers`).
@@ -354,53 +251,3 @@ def make_rerankers(settings: Settings) -> RerankerSource:
             lambda tuned: make_tuned_reranker(cfg, tuned), require_beats_fused=cfg.mode == "auto", tag=tag
         )
     return SameReranker(make_reranker(settings))
-
-
-def hot_passages_path(settings: Settings) -> Path:
-    """Where the retrieval counts persist: the setting, else beside the index it counts."""
-    if settings.hot_passages_path is not None:
-        return settings.hot_passages_path
-    if settings.index.backend == "qdrant":
-        return default_home() / f"hot-passages-{settings.qdrant.collection}.json"
-    return settings.index.path / "hot-passages.json"
-
-
-def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipeline:
-    """Load and wire every part; the generator is started separately (it is async)."""
-    embedder = make_embedder(settings.embedder)
-    index = make_index(settings)
-    log.info("index version %s loaded: %d chunks from %s", index.version, index.count, settings.index.path)
-    rerankers = make_rerankers(settings)
-    options = make_retrieval_options(settings)
-    versions = VersionBuilder.from_settings(settings, embedder, rerankers, options)
-    generator = make_generator(settings) if with_generator else None
-    # Model threads run interactive requests' calls before batch ones (request/model_threads.py).
-    executor = ClassedExecutor(settings.limits.model_threads, "ragserve-model")
-    rerank_executor = None
-    # auto and tuned may need it for a version loaded later; its threads start only when used.
-    if settings.rerank.mode != "off":
-        rerank_executor = ClassedExecutor(settings.rerank.concurrency, "ragserve-rerank")
-    search_executor = None
-    if settings.index.backend == "qdrant":
-        # Network searches on their own threads: a slow Qdrant never queues the next embedding.
-        search_executor = ThreadPoolExecutor(
-            max_workers=settings.qdrant.search_threads, thread_name_prefix="ragserve-qdrant"
-        )
-    return RagPipeline(
-        embedder,
-        index,
-        generator,
-        executor,
-        ef_search=settings.retrieval.hnsw_ef_search,
-        cache=make_cache(settings),
-        retrieval=options,
-        rerankers=rerankers,
-        policy=AnswerPolicy.from_settings(settings),
-        hot=HotPassages(hot_passages_path(settings)),
-        batch_engine_seqs=settings.limits.batch_max_engine_seqs,
-        rerank_executor=rerank_executor,
-        answers=make_answer_cache(settings) if generator is not None else None,
-        search_executor=search_executor,
-        search_min_ms=settings.qdrant.min_search_ms,
-        versions=versions,
-    )
