@@ -238,7 +238,7 @@ def test_one_hmac_key_source(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("make", "field", "value"),
     [
-        (Settings, "generation_enabled", False),
+        (lambda: Settings().answer, "generation_enabled", False),
         (lambda: Settings().transport, "port", 1),
         (lambda: Settings().requests, "default_top_k", 1),
         (GeneratorSettings, "max_model_len", 1),
@@ -257,9 +257,12 @@ def test_settings_are_immutable(make: Any, field: str, value: object) -> None:
 def test_a_changed_copy_leaves_the_original() -> None:
     settings = Settings()
     changed = settings.model_copy(
-        update={"limits": settings.limits.model_copy(update={"max_in_flight": 4}), "generation_enabled": False}
+        update={
+            "limits": settings.limits.model_copy(update={"max_in_flight": 4}),
+            "answer": settings.answer.model_copy(update={"generation_enabled": False}),
+        }
     )
-    assert changed.limits.max_in_flight == 4 and not changed.generation_enabled
+    assert changed.limits.max_in_flight == 4 and not changed.answer.generation_enabled
     assert settings.limits.max_in_flight == 64 and settings.answer.generation_enabled
 
 

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from ragserve.config import GeneratorSettings
 from ragserve.generate.vllm_engine import VllmGenerator
 from tests.generate import contract
 
 
-def test_the_local_engine_meets_the_generator_contract() -> None:
+def test_the_local_engine_meets_the_generator_contract(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As the server does (ragserve/logs.py): vLLM, imported here for the first time in this process,
+    # must not install logging of its own that later tests' log set-up would then run beside.
+    monkeypatch.setenv("VLLM_CONFIGURE_LOGGING", "0")
+
     async def run() -> None:
         generator = VllmGenerator(GeneratorSettings())
         await generator.start()

@@ -233,7 +233,7 @@ def test_stream_limit_below_the_in_flight_bound_is_refused() -> None:
 _OPTIONS_ONLY_SERVER = textwrap.dedent(
     """
     import asyncio, grpc
-    from ragserve.config import Settings
+    from ragserve.config import AnswerSettings, Settings
     from ragserve.server.limiter import InFlightLimiter
     from ragserve.server.app import server_options
     from ragserve.server.servicer import RagServicer
