@@ -80,6 +80,14 @@ REPLICA_REQUESTS = Counter(
     ["server", "outcome"],
 )
 REPLICA_HEDGES = Counter("ragserve_generator_hedges_total", "Prompts sent to a second server after the hedge bound")
+WARM_PASSAGES = Gauge("ragserve_warm_passages", "Passages of the serving version pre-filled in the KV cache")
+WARM_TOKENS = Gauge("ragserve_warm_tokens", "Prompt tokens those pre-filled passages take")
+WARM_LEFT_OUT = Gauge(
+    "ragserve_warm_left_out_passages", "Passages of the serving version left cold (past RAGSERVE_WARM_KV_SHARE)"
+)
+QUERY_TOP_WARM = Counter(
+    "ragserve_query_top_passage_warm_total", "Queries whose top passage had been pre-filled (warm) or not", ["warm"]
+)
 
 # Export the rerank series from the start, at zero, so dashboards see them even with reranking off.
 for _tier in ("tier1", "tier2"):

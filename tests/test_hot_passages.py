@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
 from indexer.build import build_index
 from ragserve.budget import Deadline
@@ -22,6 +23,7 @@ from ragserve.request.context import fit_context
 from ragserve.request.hot import HotPassages
 from ragserve.request.pipeline import RagPipeline
 from ragserve.request.policy import AnswerPolicy
+from ragserve.request.warming import WarmState
 from ragserve.types import GenerateParams, GenerationChunk, Passage, RetrieveParams, Usage
 from tests.fakes import FakeGenerator
 from tests.index.conftest import write_docs
@@ -156,15 +158,18 @@ def test_the_most_retrieved_top_passages_are_prefilled_at_start(make_pipeline, t
                 ]
                 tops.append(events[0].passages[0].chunk.chunk_id)
         generator = FakeRecordingGenerator()
-        async with make_pipeline(generator, HotPassages(path)):
-            pass
+        async with make_pipeline(generator, HotPassages(path)) as second:
+            # Nothing pre-filled before SERVING: the server starts warming after it.
+            assert not [params for params in generator.params if params.max_tokens == 1]
+            await second.warm_hot_passages()
         return tops, generator
 
     tops, generator = asyncio.run(serve_then_restart())
     assert json.loads(path.read_text())["counts"][tops[0]] == 2
     warm = [p for p, params in zip(generator.prompts, generator.params, strict=True) if params.max_tokens == 1]
-    assert len(warm) == 2  # the two distinct top passages, the most retrieved first
+    # The two distinct top passages, the most retrieved first, then the rest of the corpus.
     assert "Discovery of Penicillin" in warm[0].user and "Bloom" in warm[1].user
+    assert len(warm) > 2 and len({p.user for p in warm}) == len(warm)
     # Rendered as a Query renders its top passage, with nothing of any question before it.
     assert warm[0].user.startswith('<passages>\n<passage id="1" title="The Discovery of Penicillin">')
 
@@ -184,12 +189,64 @@ def test_warming_stays_within_its_share_of_the_kv_cache(make_pipeline) -> None:
         generator.kv_tokens = 4 * first if kv_tokens is None else kv_tokens  # share 0.25: room for one
         return await pipeline.warm_hot_passages()
 
-    assert asyncio.run(warm(10_000_000, AnswerPolicy())) == 8
-    assert asyncio.run(warm(None, AnswerPolicy(warm_kv_share=0.25))) == 1
+    hot_only = AnswerPolicy(warm_whole_corpus=False)
+    assert asyncio.run(warm(10_000_000, hot_only)) == 8
+    assert asyncio.run(warm(None, hot_only)) == 1  # share 0.25
     assert asyncio.run(warm(0, AnswerPolicy())) == 0
     assert asyncio.run(warm(10_000_000, AnswerPolicy(warm_passages=0))) == 0
     # Only the reusable layout renders a passage the same for every question.
     assert asyncio.run(warm(10_000_000, AnswerPolicy(prompt_layout="stable"))) == 0
+
+
+def test_without_history_the_whole_corpus_is_warmed_in_the_index_order_as_far_as_the_share_goes(
+    make_pipeline,
+) -> None:
+    async def warm(kv_tokens: int) -> tuple[list[Prompt], WarmState, int, list[str]]:
+        generator = FakeRecordingGenerator()
+        generator.kv_tokens = kv_tokens
+        pipeline = make_pipeline(generator, HotPassages(None))
+        index = pipeline.index
+        assert isinstance(index, HnswIndex)
+        await pipeline.warm_hot_passages()
+        return generator.prompts, pipeline.warm_state(), index.count, [c.text for c in index.chunks]
+
+    prompts, state, count, texts = asyncio.run(warm(10_000_000))
+    assert state.done and state.passages == len(prompts) and state.left_out == count - state.passages
+    assert state.passages > 0.8 * count  # all but passages too long to be reused whole
+    assert texts[0].strip() in prompts[0].user  # the index's own order
+    assert state.tokens > 0
+    # A corpus that does not fit: the first passages that fit, the rest reported as left cold.
+    prompts, state, count, _ = asyncio.run(warm(4 * 200))
+    assert 0 < state.passages < 10 and state.left_out == count - state.passages
+
+
+def test_warming_pauses_while_an_interactive_query_runs_and_counts_warm_top_passages(make_pipeline) -> None:
+    async def run() -> tuple[int, int, WarmState]:
+        generator = FakeRecordingGenerator()
+        pipeline = make_pipeline(generator, HotPassages(None))
+        question = RetrieveParams("Who discovered penicillin?", 3, 10_000)
+        before = _warm_hits()
+        # A Query starts and holds its stream open: warming must not pre-fill anything meanwhile.
+        stream = pipeline.query(question, GenerateParams(8, 0.0), Deadline(10_000), "r")
+        await anext(stream)
+        warming = asyncio.create_task(pipeline.warm_hot_passages())
+        await asyncio.sleep(0.5)
+        prefilled_while_busy = sum(1 for p in generator.params if p.max_tokens == 1)
+        await stream.aclose()
+        await warming
+        # Once warm, the same question's top passage is found warm.
+        async for _ in pipeline.query(question, GenerateParams(8, 0.0), Deadline(10_000), "r"):
+            pass
+        return prefilled_while_busy, _warm_hits() - before, pipeline.warm_state()
+
+    prefilled_while_busy, warm_hits, state = asyncio.run(run())
+    assert prefilled_while_busy == 0
+    assert state.done and state.passages > 0
+    assert warm_hits == 1  # the first Query found it cold (not counted here), the second warm
+
+
+def _warm_hits() -> float:
+    return REGISTRY.get_sample_value("ragserve_query_top_passage_warm_total", {"warm": "yes"}) or 0.0
 
 
 @pytest.mark.slow  # builds two index versions
@@ -231,6 +288,6 @@ def test_a_hot_reload_prefills_the_new_versions_most_retrieved_passages(
     hot_text, warm = asyncio.run(reload_once())
     # The count outlives the version: an unchanged document keeps its chunk id, and the new
     # version's copy of it is what was pre-filled, rendered as a Query renders a top passage.
-    assert len(warm) == 1 and warm[0].user.startswith('<passages>\n<passage id="1"')
+    assert warm and warm[0].user.startswith('<passages>\n<passage id="1"')  # the most retrieved first
     assert hot_text in warm[0].user
     assert all(params.max_tokens == 1 for params in generator.params[-len(warm) :])

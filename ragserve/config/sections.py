@@ -370,9 +370,14 @@ class WarmingSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="RAGSERVE_", extra="forbid", frozen=True)
 
-    # At start and after a hot reload, pre-fill the engine's prefix cache with this many of the
-    # passages Query retrieval ranked first most often (reusable layout only; 0 = off).
-    warm_passages: int = Field(default=32, ge=0)
+    # After start (in the background, once SERVING), after a hot reload and when a generation server
+    # comes back, pre-fill the engine's prefix cache with up to this many passages: the ones Query
+    # retrieval ranked first most often, then (RAGSERVE_WARM_WHOLE_CORPUS) the rest of the corpus
+    # in the index's order (reusable layout only; 0 = off).
+    warm_passages: int = Field(default=20_000, ge=0)
+    # After the most retrieved passages, the rest of the corpus: a new deployment, a new version or a
+    # corpus without history starts warm, as far as RAGSERVE_WARM_KV_SHARE goes (docs/ttft.md).
+    warm_whole_corpus: bool = True
     # The most of the engine's KV cache that warming may fill (the prefix cache evicts the least
     # recently used blocks first, so warming more would only push out what traffic needs).
     warm_kv_share: float = Field(default=0.25, gt=0.0, le=1.0)

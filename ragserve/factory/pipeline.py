@@ -53,6 +53,7 @@ def answer_policy(settings: Settings) -> AnswerPolicy:
         answer.abstain_on_low_support,
         warming.warm_passages,
         warming.warm_kv_share,
+        warming.warm_whole_corpus,
     )
 
 

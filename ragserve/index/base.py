@@ -54,6 +54,11 @@ class SearchIndex(Protocol):
         """The k best chunks by BM25 score (only chunks sharing a term with the query)."""
         ...
 
+    def chunks_in_order(self, limit: int) -> list[Chunk]:
+        """The first `limit` chunks in the index's own order (warming fills the KV cache with them
+        after the most retrieved)."""
+        ...
+
     def chunks_by_id(self, chunk_ids: Sequence[str]) -> list[Chunk]:
         """The chunks with these ids that this version holds, in the order asked; others skipped
         (to pre-fill the engine's KV with known passages)."""

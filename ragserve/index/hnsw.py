@@ -128,6 +128,9 @@ class HnswIndex:
         """Row i of the version (the docstore); do not modify."""
         return self._chunks
 
+    def chunks_in_order(self, limit: int) -> list[Chunk]:
+        return self._chunks[:limit]
+
     def chunks_by_id(self, chunk_ids: Sequence[str]) -> list[Chunk]:
         if self._by_id is None:
             self._by_id = {chunk.chunk_id: chunk for chunk in self._chunks}

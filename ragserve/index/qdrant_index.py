@@ -280,6 +280,25 @@ class QdrantIndex(PublishedMeta):
             log.warning("Qdrant query failed: %s: %s", type(exc).__name__, exc)
             raise Unavailable(f"the Qdrant index is unavailable ({type(exc).__name__})") from exc
 
+    def chunks_in_order(self, limit: int) -> list[Chunk]:
+        """The collection's points in Qdrant's own order (by point id), paged."""
+        chunks: list[Chunk] = []
+        offset: Any = None
+        while len(chunks) < limit:
+            try:
+                points, offset = self._client.scroll(
+                    self.collection, limit=min(256, limit - len(chunks)), offset=offset, with_payload=True
+                )
+            except Exception as exc:
+                if not isinstance(exc, _unreachable_errors()):
+                    raise
+                log.warning("Qdrant scroll failed: %s: %s", type(exc).__name__, exc)
+                raise Unavailable(f"the Qdrant index is unavailable ({type(exc).__name__})") from exc
+            chunks += [_chunk_of(p.payload) for p in points if p.payload]
+            if offset is None or not points:
+                break
+        return chunks
+
     def chunks_by_id(self, chunk_ids: Sequence[str]) -> list[Chunk]:
         try:
             points = self._client.retrieve(self.collection, ids=[point_id(c) for c in chunk_ids], with_payload=True)

@@ -14,9 +14,10 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TypeVar
 
+from ragserve import metrics
 from ragserve.budget import Deadline, StageTimer
 from ragserve.cache.base import AnswerCache, RetrievalCache
 from ragserve.cache.keys import RetrievalKey
@@ -36,7 +37,7 @@ from ragserve.request.pace import PaceMonitor
 from ragserve.request.policy import ABSTAIN_ANSWER, AnswerPolicy
 from ragserve.request.search import SearchStage, check_client
 from ragserve.request.serving import ServingVersion, VersionSource
-from ragserve.request.warming import Warmer
+from ragserve.request.warming import Warmer, WarmState
 from ragserve.rerank.base import Reranker
 from ragserve.types import (
     FinalSummary,
@@ -81,7 +82,10 @@ class RagPipeline:
         self.hot = hot
         self.pace = PaceMonitor()  # is the engine running at this host's pace (a busy neighbour)?
         self._batch_slots = asyncio.Semaphore(batch_engine_seqs) if batch_engine_seqs > 0 else None
-        self._warmer = Warmer(generator, policy, hot, search.threads) if generator is not None else None
+        self._interactive_queries = 0
+        self._no_interactive = asyncio.Event()  # warming pauses while an interactive Query runs
+        self._no_interactive.set()
+        self._warmer = Warmer(generator, policy, hot, search.threads, self._no_interactive) if generator else None
 
     @property
     def serving(self) -> ServingVersion:
@@ -122,13 +126,16 @@ class RagPipeline:
             await self.generator.start()
             if self.generator.status().on_this_host:  # a remote server's pace is not this host's
                 await self.pace.measure_baseline(self.generator)
-            self.hot.load()
-            await self.warm_hot_passages()
+            self.hot.load()  # warming itself starts once the server is SERVING (warm_hot_passages)
         # After the engine is up: each tier measures its cost at the load it will serve under.
         await self.search.warm_up(serving)
         if serving.reranker is not None:
             log.info("rerank tiers: %s", "; ".join(serving.reranker.describe()))
         await self.caches.start()
+
+    def warm_state(self) -> WarmState:
+        """What warming did for the serving version (empty without a generator)."""
+        return self._warmer.state if self._warmer is not None else WarmState()
 
     async def warm_hot_passages(self) -> int:
         """Pre-fill the engine's prefix cache for the serving version (request/warming.py): at start,
@@ -237,12 +244,32 @@ class RagPipeline:
     async def query(
         self, params: RetrieveParams, gen: GenerateParams, deadline: Deadline, request_id: str
     ) -> AsyncIterator[QueryEvent]:
+        """`_query`'s events; while an interactive one runs, warming waits."""
+        interactive = gen.request_class is RequestClass.INTERACTIVE
+        self._interactive_queries += interactive
+        if self._interactive_queries:
+            self._no_interactive.clear()
+        try:
+            async with contextlib.aclosing(self._query(params, gen, deadline, request_id)) as events:
+                async for event in events:
+                    yield event
+        finally:
+            self._interactive_queries -= interactive
+            if not self._interactive_queries:
+                self._no_interactive.set()
+
+    async def _query(
+        self, params: RetrieveParams, gen: GenerateParams, deadline: Deadline, request_id: str
+    ) -> AsyncGenerator[QueryEvent, None]:
         generator = self.generator
         if generator is None:
             raise ConfigError("generation is disabled on this server (RAGSERVE_GENERATION_ENABLED=false); use Retrieve")
         retrieval, key = await self._retrieve(params, deadline, self.serving)
         if retrieval.passages:
-            self.hot.record(retrieval.passages[0].chunk.chunk_id)
+            top = retrieval.passages[0].chunk.chunk_id
+            self.hot.record(top)
+            if self._warmer is not None:
+                metrics.QUERY_TOP_WARM.labels("yes" if self._warmer.is_warm(top) else "no").inc()
         # The final summary's timings start as a copy: the retrieval event's never change once sent.
         timings = dataclasses.replace(retrieval.timings)
         if self.policy.abstain_on_low_support and retrieval.support is not None and retrieval.support.low:

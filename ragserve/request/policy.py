@@ -21,6 +21,7 @@ class AnswerPolicy:
     abstain_on_low_support: bool = default_of(AnswerSettings, "abstain_on_low_support")
     warm_passages: int = default_of(WarmingSettings, "warm_passages")
     warm_kv_share: float = default_of(WarmingSettings, "warm_kv_share")
+    warm_whole_corpus: bool = default_of(WarmingSettings, "warm_whole_corpus")
 
     @property
     def whole_first_max_tokens(self) -> int:

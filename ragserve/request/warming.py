@@ -1,54 +1,128 @@
 """Pre-filling the engine's prefix cache with the passages questions will reuse.
 
-One entry point for every trigger: start, a newly published version, a generation server that
-comes back with an empty cache. The most retrieved top passages (request/hot.py) go first, each
-rendered exactly as a Query renders its top passage, within the policy's share of the KV cache.
-Only the reusable layout renders a passage the same for every question, so only it can reuse them.
+One entry point for every trigger: start (in the background, once the server is SERVING), a newly
+published version, a generation server that comes back with an empty cache. The most retrieved top
+passages (request/hot.py) go first, then (RAGSERVE_WARM_WHOLE_CORPUS) the rest of the corpus in the
+index's order, each rendered exactly as a Query renders its top passage, until the policy's share
+of the KV cache is used; what does not fit is counted as left out. Warming runs at batch priority
+and pauses while an interactive Query runs, so a person never waits behind it. Only the reusable
+layout renders a passage the same for every question, so only it can reuse them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from dataclasses import dataclass
 
+from ragserve import metrics
 from ragserve.generate.base import Generator
 from ragserve.prompt import build_prompt
 from ragserve.request.context import fit_context
 from ragserve.request.hot import HotPassages
-from ragserve.request.model_threads import ModelThreads
+from ragserve.request.model_threads import CURRENT_CLASS, ModelThreads
 from ragserve.request.policy import AnswerPolicy
 from ragserve.request.serving import ServingVersion
-from ragserve.types import Passage
+from ragserve.types import Chunk, Passage, RequestClass
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class WarmState:
+    """What warming did for the serving version (Info and the metrics report it)."""
+
+    version: str = ""
+    passages: int = 0
+    tokens: int = 0
+    left_out: int = 0  # passages of the version that stayed cold (past the share, or too long to reuse)
+    done: bool = False
+    seconds: float = 0.0
+
+
 class Warmer:
-    def __init__(self, generator: Generator, policy: AnswerPolicy, hot: HotPassages, threads: ModelThreads) -> None:
+    def __init__(
+        self,
+        generator: Generator,
+        policy: AnswerPolicy,
+        hot: HotPassages,
+        threads: ModelThreads,
+        idle: asyncio.Event | None = None,
+    ) -> None:
+        """`idle`: set while no interactive work runs (warming waits for it between passages)."""
         self._generator = generator
         self._policy = policy
         self._hot = hot
         self._threads = threads
+        self._idle = idle
+        self.state = WarmState()
+        self._warm_ids: frozenset[str] = frozenset()
+        self._lock = asyncio.Lock()
+
+    def is_warm(self, chunk_id: str) -> bool:
+        return chunk_id in self._warm_ids
 
     async def warm(self, serving: ServingVersion) -> int:
-        """Pre-fill `serving`'s most retrieved top passages, one at a time; how many were warmed."""
-        generator, policy = self._generator, self._policy
-        if policy.warm_passages <= 0 or policy.prompt_layout != "reusable":
+        """Pre-fill `serving`'s passages, one at a time; how many were warmed."""
+        if self._policy.warm_passages <= 0 or self._policy.prompt_layout != "reusable":
             return 0
-        index = serving.index
-        ids = self._hot.top(policy.warm_passages)
-        chunks = await self._threads.run(lambda: index.chunks_by_id(ids)) if ids else []
+        async with self._lock:  # a later trigger waits for (or, cancelled, replaces) the one running
+            CURRENT_CLASS.set(RequestClass.BATCH)  # its model-thread work queues after people's
+            return await self._warm(serving)
+
+    async def _warm(self, serving: ServingVersion) -> int:
+        started = time.perf_counter()
+        generator, policy, index = self._generator, self._policy, serving.index
+        self._warm_ids = frozenset()
+        self._publish(WarmState(serving.identity))
+        chunks = await self._threads.run(lambda: self._candidates(serving))
         room = int(policy.warm_kv_share * await generator.kv_cache_tokens())
-        warmed = 0
+        warm: set[str] = set()
+        tokens = left_out = 0
         for chunk in chunks:
             passage = Passage(chunk, 1.0, 1)
-            text_tokens = generator.count_tokens(chunk.text.strip())
-            tokens = fit_context("", [passage], 0, generator.count_tokens).tokens  # with its title
-            if text_tokens > policy.whole_passage_max_tokens or tokens > room:
-                continue  # served cut to the question (never reused), or past the share
-            room -= tokens
+            size, whole = await self._threads.run(lambda p=passage: self._sizes(p))  # type: ignore[misc]
+            if whole > policy.whole_passage_max_tokens or size > room:
+                left_out += 1  # served cut to the question (never reused), or past the share
+                continue
+            if self._idle is not None:
+                await self._idle.wait()
+            room -= size
             # The question comes last: every full KV block before it is this passage's, as served.
             await generator.prefill(build_prompt("", [passage], policy.prompt_layout))
-            warmed += 1
-        if warmed:
-            log.info("pre-filled the prefix cache with %d of the most retrieved passages", warmed)
-        return warmed
+            warm.add(chunk.chunk_id)
+            tokens += size
+            self._warm_ids = frozenset(warm)
+            self._publish(WarmState(serving.identity, len(warm), tokens, 0))
+        left_out += max(0, index.count - len(chunks))
+        state = WarmState(serving.identity, len(warm), tokens, left_out, True, time.perf_counter() - started)
+        self._publish(state)
+        log.info(
+            "warming done for index version %s: %d passages (%d tokens) pre-filled in %.1f s; %d left cold "
+            "(past RAGSERVE_WARM_KV_SHARE, or too long to reuse)",
+            serving.version, state.passages, state.tokens, state.seconds, state.left_out,
+        )  # fmt: skip
+        return state.passages
+
+    def _candidates(self, serving: ServingVersion) -> list[Chunk]:
+        """The most retrieved passages first, then the index's own order, each once."""
+        limit = self._policy.warm_passages
+        index = serving.index
+        ids = self._hot.top(limit)
+        chunks = index.chunks_by_id(ids) if ids else []
+        if self._policy.warm_whole_corpus and len(chunks) < limit:
+            seen = {chunk.chunk_id for chunk in chunks}
+            chunks += [c for c in index.chunks_in_order(limit) if c.chunk_id not in seen][: limit - len(chunks)]
+        return chunks
+
+    def _sizes(self, passage: Passage) -> tuple[int, int]:
+        """(tokens the passage takes in the prompt with its title, tokens of its text alone)."""
+        count = self._generator.count_tokens
+        return fit_context("", [passage], 0, count).tokens, count(passage.chunk.text.strip())
+
+    def _publish(self, state: WarmState) -> None:
+        self.state = state
+        metrics.WARM_PASSAGES.set(state.passages)
+        metrics.WARM_TOKENS.set(state.tokens)
+        metrics.WARM_LEFT_OUT.set(state.left_out)

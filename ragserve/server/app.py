@@ -247,6 +247,9 @@ class RagServer:
             self._background.append(asyncio.create_task(self._save_counts(pipeline)))
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("serving on %s (index version %s)", address, pipeline.index.version)
+        if pipeline.generator is not None:
+            # After SERVING, in the background: a person's first question never waits for warming.
+            self._background.append(asyncio.create_task(_logged(pipeline.warm_hot_passages())))
         return address
 
     def _index_reloader(self, pipeline: RagPipeline) -> IndexReloader:

@@ -23,6 +23,7 @@ from ragserve.v1 import rag_pb2 as pb
 
 if TYPE_CHECKING:
     from ragserve.request.pipeline import RagPipeline
+    from ragserve.request.warming import WarmState
 
 # The two messages that carry a retrieval result: the Retrieve reply and the Query stream's first event.
 RetrievalMessage = TypeVar("RetrievalMessage", pb.RetrieveResponse, pb.RetrievalEvent)
@@ -151,6 +152,17 @@ def info_response_pb(pipeline: RagPipeline, retrieval_budget_ms: int, requests_i
         generator_pace=pipeline.pace.describe(share) if generator else "",
         generator_servers=[pb.GeneratorServer(url=r.url, up=r.up, in_flight=r.in_flight) for r in servers],
         host_share=host_share_pb(share) if share is not None else None,
+        warming=warming_pb(pipeline.warm_state()),
+    )
+
+
+def warming_pb(state: WarmState) -> pb.Warming:
+    return pb.Warming(
+        passages=state.passages,
+        tokens=state.tokens,
+        left_out=state.left_out,
+        done=state.done,
+        seconds=state.seconds,
     )
 
 

@@ -3,6 +3,7 @@ hnswlib index, vLLM engine): start, wait for SERVING, stop, and a few probes of 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -85,6 +86,9 @@ def spawn_server(
         "RAGSERVE_LOG_LEVEL": "INFO",
         "RAGSERVE_SHUTDOWN_GRACE_S": "10",
         "RAGSERVE_METRICS_PORT": str(metrics_port),
+        # Tests ask about passages they choose: background warming of the whole corpus would make
+        # their caches and their CPU depend on its timing. tests/e2e/test_warm.py turns it on.
+        "RAGSERVE_WARM_WHOLE_CORPUS": "false",
         **(env or {}),
     }
     command = [sys.executable, "-m", "ragserve.cli", "serve", "--index", str(index)]
@@ -164,3 +168,20 @@ def running_requests(server: HttpProcess) -> float:
         for sample in family.samples
         if sample.name == "vllm:num_requests_running"
     )
+
+
+def wait_warm(target: str, limit_s: float = 120.0) -> Any:
+    """Info's warming state once warming has finished (it runs after SERVING, in the background)."""
+    from ragserve.client import RagClient
+
+    async def info() -> Any:
+        async with RagClient(target) as client:
+            return await client.info()
+
+    give_up = time.monotonic() + limit_s
+    while time.monotonic() < give_up:
+        warming = asyncio.run(info()).warming
+        if warming.done:
+            return warming
+        time.sleep(0.2)
+    raise AssertionError(f"warming did not finish within {limit_s:g} s")

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from google.protobuf.json_format import MessageToDict
 
+from ragserve.request.warming import WarmState
 from ragserve.server.convert import (
     info_response_pb,
     query_event_pb,
@@ -121,6 +122,7 @@ def _pipeline(generator: Any, reranker: Any) -> Any:
         generator=generator,
         reranker=reranker,
         pace=SimpleNamespace(describe=lambda share=None: "normal (decode 1.0x its pace alone, 10.0 ms/token)"),
+        warm_state=lambda: WarmState("v3", passages=12, tokens=3400, left_out=2, done=True, seconds=1.5),
     )
 
 
@@ -144,6 +146,7 @@ def test_info_response_of_a_full_pipeline() -> None:
     assert (info.retrieval_budget_ms, info.requests_in_flight, info.generator_unfinished_requests) == (150, 5, 2)
     assert [(s.name, s.value, s.reason) for s in info.generator_settings] == [("threads", "2", "host has 2 cores")]
     assert info.host_cpu == "x86_64 avx2"
+    assert (info.warming.passages, info.warming.tokens, info.warming.left_out, info.warming.done) == (12, 3400, 2, True)
     assert info.generator_pace.startswith("normal")
 
 

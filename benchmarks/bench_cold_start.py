@@ -1,0 +1,181 @@
+"""Cold start, warm cache: first visits on a fresh server with no history, with and without warming.
+
+    python benchmarks/bench_cold_start.py --out bench-results/cold-start
+    python benchmarks/bench_cold_start.py --out /tmp/cold-smoke --questions 20
+
+Indexes `<data>/corpus.jsonl` (SQuAD v2 dev; not shipped) and starts a fresh server with no
+retrieval counts, three times, answer cache off, one question at a time, temperature 0:
+
+  cold      RAGSERVE_WARM_PASSAGES=0: every question's top passage is a first visit
+  warm      the default: warming pre-fills what fits once SERVING; asked after it finished
+  during    the default, asked from the moment the server is SERVING, while warming runs
+
+Each run asks the first --questions answerable questions whose gold paragraphs are all different
+(one question per paragraph: every one a first visit). Reported: TTFT p50/p95 of each run, the
+warm/cold ratios, time to SERVING and to warm, passages and tokens pre-filled and left cold (from
+Info), and the server's RSS once warm. With --corpus-too-big, the same index is also warmed with
+RAGSERVE_WARM_KV_SHARE small enough that it cannot all fit, to show what is left out. Writes
+results.md and results.json to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.harness import ensure_index, load_avg, percentile, start_server, stop_server, write_results  # noqa: E402
+from benchmarks.workloads import WARMUP, Question, ask, load_questions  # noqa: E402
+from ragserve.client import RagClient  # noqa: E402
+from ragserve.generate.host import read_host_cpu  # noqa: E402
+
+
+def first_visits(questions: list[Question], count: int) -> list[Question]:
+    """Answerable questions, one per paragraph: each one's top passage is new to the server."""
+    seen: set[str] = set()
+    picked = []
+    for q in questions:
+        if q.impossible or q.doc_id in seen:
+            continue
+        seen.add(q.doc_id)
+        picked.append(q)
+        if len(picked) == count:
+            break
+    return picked
+
+
+async def info(target: str) -> Any:
+    async with RagClient(target) as client:
+        return await client.info()
+
+
+async def wait_warm(target: str, limit_s: float = 900.0) -> Any:
+    give_up = time.monotonic() + limit_s
+    while time.monotonic() < give_up:
+        warming = (await info(target)).warming
+        if warming.done:
+            return warming
+        await asyncio.sleep(0.2)
+    raise SystemExit(f"warming did not finish within {limit_s:g} s")
+
+
+async def drive(target: str, questions: list[Question], max_tokens: int) -> list[dict[str, Any]]:
+    async with RagClient(target, default_timeout_s=120) as client:
+        return [await ask(client, q, max_tokens) for q in questions]
+
+
+def rss_mib(pid: int) -> float:
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmRSS"))
+    return int(line.split()[1]) / 1024
+
+
+def run(args: argparse.Namespace, name: str, env: dict[str, str], questions: list[Question]) -> dict[str, Any]:
+    """One fresh server (no counts file): time to SERVING, the questions (after warming, or during
+    it), what warming did and the RSS."""
+    counts = args.out / f"hot-{name}.json"
+    counts.unlink(missing_ok=True)
+    env = {
+        "RAGSERVE_CACHE_ANSWERS": "false",
+        "RAGSERVE_HOT_PASSAGES_PATH": str(counts),
+        "RAGSERVE_WARM_WHOLE_CORPUS": "true",
+        **env,
+    }
+    started = time.perf_counter()
+    process, target = start_server(args.index, env, args.out / f"sidecar-{name}.log")
+    serving_s = time.perf_counter() - started
+    try:
+        if name != "during":
+            warming = asyncio.run(wait_warm(target))
+            warm_s = time.perf_counter() - started
+            rows = asyncio.run(drive(target, [WARMUP, *questions], args.max_tokens))[1:]
+        else:
+            rows = asyncio.run(drive(target, questions, args.max_tokens))
+            warming = asyncio.run(info(target)).warming  # how far warming got meanwhile
+            warm_s = 0.0
+        rss = rss_mib(process.pid)
+    finally:
+        stop_server(process)
+    ok = [r for r in rows if r["ok"] and "ttft_ms" in r]
+    result = {
+        "rows": rows,
+        "ttft_p50": percentile([r["ttft_ms"] for r in ok], 50),
+        "ttft_p95": percentile([r["ttft_ms"] for r in ok], 95),
+        "cached_mean": sum(r["cached_tokens"] for r in ok) / max(1, len(ok)),
+        "errors": len(rows) - len(ok),
+        "serving_s": serving_s,
+        "warm_s": warm_s,
+        "warm_passages": warming.passages,
+        "warm_tokens": warming.tokens,
+        "warm_left_out": warming.left_out,
+        "warm_done": warming.done,
+        "rss_mib": rss,
+    }
+    print(
+        f"[{name}] TTFT p50 {result['ttft_p50']:.0f} / p95 {result['ttft_p95']:.0f} ms, cached "
+        f"{result['cached_mean']:.0f}, SERVING {serving_s:.1f} s, warm {warm_s:.1f} s, "
+        f"{warming.passages} passages warm, {warming.left_out} cold; load {load_avg()}",
+        flush=True,
+    )
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "squad2-dev")
+    parser.add_argument("--out", type=Path, default=REPO / "bench-results" / "cold-start")
+    parser.add_argument("--index", type=Path)
+    parser.add_argument("--questions", type=int, default=60)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--corpus-too-big", action="store_true", help="also warm with a share the corpus exceeds")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.index = ensure_index(args.index, args.out, args.data / "corpus.jsonl")
+    questions = first_visits(load_questions(args.data, args.seed), args.questions)
+    load_before = load_avg()
+    results = {
+        "cold": run(args, "cold", {"RAGSERVE_WARM_PASSAGES": "0"}, questions),
+        "warm": run(args, "warm", {}, questions),
+        "during": run(args, "during", {}, questions),
+    }
+    if args.corpus_too_big:
+        results["too-big"] = run(args, "too-big", {"RAGSERVE_WARM_KV_SHARE": "0.01"}, questions)
+    cold, warm, during = results["cold"], results["warm"], results["during"]
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
+    lines = [
+        "# Cold start, warm cache (SQuAD v2 dev sample, first visits, through Query)",
+        "",
+        f"Host: {read_host_cpu().describe()}. Commit {git.strip()}. Load before: {load_before}. "
+        f"{len(questions)} answerable questions, one per paragraph, max_tokens {args.max_tokens}, one at a "
+        "time, answer cache off, a fresh server with no retrieval counts for each row.",
+        "",
+        "| run | TTFT p50 / p95 ms | cached tokens / request | to SERVING s | to warm s | passages warm / cold "
+        "| warm tokens | RSS MiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        lines.append(
+            f"| {name} | {r['ttft_p50']:.0f} / {r['ttft_p95']:.0f} | {r['cached_mean']:.0f} | {r['serving_s']:.1f} "
+            f"| {r['warm_s']:.1f} | {r['warm_passages']} / {r['warm_left_out']} | {r['warm_tokens']} "
+            f"| {r['rss_mib']:.0f} |"
+        )
+    lines += [
+        "",
+        f"- warm / cold TTFT: p50 {warm['ttft_p50'] / cold['ttft_p50']:.2f}x, "
+        f"p95 {warm['ttft_p95'] / cold['ttft_p95']:.2f}x",
+        f"- asked while warming ran / cold: p95 {during['ttft_p95'] / cold['ttft_p95']:.2f}x "
+        f"(p50 {during['ttft_p50'] / cold['ttft_p50']:.2f}x)",
+        f"- SERVING with warming / without: {warm['serving_s'] / cold['serving_s']:.2f}x",
+    ]
+    write_results(args.out, "\n".join(lines) + "\n", results)
+
+
+if __name__ == "__main__":
+    main()
