@@ -45,6 +45,12 @@ class SearchIndex(Protocol):
         ...
 
     @property
+    def source(self) -> str:
+        """What it was published as: its folder's name (a folder version) or its Qdrant collection;
+        a hot-reload watch compares it with what is published now."""
+        ...
+
+    @property
     def lexical_available(self) -> bool:
         """Whether it keeps a lexical (BM25) index over the same chunks (False for a version built
         before BM25 was added: hybrid then falls back to dense)."""

@@ -141,6 +141,10 @@ class HnswIndex:
         return str(self.manifest.version)
 
     @property
+    def source(self) -> str:
+        return self.folder.name
+
+    @property
     def identity(self) -> str:
         return self._identity
 

@@ -280,6 +280,10 @@ class QdrantIndex(PublishedMeta):
             log.warning("Qdrant query failed: %s: %s", type(exc).__name__, exc)
             raise Unavailable(f"the Qdrant index is unavailable ({type(exc).__name__})") from exc
 
+    @property
+    def source(self) -> str:
+        return self.collection
+
     def chunks_in_order(self, limit: int) -> list[Chunk]:
         """The collection's points in Qdrant's own order (by point id), paged."""
         chunks: list[Chunk] = []
@@ -358,4 +362,4 @@ class QdrantWatch:
         return QdrantIndex.open(self._client(), self.name)
 
     def served(self, index: SearchIndex) -> str | None:
-        return version_marker(index.collection, index.identity) if isinstance(index, QdrantIndex) else None
+        return version_marker(index.source, index.identity)

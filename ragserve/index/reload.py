@@ -93,7 +93,7 @@ class FolderWatch:
         return HnswIndex.load(self.root)
 
     def served(self, index: SearchIndex) -> str | None:
-        return version_marker(index.folder.name, index.identity) if isinstance(index, HnswIndex) else None
+        return version_marker(index.source, index.identity)
 
 
 class IndexReloader:

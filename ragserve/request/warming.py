@@ -66,6 +66,7 @@ class Warmer:
     async def warm(self, serving: ServingVersion) -> int:
         """Pre-fill `serving`'s passages, one at a time; how many were warmed."""
         if self._policy.warm_passages <= 0 or self._policy.prompt_layout != "reusable":
+            self._publish(WarmState(serving.identity, left_out=serving.index.count, done=True))  # nothing to do
             return 0
         async with self._lock:  # a later trigger waits for (or, cancelled, replaces) the one running
             CURRENT_CLASS.set(RequestClass.BATCH)  # its model-thread work queues after people's

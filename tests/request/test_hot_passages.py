@@ -215,6 +215,10 @@ def test_without_history_the_whole_corpus_is_warmed_in_the_index_order_as_far_as
     assert state.passages > 0.8 * count  # all but passages too long to be reused whole
     assert texts[0].strip() in prompts[0].user  # the index's own order
     assert state.tokens > 0
+    # Warming off: done at once, everything cold (what Info and the benchmarks wait for).
+    off = make_pipeline(FakeRecordingGenerator(), HotPassages(None), AnswerPolicy(warm_passages=0))
+    asyncio.run(off.warm_hot_passages())
+    assert off.warm_state().done and off.warm_state().left_out == count
     # A corpus that does not fit: the first passages that fit, the rest reported as left cold.
     prompts, state, count, _ = asyncio.run(warm(4 * 200))
     assert 0 < state.passages < 10 and state.left_out == count - state.passages
