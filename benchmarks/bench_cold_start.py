@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.harness import ensure_index, load_avg, percentile, start_server, stop_server, write_results  # noqa: E402
-from benchmarks.workloads import WARMUP, Question, ask, load_questions  # noqa: E402
+from benchmarks.workloads import WARMUP, Question, ask, load_questions, wait_warm  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
 from ragserve.generate.host import read_host_cpu  # noqa: E402
 
@@ -56,14 +56,9 @@ async def info(target: str) -> Any:
         return await client.info()
 
 
-async def wait_warm(target: str, limit_s: float = 900.0) -> Any:
-    give_up = time.monotonic() + limit_s
-    while time.monotonic() < give_up:
-        warming = (await info(target)).warming
-        if warming.done:
-            return warming
-        await asyncio.sleep(0.2)
-    raise SystemExit(f"warming did not finish within {limit_s:g} s")
+async def settled(target: str) -> Any:
+    async with RagClient(target) as client:
+        return await wait_warm(client)
 
 
 async def drive(target: str, questions: list[Question], max_tokens: int) -> list[dict[str, Any]]:
@@ -92,7 +87,7 @@ def run(args: argparse.Namespace, name: str, env: dict[str, str], questions: lis
     serving_s = time.perf_counter() - started
     try:
         if name != "during":
-            warming = asyncio.run(wait_warm(target))
+            warming = asyncio.run(settled(target))
             warm_s = time.perf_counter() - started
             rows = asyncio.run(drive(target, [WARMUP, *questions], args.max_tokens))[1:]
         else:

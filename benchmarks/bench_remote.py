@@ -53,6 +53,7 @@ from benchmarks.workloads import (  # noqa: E402
     spawn_router,
     spawn_vllm_server,
     wait_http_ok,
+    wait_warm,
 )
 from ragserve.client import RagClient  # noqa: E402
 from ragserve.config import GeneratorSettings, default_generator_path  # noqa: E402
@@ -68,6 +69,7 @@ async def drive(
     rows: list[dict[str, Any]] = []
     async with RagClient(target, default_timeout_s=120) as client:
         await ask(client, WARMUP, max_tokens)
+        await wait_warm(client)  # pre-filling the most retrieved passages runs after SERVING
         for i, q in enumerate(questions):
             if victim is not None and i == victim[0]:
                 victim[1].kill()  # the whole server: API, engine core and workers

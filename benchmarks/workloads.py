@@ -150,6 +150,18 @@ async def ask(client: RagClient, q: Question, max_tokens: int) -> dict[str, Any]
     return row
 
 
+async def wait_warm(client: RagClient, limit_s: float = 900.0) -> Any:
+    """Info's warming state once the server's background warming has finished (a server that does
+    not report warming, an older one, at once): measurements start from a settled server."""
+    give_up = time.monotonic() + limit_s
+    while time.monotonic() < give_up:
+        reply = await client.info()
+        if not reply.HasField("warming") or reply.warming.done:
+            return reply.warming
+        await asyncio.sleep(0.2)
+    raise SystemExit(f"warming did not finish within {limit_s:g} s")
+
+
 # --- BEIR queries, qrels and scores ---------------------------------------------------------------
 
 

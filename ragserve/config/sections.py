@@ -378,9 +378,10 @@ class WarmingSettings(BaseSettings):
     # After the most retrieved passages, the rest of the corpus: a new deployment, a new version or a
     # corpus without history starts warm, as far as RAGSERVE_WARM_KV_SHARE goes (docs/ttft.md).
     warm_whole_corpus: bool = True
-    # The most of the engine's KV cache that warming may fill (the prefix cache evicts the least
-    # recently used blocks first, so warming more would only push out what traffic needs).
-    warm_kv_share: float = Field(default=0.25, gt=0.0, le=1.0)
+    # The most of the engine's KV cache that warming may fill. The prefix cache evicts the least
+    # recently used blocks first, so warmed passages nobody asks about give way to traffic; the
+    # rest is kept free for the requests running (docs/ttft.md).
+    warm_kv_share: float = Field(default=0.75, gt=0.0, le=1.0)
     # Where the retrieval counts persist. Empty: hot-passages.json in the index root (hnsw), or
     # hot-passages-<collection>.json in the ragserve home (Qdrant).
     hot_passages_path: Path | None = None

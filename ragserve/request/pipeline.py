@@ -37,7 +37,7 @@ from ragserve.request.pace import PaceMonitor
 from ragserve.request.policy import ABSTAIN_ANSWER, AnswerPolicy
 from ragserve.request.search import SearchStage, check_client
 from ragserve.request.serving import ServingVersion, VersionSource
-from ragserve.request.warming import Warmer, WarmState
+from ragserve.request.warming import InteractiveTraffic, Warmer, WarmState
 from ragserve.rerank.base import Reranker
 from ragserve.types import (
     FinalSummary,
@@ -82,10 +82,8 @@ class RagPipeline:
         self.hot = hot
         self.pace = PaceMonitor()  # is the engine running at this host's pace (a busy neighbour)?
         self._batch_slots = asyncio.Semaphore(batch_engine_seqs) if batch_engine_seqs > 0 else None
-        self._interactive_queries = 0
-        self._no_interactive = asyncio.Event()  # warming pauses while an interactive Query runs
-        self._no_interactive.set()
-        self._warmer = Warmer(generator, policy, hot, search.threads, self._no_interactive) if generator else None
+        self._traffic = InteractiveTraffic()  # warming gives way to it
+        self._warmer = Warmer(generator, policy, hot, search.threads, self._traffic) if generator else None
 
     @property
     def serving(self) -> ServingVersion:
@@ -246,17 +244,15 @@ class RagPipeline:
     ) -> AsyncIterator[QueryEvent]:
         """`_query`'s events; while an interactive one runs, warming waits."""
         interactive = gen.request_class is RequestClass.INTERACTIVE
-        self._interactive_queries += interactive
-        if self._interactive_queries:
-            self._no_interactive.clear()
+        if interactive:
+            self._traffic.begin()
         try:
             async with contextlib.aclosing(self._query(params, gen, deadline, request_id)) as events:
                 async for event in events:
                     yield event
         finally:
-            self._interactive_queries -= interactive
-            if not self._interactive_queries:
-                self._no_interactive.set()
+            if interactive:
+                self._traffic.end()
 
     async def _query(
         self, params: RetrieveParams, gen: GenerateParams, deadline: Deadline, request_id: str

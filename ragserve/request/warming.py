@@ -28,6 +28,39 @@ from ragserve.types import Chunk, Passage, RequestClass
 
 log = logging.getLogger(__name__)
 
+# Warming resumes only after this long without interactive Query traffic: a person asking question
+# after question never finds a warming prefill in the engine ahead of the next one.
+QUIET_S = 0.25
+
+
+class InteractiveTraffic:
+    """Interactive Queries running now, and when the last one ended (warming waits for quiet)."""
+
+    def __init__(self) -> None:
+        self._running = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._last_end = 0.0
+
+    def begin(self) -> None:
+        self._running += 1
+        self._idle.clear()
+
+    def end(self) -> None:
+        self._running -= 1
+        if not self._running:
+            self._last_end = time.monotonic()
+            self._idle.set()
+
+    async def wait_quiet(self, quiet_s: float = QUIET_S) -> None:
+        """Until no interactive Query runs and none has ended within `quiet_s`."""
+        while True:
+            await self._idle.wait()
+            left = quiet_s - (time.monotonic() - self._last_end)
+            if left <= 0:
+                return
+            await asyncio.sleep(left)
+
 
 @dataclass(frozen=True, slots=True)
 class WarmState:
@@ -48,14 +81,14 @@ class Warmer:
         policy: AnswerPolicy,
         hot: HotPassages,
         threads: ModelThreads,
-        idle: asyncio.Event | None = None,
+        traffic: InteractiveTraffic | None = None,
     ) -> None:
-        """`idle`: set while no interactive work runs (warming waits for it between passages)."""
+        """`traffic`: the interactive Queries warming gives way to, between passages."""
         self._generator = generator
         self._policy = policy
         self._hot = hot
         self._threads = threads
-        self._idle = idle
+        self._traffic = traffic
         self.state = WarmState()
         self._warm_ids: frozenset[str] = frozenset()
         self._lock = asyncio.Lock()
@@ -87,8 +120,8 @@ class Warmer:
             if whole > policy.whole_passage_max_tokens or size > room:
                 left_out += 1  # served cut to the question (never reused), or past the share
                 continue
-            if self._idle is not None:
-                await self._idle.wait()
+            if self._traffic is not None:
+                await self._traffic.wait_quiet()
             room -= size
             # The question comes last: every full KV block before it is this passage's, as served.
             await generator.prefill(build_prompt("", [passage], policy.prompt_layout))

@@ -186,12 +186,12 @@ def test_warming_stays_within_its_share_of_the_kv_cache(make_pipeline) -> None:
             hot.record(chunk.chunk_id)
         # The fake counts words; each warmed passage is charged its title and text.
         first = fit_context("", [Passage(chunks[0], 1.0, 1)], 0, generator.count_tokens).tokens
-        generator.kv_tokens = 4 * first if kv_tokens is None else kv_tokens  # share 0.25: room for one
+        generator.kv_tokens = 4 * first if kv_tokens is None else kv_tokens
         return await pipeline.warm_hot_passages()
 
-    hot_only = AnswerPolicy(warm_whole_corpus=False)
+    hot_only = AnswerPolicy(warm_whole_corpus=False, warm_kv_share=0.25)
     assert asyncio.run(warm(10_000_000, hot_only)) == 8
-    assert asyncio.run(warm(None, hot_only)) == 1  # share 0.25
+    assert asyncio.run(warm(None, hot_only)) == 1  # share 0.25: room for one
     assert asyncio.run(warm(0, AnswerPolicy())) == 0
     assert asyncio.run(warm(10_000_000, AnswerPolicy(warm_passages=0))) == 0
     # Only the reusable layout renders a passage the same for every question.
