@@ -3,38 +3,25 @@ The same checks run on the in-process engine and on a real vLLM server end to en
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 
 import pytest
 
-from ragserve.config import GeneratorSettings, default_generator_path
 from ragserve.generate.base import Generator
 from ragserve.generate.remote import RemoteVllmGenerator
 from tests.generate import contract
 from tests.generate.fake_vllm_server import FakeVllmServer
+from tests.generate.remote_harness import RemoteTest, run_with_fakes
 
 
-def _run(check: Callable[[RemoteVllmGenerator, list[FakeVllmServer]], Awaitable[None]]) -> None:
-    async def main() -> None:
-        fakes = []
-        for _ in range(2):
-            fake = await FakeVllmServer(model=str(default_generator_path())).start()
-            fake.words = [" word"] * 400  # long enough to be cut short
-            fake.token_delay_s = 0.01
-            fakes.append(fake)
-        settings = GeneratorSettings(backend="remote", remote_urls=",".join(f.url for f in fakes))
-        generator = RemoteVllmGenerator(settings, 4, 2.0)
-        try:
-            await generator.start()
-            await asyncio.gather(*generator._bringing_up, return_exceptions=True)
-            await check(generator, fakes)
-        finally:
-            await generator.close()
-            for fake in fakes:
-                await fake.stop()
+def _prepare(fakes: list[FakeVllmServer]) -> None:
+    for fake in fakes:
+        fake.words = [" word"] * 400  # long enough to be cut short
+        fake.token_delay_s = 0.01
 
-    asyncio.run(main())
+
+def _run(check: RemoteTest) -> None:
+    run_with_fakes(check, prepare=_prepare)
 
 
 @pytest.mark.parametrize("check", contract.CHECKS, ids=lambda check: check.__name__)

@@ -4,53 +4,25 @@ hedge, errors, aborts, health and connection reuse. Real vLLM servers: tests/e2e
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from ragserve.config import GeneratorSettings, default_generator_path
 from ragserve.errors import ConfigError, InvalidArgument, Overloaded, Unavailable
 from ragserve.generate.remote import RemoteVllmGenerator
 from ragserve.generate.routing import routing_key
 from ragserve.metrics import REPLICA_HEDGES
-from ragserve.prompt import Prompt, build_prompt
-from ragserve.types import Chunk, GenerateParams, GenerationChunk, Passage
+from ragserve.prompt import build_prompt
+from ragserve.types import GenerateParams, GenerationChunk
 from tests.generate.fake_vllm_server import FakeVllmServer
+from tests.generate.remote_harness import RemoteTest, bees_prompt, collect, run_with_fakes
 
 PARAMS = GenerateParams(max_tokens=8, temperature=0.0)
 
 
-def _prompt(chunk_id: str = "bees.txt#0") -> Prompt:
-    return build_prompt("How do bees dance?", [Passage(Chunk(chunk_id, "bees.txt", "Bees dance."), 1.0, 1)])
-
-
-async def _collect(stream: AsyncIterator[GenerationChunk]) -> list[GenerationChunk]:
-    return [chunk async for chunk in stream]
-
-
-def run(
-    test: Callable[[RemoteVllmGenerator, list[FakeVllmServer]], Awaitable[None]],
-    servers: int = 2,
-    start: bool = True,
-    **settings: Any,
-) -> None:
-    async def main() -> None:
-        fakes = [await FakeVllmServer(model=str(default_generator_path())).start() for _ in range(servers)]
-        generator = RemoteVllmGenerator(
-            GeneratorSettings(backend="remote", remote_urls=",".join(f.url for f in fakes), **settings), 4, 2.0
-        )
-        try:
-            if start:
-                await generator.start()  # serves once one server is up; the rest join in the background
-                await asyncio.gather(*generator._bringing_up, return_exceptions=True)
-            await test(generator, fakes)
-        finally:
-            await generator.close()
-            for fake in fakes:
-                await fake.stop()
-
-    asyncio.run(main())
+def run(test: RemoteTest, servers: int = 2, start: bool = True, **settings: Any) -> None:
+    run_with_fakes(test, servers=servers, start=start, **settings)
 
 
 async def _until(done: Callable[[], bool]) -> None:
@@ -68,7 +40,7 @@ def _serving(fakes: list[FakeVllmServer]) -> list[int]:
 
 def test_streams_text_and_usage_with_our_own_request_id() -> None:
     async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
-        chunks = await _collect(generator.stream(_prompt(), PARAMS, "client-trace-id"))
+        chunks = await collect(generator.stream(bees_prompt(), PARAMS, "client-trace-id"))
         assert "".join(c.text for c in chunks) == "The answer."
         last = chunks[-1]
         assert last.finished and last.finish_reason == "stop" and last.usage is not None
@@ -87,18 +59,18 @@ def test_streams_text_and_usage_with_our_own_request_id() -> None:
 def test_one_document_goes_to_one_server_and_moves_only_when_it_is_down() -> None:
     async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
         for _ in range(3):
-            await _collect(generator.stream(_prompt("bees.txt#0"), PARAMS, "t"))
+            await collect(generator.stream(bees_prompt("bees.txt#0"), PARAMS, "t"))
         counts = _serving(fakes)
         assert sorted(counts) == [0, 3]  # all three on one server
         # Different documents spread over both servers.
         for i in range(20):
-            await _collect(generator.stream(_prompt(f"doc{i}.txt#0"), PARAMS, "t"))
+            await collect(generator.stream(bees_prompt(f"doc{i}.txt#0"), PARAMS, "t"))
         assert min(_serving(fakes)) >= 4
         # That server stops: its documents move to the other, without an error.
         home = fakes[counts.index(3)]
         await home.stop()
         before = _serving(fakes)
-        chunks = await _collect(generator.stream(_prompt("bees.txt#0"), PARAMS, "t"))
+        chunks = await collect(generator.stream(bees_prompt("bees.txt#0"), PARAMS, "t"))
         assert chunks[-1].finished
         assert sum(_serving(fakes)) == sum(before) + 1
         assert [r.up for r in generator.replica_states()].count(False) == 1
@@ -109,7 +81,7 @@ def test_one_document_goes_to_one_server_and_moves_only_when_it_is_down() -> Non
 def test_round_robin_alternates() -> None:
     async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
         for _ in range(4):
-            await _collect(generator.stream(_prompt("bees.txt#0"), PARAMS, "t"))
+            await collect(generator.stream(bees_prompt("bees.txt#0"), PARAMS, "t"))
         assert _serving(fakes) == [2, 2]
 
     run(test, remote_routing="round_robin")
@@ -117,10 +89,10 @@ def test_round_robin_alternates() -> None:
 
 def test_a_failing_server_is_left_for_the_next_one_before_the_first_token() -> None:
     async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
-        first = generator._order(routing_key(_prompt()))[0]
+        first = generator._order(routing_key(bees_prompt()))[0]
         failing = next(f for f in fakes if f.url == first.url)
         failing.status = 500
-        chunks = await _collect(generator.stream(_prompt(), PARAMS, "t"))
+        chunks = await collect(generator.stream(bees_prompt(), PARAMS, "t"))
         assert chunks[-1].finished  # answered by the other one
         assert _serving(fakes) == [1, 1]  # asked both: the failing one first
 
@@ -132,14 +104,14 @@ def test_both_servers_down_is_unavailable_at_once() -> None:
         for fake in fakes:
             await fake.stop()
         with pytest.raises(Unavailable):
-            await _collect(generator.stream(_prompt(), PARAMS, "t"))
+            await collect(generator.stream(bees_prompt(), PARAMS, "t"))
         with pytest.raises(Unavailable):
             await generator.check_health()
         # Once down, the next call does not even try: no server gets another failed attempt.
         assert [r.up for r in generator.replica_states()] == [False, False]
         failures = [s.failures for s in generator.servers]
         with pytest.raises(Unavailable, match="no generation server is up"):
-            await _collect(generator.stream(_prompt(), PARAMS, "t"))
+            await collect(generator.stream(bees_prompt(), PARAMS, "t"))
         assert [s.failures for s in generator.servers] == failures
 
     run(test)
@@ -162,7 +134,7 @@ def test_server_answers_map_to_the_callers_error(status: int, error: type[Except
     async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
         fakes[0].status = status
         with pytest.raises(error):
-            await _collect(generator.stream(_prompt(), PARAMS, "t"))
+            await collect(generator.stream(bees_prompt(), PARAMS, "t"))
 
     run(test, servers=1)
 
@@ -172,7 +144,7 @@ def test_a_server_dying_mid_answer_is_unavailable_never_a_short_answer() -> None
         fakes[0].die_after_words = 2
         got: list[GenerationChunk] = []
         with pytest.raises(Unavailable):
-            async for chunk in generator.stream(_prompt(), PARAMS, "t"):
+            async for chunk in generator.stream(bees_prompt(), PARAMS, "t"):
                 got.append(chunk)
         assert "".join(c.text for c in got) == "The answer" and not any(c.finished for c in got)
 
@@ -182,7 +154,7 @@ def test_a_server_dying_mid_answer_is_unavailable_never_a_short_answer() -> None
 def test_closing_the_stream_aborts_the_request_on_the_server() -> None:
     async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
         fakes[0].token_delay_s = 0.5
-        stream = generator.stream(_prompt(), PARAMS, "t")
+        stream = generator.stream(bees_prompt(), PARAMS, "t")
         assert (await anext(stream)).text == "The"
         await stream.aclose()  # aclose: what the pipeline does on cancel and deadline
         for _ in range(50):
@@ -197,14 +169,14 @@ def test_closing_the_stream_aborts_the_request_on_the_server() -> None:
 
 def test_one_hedge_when_the_first_token_is_late() -> None:
     async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
-        key = routing_key(_prompt())
+        key = routing_key(bees_prompt())
         first = generator._order(key)[0]
         slow = next(f for f in fakes if f.url == first.url)
         fast = next(f for f in fakes if f is not slow)
         slow.first_token_delay_s = 30.0  # without the hedge the answer would wait 30 s for it
         answered = [f.completed for f in (fast, slow)]  # the warm-ups
         hedges = REPLICA_HEDGES._value.get()
-        chunks = await _collect(generator.stream(_prompt(), PARAMS, "t"))
+        chunks = await collect(generator.stream(bees_prompt(), PARAMS, "t"))
         assert chunks[-1].finished  # the second server answered, the first never did:
         assert [f.completed for f in (fast, slow)] == [answered[0] + 1, answered[1]]
         # ... sent there by the hedge, not by a fail-over once the slow one hit the stall limit.
@@ -222,7 +194,7 @@ def test_the_pool_is_opened_at_start_and_reused() -> None:
         # background connection the model check and the warm-up took.
         assert len(opened) == 4 + 1
         for _ in range(5):
-            await _collect(generator.stream(_prompt(), PARAMS, "t"))
+            await collect(generator.stream(bees_prompt(), PARAMS, "t"))
         assert fakes[0].connections == opened  # five calls, no new connection
 
     run(test, servers=1)
@@ -238,20 +210,20 @@ def test_a_server_with_another_model_is_refused_at_start() -> None:
 
 
 def test_the_routing_key_names_no_document_and_follows_the_top_passage() -> None:
-    assert routing_key(_prompt("bees.txt#0")) == routing_key(_prompt("bees.txt#0"))
-    assert routing_key(_prompt("bees.txt#0")) != routing_key(_prompt("bees.txt#1"))
-    assert "bees" not in routing_key(_prompt("bees.txt#0"))
+    assert routing_key(bees_prompt("bees.txt#0")) == routing_key(bees_prompt("bees.txt#0"))
+    assert routing_key(bees_prompt("bees.txt#0")) != routing_key(bees_prompt("bees.txt#1"))
+    assert "bees" not in routing_key(bees_prompt("bees.txt#0"))
     assert routing_key(build_prompt("No passages?", [])) == ""
 
 
 def test_one_more_server_at_most_then_unavailable() -> None:
     async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
-        order = generator._order(routing_key(_prompt()))
+        order = generator._order(routing_key(bees_prompt()))
         by_url = {f.url: f for f in fakes}
         for replica in order[:2]:
             by_url[replica.url].status = 500
         with pytest.raises(Unavailable):
-            await _collect(generator.stream(_prompt(), PARAMS, "t"))
+            await collect(generator.stream(bees_prompt(), PARAMS, "t"))
         assert _serving([by_url[r.url] for r in order]) == [1, 1, 0]  # the third was never asked
 
     run(test, servers=3)

@@ -7,68 +7,41 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ragserve.config import GeneratorSettings, default_generator_path
+from ragserve.config import GeneratorSettings
 from ragserve.errors import InvalidArgument, Overloaded, Unavailable
 from ragserve.generate.remote import RemoteVllmGenerator
 from ragserve.generate.routing import routing_key
 from ragserve.generate.vllm_wire import CHARS_PER_TOKEN_MAX, INT32_MAX, ServerFailed, parse_chunk
-from ragserve.prompt import Prompt, build_prompt
-from ragserve.types import Chunk, GenerateParams, GenerationChunk, Passage
+from ragserve.types import GenerateParams, GenerationChunk
 from tests.generate.fake_vllm_server import FakeVllmServer
+from tests.generate.remote_harness import MODEL, RemoteTest, bees_prompt, collect, run_with_fakes
 
 PARAMS = GenerateParams(max_tokens=8, temperature=0.0)
-MODEL = str(default_generator_path())
-
-
-def _prompt(chunk_id: str = "bees.txt#0") -> Prompt:
-    return build_prompt("How do bees dance?", [Passage(Chunk(chunk_id, "bees.txt", "Bees dance."), 1.0, 1)])
-
-
-async def _collect(stream: AsyncIterator[GenerationChunk]) -> list[GenerationChunk]:
-    return [chunk async for chunk in stream]
 
 
 def run(
-    test: Callable[[RemoteVllmGenerator, list[FakeVllmServer]], Awaitable[None]],
+    test: RemoteTest,
     servers: int = 2,
     pool_size: int = 4,
     start: bool = True,
     prepare: Callable[[list[FakeVllmServer]], None] | None = None,
     **settings: Any,
 ) -> None:
-    async def main() -> None:
-        fakes = [await FakeVllmServer(model=MODEL).start() for _ in range(servers)]
-        if prepare is not None:
-            prepare(fakes)
-        generator = RemoteVllmGenerator(
-            GeneratorSettings(backend="remote", remote_urls=",".join(f.url for f in fakes), **settings), pool_size, 2.0
-        )
-        try:
-            if start:
-                await generator.start()  # serves once one server is up; the rest join in the background
-                await asyncio.gather(*generator._bringing_up, return_exceptions=True)
-            async with asyncio.timeout(60):  # a regression fails here instead of hanging the suite
-                await test(generator, fakes)
-        finally:
-            await generator.close()
-            for fake in fakes:
-                await fake.stop()
-
-    asyncio.run(main())
+    run_with_fakes(test, servers=servers, pool_size=pool_size, start=start, prepare=prepare, **settings)
 
 
 def _first_and_other(
     generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]
 ) -> tuple[FakeVllmServer, FakeVllmServer]:
     """The fake the prompt is routed to first, and the other one."""
-    first_url = generator._order(routing_key(_prompt()))[0].url
+    first_url = generator._order(routing_key(bees_prompt()))[0].url
     first = next(f for f in fakes if f.url == first_url)
     return first, next(f for f in fakes if f is not first)
 
@@ -168,7 +141,7 @@ def test_a_server_that_ignores_max_tokens_is_cut_off_and_counted_failed() -> Non
         fakes[0].ignore_max_tokens = True
         got: list[GenerationChunk] = []
         with pytest.raises(Unavailable):
-            async for chunk in generator.stream(_prompt(), PARAMS, "t"):
+            async for chunk in generator.stream(bees_prompt(), PARAMS, "t"):
                 got.append(chunk)
         assert len(got) <= PARAMS.max_tokens + 8
         assert sum(len(c.text) for c in got) <= PARAMS.max_tokens * CHARS_PER_TOKEN_MAX
@@ -185,7 +158,7 @@ def test_text_past_the_character_cap_is_cut_off() -> None:
     async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
         fakes[0].words = [long_word] * 3
         with pytest.raises(Unavailable):
-            await _collect(generator.stream(_prompt(), GenerateParams(max_tokens=2, temperature=0.0), "t"))
+            await collect(generator.stream(bees_prompt(), GenerateParams(max_tokens=2, temperature=0.0), "t"))
 
     run(test, servers=1)
 
@@ -196,13 +169,13 @@ def test_text_past_the_character_cap_is_cut_off() -> None:
 def test_probes_have_their_own_connections_and_a_busy_server_is_busy_not_down() -> None:
     async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
         fakes[0].token_delay_s = 1.0
-        streams = [generator.stream(_prompt(), PARAMS, "t") for _ in range(2)]
+        streams = [generator.stream(bees_prompt(), PARAMS, "t") for _ in range(2)]
         for stream in streams:  # both connections of the pool now stream
             assert (await anext(stream)).text == "The"
         await generator.check_health()  # not blocked behind them, and up
         assert generator.servers[0].up
         with pytest.raises(Overloaded):  # a third call: busy, come back later
-            await _collect(generator.stream(_prompt(), PARAMS, "t"))
+            await collect(generator.stream(bees_prompt(), PARAMS, "t"))
         assert generator.servers[0].up and generator.servers[0].failures == 0
         for stream in streams:
             await stream.aclose()
@@ -213,7 +186,7 @@ def test_probes_have_their_own_connections_and_a_busy_server_is_busy_not_down() 
 def test_sixty_four_calls_streaming_from_one_url_keep_it_healthy() -> None:
     async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
         fakes[0].token_delay_s = 0.3
-        calls = [asyncio.create_task(_collect(generator.stream(_prompt(), PARAMS, "t"))) for _ in range(64)]
+        calls = [asyncio.create_task(collect(generator.stream(bees_prompt(), PARAMS, "t"))) for _ in range(64)]
         await asyncio.sleep(0.5)
         assert generator.unfinished_requests() == 64
         for _ in range(3):
@@ -268,7 +241,7 @@ def test_malformed_stream_data_fails_over_and_counts_against_the_server(lines: l
     async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
         bad, _ = _first_and_other(generator, fakes)
         bad.raw_lines = lines
-        chunks = await _collect(generator.stream(_prompt(), PARAMS, "t"))
+        chunks = await collect(generator.stream(bees_prompt(), PARAMS, "t"))
         assert "".join(c.text for c in chunks) == "The answer."  # answered by the other server
         assert _server(generator, bad).failures == 1
 
@@ -291,7 +264,7 @@ def test_a_silent_stream_fails_within_the_stall_limit() -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         with pytest.raises(Unavailable):
-            await _collect(generator.stream(_prompt(), PARAMS, "t"))
+            await collect(generator.stream(bees_prompt(), PARAMS, "t"))
         assert loop.time() - started < 5  # the stall limit (0.5 s), not the caller's deadline
         assert generator.servers[0].failures == 1
 
@@ -319,7 +292,7 @@ def test_a_hung_warm_stream_is_bounded() -> None:
     async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
         fakes[0].first_token_delay_s = 3600
         with pytest.raises(TimeoutError):
-            await generator.prefill(_prompt())
+            await generator.prefill(bees_prompt())
         await asyncio.sleep(0.1)
         assert fakes[0].running == 0
 
@@ -364,7 +337,7 @@ def test_each_server_keeps_its_own_served_model_name() -> None:
     async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
         assert [s.served_model for s in generator.servers] == ["smol", MODEL]
         for i in range(8):
-            await _collect(generator.stream(_prompt(f"doc{i}.txt#0"), PARAMS, "t"))
+            await collect(generator.stream(bees_prompt(f"doc{i}.txt#0"), PARAMS, "t"))
         assert {b["model"] for b in fakes[0].bodies} == {"smol"}
         assert {b["model"] for b in fakes[1].bodies} == {MODEL}
 
@@ -377,7 +350,7 @@ def test_a_redirect_is_not_followed() -> None:
         elsewhere = await FakeVllmServer(model=MODEL).start()
         try:
             first.redirect_to = elsewhere.url
-            chunks = await _collect(generator.stream(_prompt(), PARAMS, "t"))
+            chunks = await collect(generator.stream(bees_prompt(), PARAMS, "t"))
             assert chunks[-1].finished and not elsewhere.bodies  # the prompt never went there
             assert _server(generator, first).failures == 1
         finally:
@@ -408,7 +381,7 @@ def test_a_hedge_gets_its_own_request_id() -> None:
     async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
         first, _ = _first_and_other(generator, fakes)
         first.first_token_delay_s = 2.0
-        await _collect(generator.stream(_prompt(), PARAMS, "t"))
+        await collect(generator.stream(bees_prompt(), PARAMS, "t"))
         ids = [b["request_id"] for f in fakes for b in f.bodies if b["max_tokens"] == 8]
         assert len(ids) == 2 and len(set(ids)) == 2
 
@@ -422,7 +395,7 @@ def test_an_error_body_cannot_forge_log_lines(caplog: pytest.LogCaptureFixture) 
     async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
         fakes[0].status, fakes[0].error_body = 500, "oops\n2026-01-01 INFO forged line"
         with caplog.at_level(logging.WARNING), pytest.raises(Unavailable):
-            await _collect(generator.stream(_prompt(), PARAMS, "t"))
+            await collect(generator.stream(bees_prompt(), PARAMS, "t"))
         assert not any(r.getMessage().count("\n") for r in caplog.records)
 
     run(test, servers=1)
@@ -432,12 +405,12 @@ def test_a_400_from_one_server_counts_against_it_and_the_other_answers() -> None
     async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
         first, other = _first_and_other(generator, fakes)
         first.status = 400  # e.g. priority sent to a server without --scheduling-policy priority
-        chunks = await _collect(generator.stream(_prompt(), PARAMS, "t"))
+        chunks = await collect(generator.stream(bees_prompt(), PARAMS, "t"))
         assert chunks[-1].finished
         assert _server(generator, first).failures == 1
         other.status = 400  # both refuse: the caller's request is what they refuse
         with pytest.raises(InvalidArgument):
-            await _collect(generator.stream(_prompt("x.txt#1"), PARAMS, "t"))
+            await collect(generator.stream(bees_prompt("x.txt#1"), PARAMS, "t"))
 
     run(test, remote_breaker_failures=5)
 
