@@ -94,8 +94,9 @@ def test_the_default_deadline_is_the_one_the_server_sees() -> None:
         return servicer.time_remaining
 
     (left,) = asyncio.run(run())
-    # At most the 20 s set; the 10 s margin is for a slow host, far from no deadline or grpc's own.
-    assert left is not None and 10.0 < left <= 20.0
+    # The 20 s set: gRPC sends it rounded up to its wire units, so the server may read a little more
+    # than 20 s; the margins are far from no deadline at all or a 30 s one.
+    assert left is not None and 10.0 < left <= 20.5
 
 
 def test_query_is_an_async_iterator_of_events() -> None:

@@ -8,4 +8,5 @@ bash deploy/local/setup.sh
 ruff check .
 mypy ragserve indexer
 # -m "": every test, e2e and slow included (a plain `pytest` deselects them; see pyproject.toml).
-pytest -v -ra -m "" "$@"
+# --durations: the slowest tests, to keep CI within its time.
+pytest -v -ra -m "" --durations=25 "$@"
