@@ -360,8 +360,15 @@ class RemoteVllmGenerator:
         """Put `prompt` into the prefix cache of the server its questions go to, on that server's
         background connections, at batch priority where the servers schedule by priority. Each
         stream is bounded by the stall limit; a failure is logged by the caller and costs no call."""
+        await self._settle()
         order = self._order(routing_key(prompt))
         await self._prefill_on(order[0], prompt, self._headers(prompt))
+
+    async def _settle(self) -> None:
+        """Wait for the servers still coming up (each within RAGSERVE_GENERATOR_REMOTE_START_TIMEOUT_S):
+        a passage warmed while its server is not up yet would land where its questions never go."""
+        if self._bringing_up:
+            await asyncio.wait(self._bringing_up)
 
     async def _prefill_on(self, server: VllmServer, prompt: Prompt, headers: dict[str, str]) -> None:
         params = GenerateParams(max_tokens=1, temperature=0.0, request_class=RequestClass.BATCH)
@@ -383,6 +390,7 @@ class RemoteVllmGenerator:
         """The KV cache of the servers that are up, summed: pre-filled passages spread over them by
         the routing questions take. A server that does not report its cache (a router in front of
         the servers, another engine) counts 0."""
+        await self._settle()
         up = [s for s in self.servers if s.up]
         return sum(await asyncio.gather(*(s.reported_kv_cache_tokens() for s in up)))
 

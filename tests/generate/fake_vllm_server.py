@@ -31,6 +31,7 @@ class FakeVllmServer:
     health_body: bytes = b""  # sent after /health's status, in pieces (counted in body_bytes_sent)
     health_encoding: str = ""  # a Content-Encoding header for that body (e.g. gzip)
     models_json: Any = None  # /v1/models answers this JSON instead of the model list
+    models_delay_s: float = 0.0  # /v1/models answers this late (a server still loading its model)
     metrics_extra: bytes = b""  # appended to /metrics
     ignore_max_tokens: bool = False  # stream words until the client goes away
     raw_lines: list[bytes] | None = None  # the stream's bytes as scripted, instead of words
@@ -95,6 +96,7 @@ class FakeVllmServer:
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         self._seen(request)
+        await asyncio.sleep(self.models_delay_s)
         if self.models_json is not None:
             return web.json_response(self.models_json)
         return web.json_response({"object": "list", "data": [{"id": self.model, "root": self.model}]})

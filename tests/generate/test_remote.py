@@ -4,6 +4,7 @@ hedge, errors, aborts, health and connection reuse. Real vLLM servers: tests/e2e
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -11,9 +12,9 @@ import pytest
 
 from ragserve.errors import ConfigError, InvalidArgument, Overloaded, Unavailable
 from ragserve.generate.remote import RemoteVllmGenerator
-from ragserve.generate.routing import routing_key
+from ragserve.generate.routing import order_servers, routing_key
 from ragserve.metrics import REPLICA_HEDGES
-from ragserve.prompt import build_prompt
+from ragserve.prompt import Prompt, build_prompt
 from ragserve.types import GenerateParams, GenerationChunk
 from tests.generate.fake_vllm_server import FakeVllmServer
 from tests.generate.remote_harness import RemoteTest, bees_prompt, collect, run_with_fakes
@@ -242,3 +243,24 @@ def test_the_kv_cache_is_what_the_servers_that_are_up_report() -> None:
         assert await generator.kv_cache_tokens() == 0
 
     run(test)
+
+
+def test_warming_waits_for_the_servers_still_coming_up_and_warms_where_questions_will_go() -> None:
+    def slow_second(fakes: list[FakeVllmServer]) -> None:
+        fakes[1].models_delay_s = 1.0
+
+    async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
+        await generator.start()
+        assert [s.up for s in generator.servers] == [True, False]  # serving; the second is still loading
+
+        # A passage whose questions go to the second server once both are up.
+        def first_server(prompt: Prompt) -> object:
+            return order_servers(generator.servers, routing_key(prompt), "document", itertools.count())[0]
+
+        prompts = (bees_prompt(f"bees.txt#{i}") for i in range(100))
+        prompt = next(p for p in prompts if first_server(p) is generator.servers[1])
+        assert await generator.kv_cache_tokens() == 2 * 100 * 32  # both caches: it waited for the second
+        await generator.prefill(prompt)
+        assert [len(f.bodies) for f in fakes] == [1, 2]  # each: the template at bring-up; the passage on its server
+
+    run_with_fakes(test, servers=2, start=False, prepare=slow_second)
