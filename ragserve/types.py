@@ -260,6 +260,35 @@ class GeneratorStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class WarmState:
+    """What warming did for the serving version (Info and the metrics report it)."""
+
+    version: str = ""
+    passages: int = 0
+    tokens: int = 0
+    left_out: int = 0  # passages of the version that stayed cold (past the share, or too long to reuse)
+    done: bool = False
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineInfo:
+    """What a loaded pipeline serves with, for Info (RagPipeline.info)."""
+
+    index_version: str
+    index_chunks: int
+    embedder_model: str
+    rerank_tiers: tuple[str, ...]
+    generator_model: str = ""
+    generator_unfinished_requests: int = 0
+    generator_settings: tuple[EngineChoice, ...] = ()
+    host_cpu: str = ""
+    generator_pace: str = ""
+    generator: GeneratorStatus = GeneratorStatus(on_this_host=False)
+    warming: WarmState = WarmState()
+
+
+@dataclass(frozen=True, slots=True)
 class EngineChoice:
     """One engine setting as resolved at start-up, and why (an explicit setting, or the host)."""
 

@@ -37,12 +37,13 @@ from ragserve.request.pace import PaceMonitor
 from ragserve.request.policy import ABSTAIN_ANSWER, AnswerPolicy
 from ragserve.request.search import SearchStage, check_client
 from ragserve.request.serving import ServingVersion, VersionSource
-from ragserve.request.warming import InteractiveTraffic, Warmer, WarmState
+from ragserve.request.warming import InteractiveTraffic, Warmer
 from ragserve.rerank.base import Reranker
 from ragserve.types import (
     FinalSummary,
     GenerateParams,
     Passage,
+    PipelineInfo,
     QueryEvent,
     RequestClass,
     RetrievalResult,
@@ -50,6 +51,8 @@ from ragserve.types import (
     StageTimings,
     TokenDelta,
     Usage,
+    WarmState,
+    model_name,
 )
 
 T = TypeVar("T")
@@ -134,6 +137,29 @@ class RagPipeline:
     def warm_state(self) -> WarmState:
         """What warming did for the serving version (empty without a generator)."""
         return self._warmer.state if self._warmer is not None else WarmState()
+
+    def info(self) -> PipelineInfo:
+        """What this pipeline serves with now (Info)."""
+        serving, generator = self.serving, self.generator
+        about = PipelineInfo(
+            index_version=serving.index.version,
+            index_chunks=serving.index.count,
+            embedder_model=model_name(serving.embedder.model_id),  # a name, never the server's path
+            rerank_tiers=tuple(serving.reranker.describe()) if serving.reranker is not None else (),
+            warming=self.warm_state(),
+        )
+        if generator is None:
+            return about
+        status = generator.status()
+        return dataclasses.replace(
+            about,
+            generator_model=generator.model_id,
+            generator_unfinished_requests=generator.unfinished_requests(),
+            generator_settings=tuple(generator.engine_choices),
+            host_cpu=generator.host_cpu,
+            generator_pace=self.pace.describe(status.host_share),
+            generator=status,
+        )
 
     async def warm_hot_passages(self) -> int:
         """Pre-fill the engine's prefix cache for the serving version (request/warming.py): at start,

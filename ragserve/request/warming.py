@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 
 from ragserve import metrics
 from ragserve.generate.base import Generator
@@ -24,7 +23,7 @@ from ragserve.request.hot import HotPassages
 from ragserve.request.model_threads import CURRENT_CLASS, ModelThreads
 from ragserve.request.policy import AnswerPolicy
 from ragserve.request.serving import ServingVersion
-from ragserve.types import Chunk, Passage, RequestClass
+from ragserve.types import Chunk, Passage, RequestClass, WarmState
 
 log = logging.getLogger(__name__)
 
@@ -60,18 +59,6 @@ class InteractiveTraffic:
             if left <= 0:
                 return
             await asyncio.sleep(left)
-
-
-@dataclass(frozen=True, slots=True)
-class WarmState:
-    """What warming did for the serving version (Info and the metrics report it)."""
-
-    version: str = ""
-    passages: int = 0
-    tokens: int = 0
-    left_out: int = 0  # passages of the version that stayed cold (past the share, or too long to reuse)
-    done: bool = False
-    seconds: float = 0.0
 
 
 class Warmer:

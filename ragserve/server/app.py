@@ -10,7 +10,7 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -19,25 +19,23 @@ from grpc_reflection.v1alpha import reflection
 
 from ragserve import tracing
 from ragserve.config import Settings
-from ragserve.errors import ConfigError, Overloaded, RagError
+from ragserve.errors import ConfigError, RagError
 from ragserve.factory import make_index_watch, make_pipeline
 from ragserve.generate.base import Generator
 from ragserve.index.reload import IndexReloader
 from ragserve.request.pipeline import RagPipeline
 from ragserve.server.auth import BearerTokenInterceptor, ClientIdentityInterceptor, check_exposure
+from ragserve.server.gate import SERVICE_NAME, CallGate
 from ragserve.server.handlers import AroundCallInterceptor
-from ragserve.server.limiter import InFlightLimiter
+from ragserve.server.limiter import CallerLimits, InFlightLimiter
 from ragserve.server.metrics_http import MetricsServer
 from ragserve.server.servicer import RagServicer
-from ragserve.server.status import to_status
 from ragserve.server.tls import CertificateReloader, TlsFiles
 from ragserve.server.unix_socket import private_socket_path
-from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RagService"].full_name
 # Per-method health: Retrieve keeps serving when only the generator is down.
 RETRIEVE_HEALTH_NAME = f"{SERVICE_NAME}/Retrieve"
 
@@ -142,32 +140,35 @@ async def bind_and_start(server: grpc.aio.Server, settings: Settings) -> str:
     return address
 
 
-class SideStreamLimit(AroundCallInterceptor):
-    """Streams other than Query (health Watch, reflection) stay open as long as the caller likes and
-    take no in-flight slot: they get a bound of their own, so they cannot pile up without limit.
+class SideStreams(AroundCallInterceptor):
+    """The call gate's bound on streams other than RagService's (health Watch, reflection).
+    Unary health checks answer at once from memory and need none; RagService's own methods pass
+    the gate in the servicer."""
 
-    Unary health checks and Info answer at once from memory and need none.
-    """
-
-    def __init__(self, limiter: InFlightLimiter, exempt: frozenset[str]) -> None:
-        self._limiter = limiter
-        self._exempt = exempt
+    def __init__(self, gate: CallGate) -> None:
+        self._gate = gate
 
     def applies(self, details: grpc.HandlerCallDetails, handler: grpc.RpcMethodHandler) -> bool:
         streaming = bool(handler.request_streaming or handler.response_streaming)
-        return streaming and details.method not in self._exempt
+        return streaming and not details.method.startswith(f"/{SERVICE_NAME}/")
 
-    @contextlib.asynccontextmanager
-    async def around(self, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
-        with contextlib.ExitStack() as slot:
-            try:
-                slot.enter_context(self._limiter.admit())
-            except Overloaded as error:
-                await context.abort_with_status(to_status(error))
-            yield
+    def around(self, context: grpc.aio.ServicerContext) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._gate.side_stream(context)
 
 
-def build_grpc_server(settings: Settings, servicer: RagServicer) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+def call_gate(settings: Settings) -> CallGate:
+    limits = settings.limits
+    return CallGate(
+        InFlightLimiter.from_settings(limits),
+        InFlightLimiter(limits.max_side_streams, limits.overload_retry_after_ms),
+        CallerLimits.from_settings(limits),
+        limits.max_call_s,
+    )
+
+
+def build_grpc_server(
+    settings: Settings, servicer: RagServicer, gate: CallGate
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     """The gRPC server with its options, interceptors, RagService, health and reflection (not bound)."""
     interceptors: list[grpc.aio.ServerInterceptor] = []
     if settings.access.auth_token:
@@ -175,8 +176,7 @@ def build_grpc_server(settings: Settings, servicer: RagServicer) -> tuple[grpc.a
     allowed = frozenset(name.strip() for name in settings.access.tls_allowed_client_ids.split(",") if name.strip())
     if allowed:
         interceptors.append(ClientIdentityInterceptor(allowed))
-    side_streams = InFlightLimiter(settings.limits.max_side_streams, settings.limits.overload_retry_after_ms)
-    interceptors.append(SideStreamLimit(side_streams, frozenset({f"/{SERVICE_NAME}/Query"})))
+    interceptors.append(SideStreams(gate))
     server = grpc.aio.server(options=server_options(settings), interceptors=interceptors)
     health_servicer = health.aio.HealthServicer()
     pb_grpc.add_RagServiceServicer_to_server(servicer, server)
@@ -198,9 +198,9 @@ class RagServer:
         self._owns_socket = False  # a server refused at start-up must not remove another's socket
         self._background: list[asyncio.Task[None]] = []
         self._metrics: MetricsServer | None = None
-        limiter = InFlightLimiter.from_settings(settings.limits)
-        self._servicer = RagServicer(settings, limiter)
-        self.server, self.health = build_grpc_server(settings, self._servicer)
+        gate = call_gate(settings)
+        self._servicer = RagServicer(settings, gate)
+        self.server, self.health = build_grpc_server(settings, self._servicer, gate)
 
     async def _set_health(self, status: int, names: tuple[str, ...] = ("", SERVICE_NAME, RETRIEVE_HEALTH_NAME)) -> None:
         for name in names:

@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from ragserve.types import (
     Degraded,
     EngineChoice,
     FinalSummary,
-    GeneratorStatus,
     Highlight,
     HostShareState,
     Passage,
+    PipelineInfo,
     RequestClass,
     RetrievalResult,
     StageTimings,
     Support,
     TokenDelta,
-    model_name,
+    WarmState,
 )
 from ragserve.v1 import rag_pb2 as pb
-
-if TYPE_CHECKING:
-    from ragserve.request.pipeline import RagPipeline
-    from ragserve.request.warming import WarmState
 
 # The two messages that carry a retrieval result: the Retrieve reply and the Query stream's first event.
 RetrievalMessage = TypeVar("RetrievalMessage", pb.RetrieveResponse, pb.RetrievalEvent)
@@ -133,26 +129,26 @@ def engine_setting_pb(choice: EngineChoice) -> pb.EngineSetting:
     return pb.EngineSetting(name=choice.name, value=choice.value, reason=choice.reason)
 
 
-def info_response_pb(pipeline: RagPipeline, retrieval_budget_ms: int, requests_in_flight: int) -> pb.InfoResponse:
+def info_response_pb(info: PipelineInfo, retrieval_budget_ms: int, requests_in_flight: int) -> pb.InfoResponse:
     """What a loaded server runs; the budget and the in-flight count are the server's, not the pipeline's."""
-    generator = pipeline.generator
-    status = generator.status() if generator is not None else GeneratorStatus(on_this_host=False)
-    servers, share = status.servers, status.host_share
+    share = info.generator.host_share
     return pb.InfoResponse(
-        index_version=pipeline.index.version,
-        index_chunks=pipeline.index.count,
-        embedder_model=model_name(pipeline.embedder.model_id),
-        generator_model=generator.model_id if generator else "",
-        rerank_tiers=pipeline.reranker.describe() if pipeline.reranker is not None else [],
+        index_version=info.index_version,
+        index_chunks=info.index_chunks,
+        embedder_model=info.embedder_model,
+        generator_model=info.generator_model,
+        rerank_tiers=list(info.rerank_tiers),
         retrieval_budget_ms=retrieval_budget_ms,
-        generator_unfinished_requests=generator.unfinished_requests() if generator else 0,
+        generator_unfinished_requests=info.generator_unfinished_requests,
         requests_in_flight=requests_in_flight,
-        generator_settings=[engine_setting_pb(c) for c in (generator.engine_choices if generator else ())],
-        host_cpu=generator.host_cpu if generator else "",
-        generator_pace=pipeline.pace.describe(share) if generator else "",
-        generator_servers=[pb.GeneratorServer(url=r.url, up=r.up, in_flight=r.in_flight) for r in servers],
+        generator_settings=[engine_setting_pb(c) for c in info.generator_settings],
+        host_cpu=info.host_cpu,
+        generator_pace=info.generator_pace,
+        generator_servers=[
+            pb.GeneratorServer(url=s.url, up=s.up, in_flight=s.in_flight) for s in info.generator.servers
+        ],
         host_share=host_share_pb(share) if share is not None else None,
-        warming=warming_pb(pipeline.warm_state()),
+        warming=warming_pb(info.warming),
     )
 
 

@@ -174,7 +174,7 @@ def test_hot_reload_swaps_the_embedder_with_the_version_and_refuses_a_corrupt_mo
     assert reloader.check_once()
     tuned = holder.embedder
     # Info names what really serves: the version's own model, not the configured one.
-    assert info_response_pb(holder, 70, 0).embedder_model == tuned.model_id != configured.model_id
+    assert info_response_pb(holder.info(), 70, 0).embedder_model == tuned.model_id != configured.model_id
     assert tuned is not configured and tuned.dim == 32
     assert np.asarray(tuned.embed_queries(["tides"])).shape == (1, 32)
     # The next version ships a corrupt model: refused, the tuned version keeps serving with its model.

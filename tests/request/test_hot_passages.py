@@ -23,8 +23,7 @@ from ragserve.request.context import fit_context
 from ragserve.request.hot import HotPassages
 from ragserve.request.pipeline import RagPipeline
 from ragserve.request.policy import AnswerPolicy
-from ragserve.request.warming import WarmState
-from ragserve.types import GenerateParams, GenerationChunk, Passage, RetrieveParams, Usage
+from ragserve.types import GenerateParams, GenerationChunk, Passage, RetrieveParams, Usage, WarmState
 from tests.fakes import FakeGenerator
 from tests.index.conftest import write_docs
 

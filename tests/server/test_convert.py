@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from google.protobuf.json_format import MessageToDict
 
-from ragserve.request.warming import WarmState
+from ragserve.request.pipeline import RagPipeline
 from ragserve.server.convert import (
     info_response_pb,
     query_event_pb,
@@ -29,6 +29,7 @@ from ragserve.types import (
     Support,
     TokenDelta,
     Usage,
+    WarmState,
 )
 from ragserve.v1 import rag_pb2 as pb
 
@@ -116,14 +117,22 @@ def test_token_and_final_events() -> None:
 
 
 def _pipeline(generator: Any, reranker: Any) -> Any:
-    return SimpleNamespace(
-        index=SimpleNamespace(version="3", count=111),
-        embedder=SimpleNamespace(model_id="emb"),
+    """The parts Info reads, as a RagPipeline sees them (a fake: no models)."""
+    serving = SimpleNamespace(
+        index=SimpleNamespace(version="3", count=111), embedder=SimpleNamespace(model_id="emb"), reranker=reranker
+    )
+    pipeline = SimpleNamespace(
+        serving=serving,
         generator=generator,
-        reranker=reranker,
         pace=SimpleNamespace(describe=lambda share=None: "normal (decode 1.0x its pace alone, 10.0 ms/token)"),
         warm_state=lambda: WarmState("v3", passages=12, tokens=3400, left_out=2, done=True, seconds=1.5),
     )
+    pipeline.info = lambda: RagPipeline.info(pipeline)  # type: ignore[arg-type]
+    return pipeline
+
+
+def _info(pipeline: Any, retrieval_budget_ms: int, requests_in_flight: int) -> pb.InfoResponse:
+    return info_response_pb(pipeline.info(), retrieval_budget_ms, requests_in_flight)
 
 
 def test_info_response_of_a_full_pipeline() -> None:
@@ -135,7 +144,7 @@ def test_info_response_of_a_full_pipeline() -> None:
         status=lambda: GeneratorStatus(on_this_host=True),
     )
     reranker = SimpleNamespace(describe=lambda: ["tier1:20"])
-    info = info_response_pb(_pipeline(generator, reranker), retrieval_budget_ms=150, requests_in_flight=5)
+    info = _info(_pipeline(generator, reranker), retrieval_budget_ms=150, requests_in_flight=5)
     assert (info.index_version, info.index_chunks, info.embedder_model, info.generator_model) == (
         "3",
         111,
@@ -159,17 +168,17 @@ def test_info_reports_the_engines_share_of_the_host() -> None:
         host_cpu="cpu",
         status=lambda: GeneratorStatus(on_this_host=True, host_share=state),
     )
-    info = info_response_pb(_pipeline(generator, None), retrieval_budget_ms=70, requests_in_flight=0)
+    info = _info(_pipeline(generator, None), retrieval_budget_ms=70, requests_in_flight=0)
     share = info.host_share
     assert (share.usable_cpus, share.engine_threads, share.adaptive) == (2, 1, True)
     assert share.neighbour_cpus == pytest.approx(1.3)
     unwatched = SimpleNamespace(**{**vars(generator), "status": lambda: GeneratorStatus(on_this_host=True)})
-    info = info_response_pb(_pipeline(unwatched, None), retrieval_budget_ms=70, requests_in_flight=0)
+    info = _info(_pipeline(unwatched, None), retrieval_budget_ms=70, requests_in_flight=0)
     assert not info.HasField("host_share")
 
 
 def test_info_response_without_generator_or_reranker() -> None:
-    info = info_response_pb(_pipeline(None, None), retrieval_budget_ms=150, requests_in_flight=0)
+    info = _info(_pipeline(None, None), retrieval_budget_ms=150, requests_in_flight=0)
     assert (info.generator_model, info.generator_unfinished_requests, info.host_cpu) == ("", 0, "")
     assert not info.rerank_tiers and not info.generator_settings
     assert info.index_chunks == 111
@@ -179,8 +188,8 @@ def test_info_names_models_without_the_servers_paths() -> None:
     from ragserve.types import model_name
 
     pipeline = _pipeline(None, None)
-    pipeline.embedder = SimpleNamespace(model_id="/srv/secret/models/minilm-tuned")
-    info = info_response_pb(pipeline, retrieval_budget_ms=150, requests_in_flight=0)
+    pipeline.serving.embedder = SimpleNamespace(model_id="/srv/secret/models/minilm-tuned")
+    info = _info(pipeline, retrieval_budget_ms=150, requests_in_flight=0)
     assert info.embedder_model == "minilm-tuned"
     assert model_name("./models/x") == "x" and model_name("C:\\models\\y") == "y"
     assert model_name("cross-encoder/ms-marco-MiniLM-L-6-v2") == "cross-encoder/ms-marco-MiniLM-L-6-v2"
@@ -191,11 +200,12 @@ def test_info_calls_are_counted_like_every_other_call() -> None:
 
     from ragserve import metrics
     from ragserve.config import Settings
-    from ragserve.server.limiter import InFlightLimiter
+    from ragserve.server.app import call_gate
     from ragserve.server.servicer import RagServicer
 
-    servicer = RagServicer(Settings(), InFlightLimiter(4, 100), pipeline=_pipeline(None, None))
-    context = SimpleNamespace(invocation_metadata=lambda: ())
+    settings = Settings()
+    servicer = RagServicer(settings, call_gate(settings), pipeline=_pipeline(None, None))
+    context = SimpleNamespace(invocation_metadata=lambda: (), time_remaining=lambda: None, auth_context=lambda: {})
     counted = metrics.REQUESTS.labels("Info", "OK")
     before = counted._value.get()
     info = asyncio.run(servicer.Info(pb.InfoRequest(), context))
