@@ -255,8 +255,7 @@ class RemoteVllmGenerator:
         log.debug("request %s to the generation servers", trace_id)
         headers = self._headers(prompt)
         order = [s for s in self._order(routing_key(prompt)) if s.has_room]
-        if not order:
-            # Every connection of every server that is up is streaming: busy, not down.
+        if not order:  # every connection of every server that is up is streaming: busy, not down
             raise Overloaded("every connection to the generation servers is busy", OVERLOADED_RETRY_MS)
         server, events, first = await self._first_event(order, body, headers, limits)
         try:
@@ -361,12 +360,11 @@ class RemoteVllmGenerator:
         background connections, at batch priority where the servers schedule by priority. Each
         stream is bounded by the stall limit; a failure is logged by the caller and costs no call."""
         await self._settle()
-        order = self._order(routing_key(prompt))
-        await self._prefill_on(order[0], prompt, self._headers(prompt))
+        await self._prefill_on(self._order(routing_key(prompt))[0], prompt, self._headers(prompt))
 
     async def _settle(self) -> None:
-        """Wait for the servers still coming up (each within RAGSERVE_GENERATOR_REMOTE_START_TIMEOUT_S):
-        a passage warmed while its server is not up yet would land where its questions never go."""
+        # Warming waits for the servers still coming up: a passage warmed before its server is up
+        # would land where its questions never go.
         if self._bringing_up:
             await asyncio.wait(self._bringing_up)
 
@@ -387,9 +385,8 @@ class RemoteVllmGenerator:
         return sum(s.in_flight + s.background_in_flight for s in self.servers)
 
     async def kv_cache_tokens(self) -> int:
-        """The KV cache of the servers that are up, summed: pre-filled passages spread over them by
-        the routing questions take. A server that does not report its cache (a router in front of
-        the servers, another engine) counts 0."""
+        """The KV cache of the servers that are up, summed (warming spreads over them by routing); a
+        server that does not report its cache (a router in front of servers, another engine): 0."""
         await self._settle()
         up = [s for s in self.servers if s.up]
         return sum(await asyncio.gather(*(s.reported_kv_cache_tokens() for s in up)))

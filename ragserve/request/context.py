@@ -1,9 +1,8 @@
 """Fit the retrieved passages into a context token budget: keep the sentences that match the question.
 
-Every uncached prompt token costs prefill time (about 3.4 ms per token per core on a Zen 3 core
-for SmolLM2-135M), so the passages are the one big lever on time to first token. Each passage is
-split into sentences; a sentence scores the summed rarity (IDF over the candidate sentences of
-this request) of the question's stemmed content words it contains. Every passage first keeps its
+Every uncached prompt token costs prefill time (docs/ttft.md), so the passages are the one big
+lever on time to first token. Each passage's sentences are scored by the request's sentence
+table (request/sentences.py), the same scores the evidence highlight uses. Every passage first keeps its
 best sentence (so its id and citation stay meaningful), then the best remaining sentences are
 added while they fit. Kept sentences stay in document order; a gap is marked with an ellipsis.
 Each passage's title is rendered in the prompt too, so it counts against the budget (whole).
@@ -19,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ragserve.prompt import passage_label
-from ragserve.request.sentences import content_terms, question_weights, split_sentences
+from ragserve.request.sentences import SentenceTable
 from ragserve.types import Passage
 
 GAP = "…"
@@ -34,14 +33,13 @@ class FittedContext:
     tokens_full: int
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Sentence:
     passage: int
     position: int
     text: str
     tokens: int
-    terms: set[str]
-    score: float = 0.0
+    score: float
 
 
 def fit_context(
@@ -50,6 +48,7 @@ def fit_context(
     budget_tokens: int,
     count_tokens: Callable[[str], int],
     whole_first_max_tokens: int = 0,
+    table: SentenceTable | None = None,
 ) -> FittedContext:
     """`budget_tokens` 0 keeps the whole passages (only counting them). Titles count but are never
     cut: when they alone fill the budget, every passage is quoted as a gap marker.
@@ -57,33 +56,45 @@ def fit_context(
     `whole_first_max_tokens` > 0 (the reusable prompt layout): the top passage, when it has at most
     that many tokens, goes in whole, the same whatever the question, so a later question that
     retrieves it first finds the template and that passage in the engine's prefix cache; the rest
-    are cut to what is left of the budget, and left out when nothing of theirs fits."""
+    are cut to what is left of the budget, and left out when nothing of theirs fits.
+
+    `table`: the request's sentence table over `passages` (built here when not given)."""
     titles = sum(_title_tokens(p, count_tokens) for p in passages)
     full = [count_tokens(p.chunk.text.strip()) for p in passages]
     if budget_tokens <= 0 or titles + sum(full) <= budget_tokens:
         return FittedContext(list(passages), titles + sum(full), titles + sum(full))
+    table = table or SentenceTable.of(question, [p.chunk.text for p in passages])
     if passages and 0 < full[0] <= whole_first_max_tokens:
-        rest = _fit_sentences(question, passages[1:], budget_tokens - titles - full[0], count_tokens)
+        rest = _fit_sentences(table, 1, passages[1:], budget_tokens - titles - full[0], count_tokens)
         # A passage reduced to a gap marker tells the model nothing and costs uncached tokens on
         # every request: left out (the retrieval event still has it; citations keep their numbers).
         fitted = [passages[0], *(p for p in rest if p.chunk.text != GAP)]
     else:
-        fitted = _fit_sentences(question, passages, budget_tokens - titles, count_tokens)
+        fitted = _fit_sentences(table, 0, passages, budget_tokens - titles, count_tokens)
     # Titles of passages left out are not in the prompt.
     tokens = sum(_title_tokens(p, count_tokens) + count_tokens(p.chunk.text.strip()) for p in fitted)
     return FittedContext(fitted, tokens, titles + sum(full))
 
 
 def _fit_sentences(
-    question: str, passages: list[Passage], budget_tokens: int, count_tokens: Callable[[str], int]
+    table: SentenceTable,
+    first: int,
+    passages: list[Passage],
+    budget_tokens: int,
+    count_tokens: Callable[[str], int],
 ) -> list[Passage]:
-    """Each passage cut to its sentences that best match the question, all within `budget_tokens`."""
+    """Each passage cut to its sentences that best match the question, all within `budget_tokens`.
+    `passages` are the table's from position `first` on."""
     sentences = [
-        _Sentence(i, j, text, count_tokens(text), content_terms(text))
+        _Sentence(i, j, text, count_tokens(text), score)
         for i, passage in enumerate(passages)
-        for j, text in enumerate(split_sentences(passage.chunk.text))
+        for j, text, score in zip(
+            range(len(table.passages[first + i].spans)),
+            (passage.chunk.text[s:e] for s, e in table.passages[first + i].spans),
+            table.scores(first + i),
+            strict=True,
+        )
     ]
-    _score_sentences(question, sentences)
     chosen = _choose_sentences(sentences, len(passages), budget_tokens, count_tokens(GAP))
     return [
         replace(passage, chunk=replace(passage.chunk, text=_quote([s for s in sentences if s.passage == i], chosen)))
@@ -94,13 +105,6 @@ def _fit_sentences(
 def _title_tokens(passage: Passage, count_tokens: Callable[[str], int]) -> int:
     # build_prompt renders every passage's title (or its document id): one tokenizer call a passage.
     return count_tokens(passage_label(passage))
-
-
-def _score_sentences(question: str, sentences: list[_Sentence]) -> None:
-    """Each sentence scores the idf of the question terms it holds (rarer terms weigh more)."""
-    weights = question_weights(question, [s.terms for s in sentences])
-    for s in sentences:
-        s.score = weights.score(s.terms)
 
 
 def _choose_sentences(

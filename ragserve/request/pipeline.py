@@ -36,6 +36,7 @@ from ragserve.request.model_threads import CURRENT_CLASS
 from ragserve.request.pace import PaceMonitor
 from ragserve.request.policy import ABSTAIN_ANSWER, AnswerPolicy
 from ragserve.request.search import SearchStage, check_client
+from ragserve.request.sentences import SentenceTable
 from ragserve.request.serving import ServingVersion, VersionSource
 from ragserve.request.warming import InteractiveTraffic, Warmer
 from ragserve.rerank.base import Reranker
@@ -191,25 +192,31 @@ class RagPipeline:
         return await self.search.threads.run(fn)
 
     async def retrieve(self, params: RetrieveParams, deadline: Deadline) -> RetrievalResult:
-        result, _ = await self._retrieve(params, deadline, self.serving)
+        result, _, _ = await self._retrieve(params, deadline, self.serving)
         return result
 
     async def _retrieve(
         self, params: RetrieveParams, deadline: Deadline, serving: ServingVersion
-    ) -> tuple[RetrievalResult, RetrievalKey | None]:
-        """The passages with this question's evidence, and the request's cache key (built once,
-        reused for the answer cache)."""
+    ) -> tuple[RetrievalResult, RetrievalKey | None, SentenceTable]:
+        """The passages with this question's evidence, the request's cache key (built once, reused
+        for the answer cache) and its sentence table (the context budget reuses it)."""
         CURRENT_CLASS.set(params.request_class)  # this request's task: its model calls queue by class
         found, key = await self._find(params, deadline, serving)
         with StageTimer("evidence") as t:
             # Per request, on whatever the passages came from (a cache hit was another question's).
             # Under a millisecond at the default top_k; at 50 passages ~5 ms, too long for the loop
             # (BENCHMARKS.md, "Highlights and abstention").
-            evidence = functools.partial(with_evidence, params.query, found, self.policy.low_support_below)
-            result = evidence() if len(found.passages) <= _EVIDENCE_ON_LOOP_MAX else await self._off_loop(evidence)
+            evidence = functools.partial(self._evidence, params.query, found)
+            result, table = (
+                evidence() if len(found.passages) <= _EVIDENCE_ON_LOOP_MAX else await self._off_loop(evidence)
+            )
         result.timings.evidence_ms = t.ms
         result.timings.retrieval_total_ms = deadline.elapsed_ms()
-        return result, key
+        return result, key, table
+
+    def _evidence(self, query: str, found: RetrievalResult) -> tuple[RetrievalResult, SentenceTable]:
+        table = SentenceTable.of(query, [p.chunk.text for p in found.passages])
+        return with_evidence(query, found, self.policy.low_support_below, table), table
 
     async def _find(
         self, params: RetrieveParams, deadline: Deadline, serving: ServingVersion
@@ -253,12 +260,20 @@ class RagPipeline:
         return result, key
 
     def _fit_and_build(
-        self, query: str, passages: list[Passage], budget: int, generator: Generator, timings: StageTimings
+        self,
+        query: str,
+        passages: list[Passage],
+        table: SentenceTable,
+        budget: int,
+        generator: Generator,
+        timings: StageTimings,
     ) -> tuple[FittedContext, Prompt]:
         """Off the event loop: a tokenizer call per sentence (and more at a large top_k) would stall
         every other stream and health check while it runs."""
         with StageTimer("context") as t:
-            context = fit_context(query, passages, budget, generator.count_tokens, self.policy.whole_first_max_tokens)
+            context = fit_context(
+                query, passages, budget, generator.count_tokens, self.policy.whole_first_max_tokens, table
+            )
         timings.context_ms = t.ms
         with StageTimer("prompt") as t:
             prompt = build_prompt(query, context.passages, self.policy.prompt_layout)
@@ -286,7 +301,7 @@ class RagPipeline:
         generator = self.generator
         if generator is None:
             raise ConfigError("generation is disabled on this server (RAGSERVE_GENERATION_ENABLED=false); use Retrieve")
-        retrieval, key = await self._retrieve(params, deadline, self.serving)
+        retrieval, key, table = await self._retrieve(params, deadline, self.serving)
         if retrieval.passages:
             top = retrieval.passages[0].chunk.chunk_id
             self.hot.record(top)
@@ -310,7 +325,9 @@ class RagPipeline:
                     yield event
                 return
         context, prompt = await self._off_loop(
-            lambda: self._fit_and_build(params.query, retrieval.passages, gen.context_token_budget, generator, timings)
+            lambda: self._fit_and_build(
+                params.query, retrieval.passages, table, gen.context_token_budget, generator, timings
+            )
         )
         alone = generator.unfinished_requests() == 0
         async with self._engine_share(gen, deadline, timings):

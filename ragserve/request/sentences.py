@@ -1,8 +1,10 @@
 """Sentences of a passage and how well each matches a question: no model call, a few microseconds each.
 
-A sentence scores the summed rarity (IDF over the candidate sentences of one request) of the
-question's stemmed content words it contains. The context budget keeps the best sentences
-(request/context.py); the retrieval event shows the best one as evidence (request/evidence.py).
+A passage's sentences and their stemmed content words are worked out once per chunk text and kept
+in memory (`analyse`); a request only weighs its question's terms. A sentence scores the summed
+rarity (IDF over the candidate sentences of one request) of the question's terms it contains. One
+`SentenceTable` per request serves both the evidence shown (request/evidence.py) and the sentences
+the context budget keeps (request/context.py), so the two always agree.
 """
 
 from __future__ import annotations
@@ -76,19 +78,62 @@ class QuestionWeights:
     def total(self) -> float:
         return sum(self.idf.values())
 
-    def score(self, terms: set[str]) -> float:
+    def score(self, terms: set[str] | frozenset[str]) -> float:
         return sum(weight for term, weight in self.idf.items() if term in terms)
 
-    def coverage(self, terms: set[str]) -> float:
+    def coverage(self, terms: set[str] | frozenset[str]) -> float:
         """Share of the question's weight that `terms` hold (0..1; 0 for a question of stopwords)."""
         total = self.total
         return self.score(terms) / total if total > 0 else 0.0
 
 
-def question_weights(question: str, sentence_terms: Sequence[set[str]]) -> QuestionWeights:
+def question_weights(question: str, sentence_terms: Sequence[set[str] | frozenset[str]]) -> QuestionWeights:
     n = len(sentence_terms)
     idf: dict[str, float] = {}
     for term in content_terms(question):
         df = sum(1 for terms in sentence_terms if term in terms)
         idf[term] = math.log(1.0 + max(n, 1) / (df or _ABSENT_DF))
     return QuestionWeights(idf)
+
+
+@dataclass(frozen=True, slots=True)
+class PassageSentences:
+    """A passage's sentences: (start, end) offsets in its text and each one's content terms."""
+
+    spans: tuple[tuple[int, int], ...]
+    terms: tuple[frozenset[str], ...]
+
+
+# Chunks analysed at most once while they stay among the most recently retrieved.
+_ANALYSED_CHUNKS = 32768
+
+
+@lru_cache(maxsize=_ANALYSED_CHUNKS)
+def analyse(text: str) -> PassageSentences:
+    """`text` split and stemmed, once per text (a str caches its own hash: the lookup is cheap)."""
+    spans = tuple(sentence_spans(text))
+    return PassageSentences(spans, tuple(frozenset(content_terms(text[s:e])) for s, e in spans))
+
+
+@dataclass(frozen=True, slots=True)
+class SentenceTable:
+    """One request's sentences over its passages (in retrieval order) and the question's weights."""
+
+    passages: tuple[PassageSentences, ...]
+    weights: QuestionWeights
+
+    @classmethod
+    def of(cls, question: str, texts: Sequence[str]) -> SentenceTable:
+        passages = tuple(analyse(text) for text in texts)
+        return cls(passages, question_weights(question, [t for p in passages for t in p.terms]))
+
+    def scores(self, passage: int) -> list[float]:
+        return [self.weights.score(t) for t in self.passages[passage].terms]
+
+    def coverages(self, passage: int) -> list[float]:
+        return [self.weights.coverage(t) for t in self.passages[passage].terms]
+
+    def best(self, passage: int) -> int | None:
+        """The position of the passage's best sentence (ties: the earlier one); None without any."""
+        scores = self.scores(passage)
+        return max(range(len(scores)), key=lambda i: (scores[i], -i)) if scores else None
