@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.harness import ensure_index, percentile, write_results  # noqa: E402
 from benchmarks.workloads import contains_gold, load_questions  # noqa: E402
-from ragserve.budget import Deadline  # noqa: E402
+from ragserve.budget import Deadline, RequestContext  # noqa: E402
 from ragserve.config import AnswerSettings, IndexSettings, Settings, default_of  # noqa: E402
 from ragserve.factory import make_pipeline  # noqa: E402
 from ragserve.generate.host import read_host_cpu  # noqa: E402
@@ -74,7 +74,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     async with pipeline:
         questions = load_questions(args.data, seed=0)
         for q in questions:
-            result = await pipeline.retrieve(RetrieveParams(q.question, args.top_k, 1000), Deadline(1000))
+            result = await pipeline.retrieve(
+                RetrieveParams(q.question, args.top_k, 1000), RequestContext(Deadline(1000))
+            )
             top, best = result.passages[0], best_highlight(result)
             shown = result.passages[result.support.evidence_passage] if result.support else top
             # Other signals the server could use to decline (compared by AUC in the report).
@@ -108,14 +110,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             with args.off_corpus.open() as f:
                 texts = [json.loads(line)["text"] for line in f if line.strip()][: args.off_corpus_questions]
             for text in texts:
-                result = await pipeline.retrieve(RetrieveParams(text, args.top_k, 1000), Deadline(1000))
+                result = await pipeline.retrieve(RetrieveParams(text, args.top_k, 1000), RequestContext(Deadline(1000)))
                 off_corpus.append(result.support.coverage if result.support else 0.0)
         for top_k in args.timing_top_k:
             times = timing.setdefault(top_k, [])
             for q in questions[: args.timing_questions]:
                 # A fresh wording each time: a retrieval cache hit would skip nothing the evidence does.
                 params = RetrieveParams(f"{q.question} ({time.perf_counter_ns()})", top_k, 1000)
-                times.append((await pipeline.retrieve(params, Deadline(1000))).timings.evidence_ms)
+                times.append((await pipeline.retrieve(params, RequestContext(Deadline(1000)))).timings.evidence_ms)
     return {"rows": rows, "timing": timing, "off_corpus": off_corpus}
 
 

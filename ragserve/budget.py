@@ -6,9 +6,11 @@ import asyncio
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 from ragserve import tracing
+from ragserve.types import RequestClass
 
 
 class Deadline:
@@ -63,6 +65,21 @@ class Deadline:
 
     def budget_exhausted(self) -> bool:
         return self.budget_left_ms() <= 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """One request's facts, decided once at the door and handed down: its one clock, its id (logs
+    and traces only) and who waits for it (admission, the model threads' order, the engine's
+    priority, warming's pause)."""
+
+    deadline: Deadline
+    request_id: str = ""
+    request_class: RequestClass = RequestClass.INTERACTIVE
+
+    @property
+    def interactive(self) -> bool:
+        return self.request_class is RequestClass.INTERACTIVE
 
 
 class StageTimer:

@@ -153,8 +153,6 @@ class RetrieveParams:
     budget_ms: int
     # At most one passage per source document.
     dedupe_documents: bool = False
-    # Who waits for it: the model threads run interactive work first (request/model_threads.py).
-    request_class: RequestClass = RequestClass.INTERACTIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +163,8 @@ class GenerateParams:
     temperature: float
     # Most passage tokens in the prompt (sentences that match the question); 0: whole passages.
     context_token_budget: int = 0
-    request_class: RequestClass = RequestClass.INTERACTIVE
+    # The engine's scheduling priority (lower first), from the request's class (RequestContext).
+    priority: int = 0
 
 
 @dataclass(slots=True)

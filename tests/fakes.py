@@ -53,7 +53,7 @@ class FakeGeneratorBase:
         return GeneratorStatus(on_this_host=True)
 
     async def prefill(self, prompt: Prompt) -> None:
-        params = GenerateParams(max_tokens=1, temperature=0.0, request_class=RequestClass.BATCH)
+        params = GenerateParams(max_tokens=1, temperature=0.0, priority=RequestClass.BATCH.engine_priority)
         async for _ in self.stream(prompt, params, "prefill"):
             pass
 

@@ -234,7 +234,7 @@ class RemoteVllmGenerator:
             "temperature": params.temperature,
             "stream": True,
             "stream_options": {"include_usage": True},
-            **({"priority": params.request_class.engine_priority} if self._settings.remote_priority else {}),
+            **({"priority": params.priority} if self._settings.remote_priority else {}),
         }
 
     @staticmethod
@@ -369,7 +369,7 @@ class RemoteVllmGenerator:
             await asyncio.wait(self._bringing_up)
 
     async def _prefill_on(self, server: VllmServer, prompt: Prompt, headers: dict[str, str]) -> None:
-        params = GenerateParams(max_tokens=1, temperature=0.0, request_class=RequestClass.BATCH)
+        params = GenerateParams(max_tokens=1, temperature=0.0, priority=RequestClass.BATCH.engine_priority)
         body = self._for(server, await asyncio.to_thread(self._body, prompt, params))
         async with asyncio.timeout(self._settings.remote_stall_s):
             async with contextlib.aclosing(server.events(body, headers, StreamLimits.for_tokens(1), True)) as events:

@@ -207,7 +207,7 @@ class VllmGenerator:
             # Both engines abort the request when their iteration is closed. Closed here, at once,
             # when this stream is: left to the garbage collector, the abort waited for a GC pass
             # whenever a traceback cycle held the iterator, and the engine kept decoding meanwhile.
-            priority = params.request_class.engine_priority if self._settings.scheduling_policy == "priority" else 0
+            priority = params.priority if self._settings.scheduling_policy == "priority" else 0
             generation = self._engine.generate(text, sampling, request_id=engine_id, priority=priority)
             async with contextlib.aclosing(generation) as outputs:
                 async for output in outputs:
@@ -236,7 +236,7 @@ class VllmGenerator:
             raise GenerationFailed("generation failed") from exc
 
     async def prefill(self, prompt: Prompt) -> None:
-        params = GenerateParams(max_tokens=1, temperature=0.0, request_class=RequestClass.BATCH)
+        params = GenerateParams(max_tokens=1, temperature=0.0, priority=RequestClass.BATCH.engine_priority)
         async for _ in self.stream(prompt, params, "prefill"):
             pass
 

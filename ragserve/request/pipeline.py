@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TypeVar
 
 from ragserve import metrics
-from ragserve.budget import Deadline, StageTimer
+from ragserve.budget import Deadline, RequestContext, StageTimer
 from ragserve.cache.base import AnswerCache, RetrievalCache
 from ragserve.cache.keys import RetrievalKey
 from ragserve.config import LimitsSettings, default_of
@@ -46,7 +46,6 @@ from ragserve.types import (
     Passage,
     PipelineInfo,
     QueryEvent,
-    RequestClass,
     RetrievalResult,
     RetrieveParams,
     StageTimings,
@@ -191,16 +190,17 @@ class RagPipeline:
         # Model calls block for milliseconds: run them on the model threads, not the event loop.
         return await self.search.threads.run(fn)
 
-    async def retrieve(self, params: RetrieveParams, deadline: Deadline) -> RetrievalResult:
-        result, _, _ = await self._retrieve(params, deadline, self.serving)
+    async def retrieve(self, params: RetrieveParams, request: RequestContext) -> RetrievalResult:
+        result, _, _ = await self._retrieve(params, request, self.serving)
         return result
 
     async def _retrieve(
-        self, params: RetrieveParams, deadline: Deadline, serving: ServingVersion
+        self, params: RetrieveParams, request: RequestContext, serving: ServingVersion
     ) -> tuple[RetrievalResult, RetrievalKey | None, SentenceTable]:
         """The passages with this question's evidence, the request's cache key (built once, reused
         for the answer cache) and its sentence table (the context budget reuses it)."""
-        CURRENT_CLASS.set(params.request_class)  # this request's task: its model calls queue by class
+        CURRENT_CLASS.set(request.request_class)  # this request's task: its model calls queue by class
+        deadline = request.deadline
         found, key = await self._find(params, deadline, serving)
         with StageTimer("evidence") as t:
             # Per request, on whatever the passages came from (a cache hit was another question's).
@@ -281,14 +281,14 @@ class RagPipeline:
         return context, prompt
 
     async def query(
-        self, params: RetrieveParams, gen: GenerateParams, deadline: Deadline, request_id: str
+        self, params: RetrieveParams, gen: GenerateParams, request: RequestContext
     ) -> AsyncIterator[QueryEvent]:
         """`_query`'s events; while an interactive one runs, warming waits."""
-        interactive = gen.request_class is RequestClass.INTERACTIVE
+        interactive = request.interactive
         if interactive:
             self._traffic.begin()
         try:
-            async with contextlib.aclosing(self._query(params, gen, deadline, request_id)) as events:
+            async with contextlib.aclosing(self._query(params, gen, request)) as events:
                 async for event in events:
                     yield event
         finally:
@@ -296,12 +296,13 @@ class RagPipeline:
                 self._traffic.end()
 
     async def _query(
-        self, params: RetrieveParams, gen: GenerateParams, deadline: Deadline, request_id: str
+        self, params: RetrieveParams, gen: GenerateParams, request: RequestContext
     ) -> AsyncGenerator[QueryEvent, None]:
         generator = self.generator
         if generator is None:
             raise ConfigError("generation is disabled on this server (RAGSERVE_GENERATION_ENABLED=false); use Retrieve")
-        retrieval, key, table = await self._retrieve(params, deadline, self.serving)
+        deadline = request.deadline
+        retrieval, key, table = await self._retrieve(params, request, self.serving)
         if retrieval.passages:
             top = retrieval.passages[0].chunk.chunk_id
             self.hot.record(top)
@@ -330,9 +331,10 @@ class RagPipeline:
             )
         )
         alone = generator.unfinished_requests() == 0
-        async with self._engine_share(gen, deadline, timings):
+        async with self._engine_share(request, timings):
             # The engine has the prompt before the retrieval event is sent: prefill overlaps the send.
-            answer = AnswerStream.start(generator, prompt, gen, request_id, deadline.elapsed_ms)
+            gen = dataclasses.replace(gen, priority=request.request_class.engine_priority)
+            answer = AnswerStream.start(generator, prompt, gen, request.request_id, deadline.elapsed_ms)
             async with contextlib.aclosing(answer):  # a caller gone mid-stream aborts the engine request now
                 yield retrieval
                 async for delta in answer.deltas(deadline.client_end(asyncio.get_running_loop())):
@@ -352,22 +354,20 @@ class RagPipeline:
             generator.model_id,
             context_tokens=context.tokens,
             context_tokens_full=context.tokens_full,
-            request_class=gen.request_class,
+            request_class=request.request_class,
         )
 
     @contextlib.asynccontextmanager
-    async def _engine_share(
-        self, gen: GenerateParams, deadline: Deadline, timings: StageTimings
-    ) -> AsyncIterator[None]:
+    async def _engine_share(self, request: RequestContext, timings: StageTimings) -> AsyncIterator[None]:
         """A batch request holds one of batch's engine slots while it generates; it waits for one
         within its deadline (DEADLINE_EXCEEDED past it). Interactive requests pass straight through."""
         slots = self._batch_slots
-        if slots is None or gen.request_class is not RequestClass.BATCH:
+        if slots is None or request.interactive:
             yield
             return
         with StageTimer("engine_wait") as t:
             try:
-                async with asyncio.timeout_at(deadline.client_end(asyncio.get_running_loop())):
+                async with asyncio.timeout_at(request.deadline.client_end(asyncio.get_running_loop())):
                     await slots.acquire()
             except TimeoutError as exc:
                 raise DeadlineExpired("the deadline passed while batch work waited for the generator") from exc

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import grpc
 
 from ragserve import metrics, tracing
-from ragserve.budget import Deadline
+from ragserve.budget import Deadline, RequestContext
 from ragserve.errors import DeadlineExpired, Overloaded, RagError
 from ragserve.server.auth import client_ids
 from ragserve.server.limiter import CallerLimits, InFlightLimiter
@@ -47,7 +47,7 @@ def request_id_of(context: grpc.aio.ServicerContext) -> str:
 
 
 @dataclass(frozen=True)
-class RequestContext:
+class Call:
     """What the door learnt of one call. `arrived` and `ends` are readings of time.monotonic: the
     call's one start (stage totals, TTFT and its duration count from it) and its one end, the
     earlier of the client's deadline and RAGSERVE_MAX_CALL_S."""
@@ -59,8 +59,10 @@ class RequestContext:
     ends: float
     capped: bool  # the server's cap, not the client's deadline, sets `ends`
 
-    def deadline(self, budget_ms: float) -> Deadline:
-        return Deadline(budget_ms, client_timeout_s=self.ends - time.monotonic(), started=self.arrived)
+    def request(self, budget_ms: float) -> RequestContext:
+        """The value the core gets: the call's clock with its retrieval budget, its id and class."""
+        deadline = Deadline(budget_ms, client_timeout_s=self.ends - time.monotonic(), started=self.arrived)
+        return RequestContext(deadline, self.request_id, self.request_class)
 
     def elapsed_ms(self) -> float:
         return (time.monotonic() - self.arrived) * 1000.0
@@ -82,7 +84,7 @@ class CallGate:
     @contextlib.asynccontextmanager
     async def call(
         self, method: str, context: grpc.aio.ServicerContext, request_class: int = 0, admit: bool = True
-    ) -> AsyncIterator[RequestContext]:
+    ) -> AsyncIterator[Call]:
         """A RagService call, from arrival to its status. `admit`: it takes an in-flight slot (Info,
         answered from memory, takes none).
 
@@ -106,7 +108,7 @@ class CallGate:
                     held.enter_context(self._limiter.admit(cls))
                     metrics.IN_FLIGHT.inc()
                     held.callback(metrics.IN_FLIGHT.dec)
-                call = RequestContext(request_id, method, cls, arrived, ends, capped)
+                call = Call(request_id, method, cls, arrived, ends, capped)
                 loop = asyncio.get_running_loop()
                 clock = asyncio.timeout_at(loop.time() + (ends - time.monotonic()))
                 try:
@@ -140,7 +142,7 @@ class CallGate:
         finally:
             observe_request(method, code, (time.monotonic() - arrived) * 1000.0)
 
-    def _expired(self, call: RequestContext) -> DeadlineExpired:
+    def _expired(self, call: Call) -> DeadlineExpired:
         if call.capped:
             return DeadlineExpired(
                 f"the call ran longer than the server allows ({self._max_call_s:g} s, RAGSERVE_MAX_CALL_S)"
@@ -159,7 +161,7 @@ class CallGate:
             yield
 
 
-def log_retrieval(call: RequestContext, result: RetrievalResult) -> None:
+def log_retrieval(call: Call, result: RetrievalResult) -> None:
     # Ids and sizes only: document text and the question never reach the logs.
     log.info(
         "retrieved",
@@ -175,7 +177,7 @@ def log_retrieval(call: RequestContext, result: RetrievalResult) -> None:
     observe_retrieval(result)
 
 
-def log_answer(call: RequestContext, summary: FinalSummary) -> None:
+def log_answer(call: Call, summary: FinalSummary) -> None:
     log.info(
         "answered",
         extra={

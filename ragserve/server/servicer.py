@@ -13,7 +13,7 @@ from ragserve.request.pipeline import RagPipeline
 from ragserve.server.convert import info_response_pb, query_event_pb, retrieve_response_pb
 from ragserve.server.gate import CallGate, log_answer, log_retrieval
 from ragserve.server.validation import validate_generate, validate_retrieve
-from ragserve.types import FinalSummary, RequestClass, RetrievalResult, RetrieveParams
+from ragserve.types import FinalSummary, RetrievalResult, RetrieveParams
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 
@@ -30,15 +30,15 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
             raise Unavailable("server is still loading the index and models")
         return self.pipeline
 
-    def _retrieve_params(self, request: pb.RetrieveRequest | pb.QueryRequest, cls: RequestClass) -> RetrieveParams:
+    def _retrieve_params(self, request: pb.RetrieveRequest | pb.QueryRequest) -> RetrieveParams:
         return validate_retrieve(
-            self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents, cls
+            self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents
         )
 
     async def Retrieve(self, request: pb.RetrieveRequest, context: grpc.aio.ServicerContext) -> pb.RetrieveResponse:
         async with self._gate.call("Retrieve", context, request.request_class) as call:
-            params = self._retrieve_params(request, call.request_class)
-            result = await self._ready().retrieve(params, call.deadline(params.budget_ms))
+            params = self._retrieve_params(request)
+            result = await self._ready().retrieve(params, call.request(params.budget_ms))
             log_retrieval(call, result)
             return retrieve_response_pb(result)
         raise AssertionError("the gate returned without a response")  # pragma: no cover (it aborts instead)
@@ -47,15 +47,14 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
         # Written with context.write, not yielded: a write stuck behind a client that stopped reading
         # then runs inside the call's time (a yielded message is sent by grpc, outside it).
         async with self._gate.call("Query", context, request.request_class) as call:
-            params = self._retrieve_params(request, call.request_class)
+            params = self._retrieve_params(request)
             gen = validate_generate(
                 self._settings,
                 request.max_tokens,
                 request.temperature,
                 request.context_token_budget if request.HasField("context_token_budget") else None,
-                call.request_class,
             )
-            events = self._ready().query(params, gen, call.deadline(params.budget_ms), call.request_id)
+            events = self._ready().query(params, gen, call.request(params.budget_ms))
             try:
                 async for event in events:
                     if isinstance(event, RetrievalResult):

@@ -25,7 +25,6 @@ def validate_retrieve(
     top_k: int,
     budget_ms: int,
     dedupe_documents: bool = False,
-    request_class: RequestClass = RequestClass.INTERACTIVE,
 ) -> RetrieveParams:
     text = query.strip()
     if not text:
@@ -56,7 +55,6 @@ def validate_retrieve(
         top_k=top_k or settings.requests.default_top_k,
         budget_ms=budget_ms or settings.requests.retrieval_budget_ms,
         dedupe_documents=dedupe_documents,
-        request_class=request_class,
     )
 
 
@@ -65,7 +63,6 @@ def validate_generate(
     max_tokens: int,
     temperature: float,
     context_token_budget: int | None = None,
-    request_class: RequestClass = RequestClass.INTERACTIVE,
 ) -> GenerateParams:
     limit = settings.generator.max_tokens_limit
     if max_tokens < 0 or max_tokens > limit:
@@ -89,5 +86,4 @@ def validate_generate(
         context_token_budget=settings.requests.context_token_budget
         if context_token_budget is None
         else context_token_budget,
-        request_class=request_class,
     )

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from indexer.build import build_index
-from ragserve.budget import Deadline
+from ragserve.budget import Deadline, RequestContext
 from ragserve.cache.base import CachedAnswer, CachedRetrieval, CacheStore
 from ragserve.cache.circuit import BreakerState, CircuitBreaker
 from ragserve.cache.codec import encode_answer, encode_entry
@@ -102,7 +102,7 @@ async def _ask(
 ) -> list[QueryEvent]:
     params = RetrieveParams(question, 3, budget_ms)
     gen = GenerateParams(max_tokens, temperature)
-    events = [e async for e in pipeline.query(params, gen, Deadline(budget_ms, client_timeout_s), "r")]
+    events = [e async for e in pipeline.query(params, gen, RequestContext(Deadline(budget_ms, client_timeout_s), "r"))]
     if pipeline.answers is not None:
         await pipeline.answers.drain()  # type: ignore[attr-defined]
     return events
@@ -159,7 +159,9 @@ def test_a_repeat_is_replayed_without_the_engine(embedder, sample_index, executo
 
 def _consume_until(stop_after_tokens: int) -> Callable[[RagPipeline], Awaitable[None]]:
     async def run(pipeline: RagPipeline) -> None:
-        stream = pipeline.query(RetrieveParams(Q, 3, BUDGET_MS), GenerateParams(16, 0.0), Deadline(BUDGET_MS), "r")
+        stream = pipeline.query(
+            RetrieveParams(Q, 3, BUDGET_MS), GenerateParams(16, 0.0), RequestContext(Deadline(BUDGET_MS), "r")
+        )
         tokens = 0
         async for event in stream:
             tokens += isinstance(event, TokenDelta)

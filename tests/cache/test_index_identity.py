@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ragserve.budget import Deadline
+from ragserve.budget import Deadline, RequestContext
 from ragserve.cache.layer import StoreBackedAnswerCache, StoreBackedCache
 from ragserve.cache.memory import MemoryStore
 from ragserve.config import IndexSettings, QdrantSettings, Settings
@@ -47,7 +47,7 @@ def _pipeline(index: HnswIndex, executor: ThreadPoolExecutor) -> RagPipeline:
 
 
 async def _retrieve(pipeline: RagPipeline) -> RetrievalResult:
-    result = await pipeline.retrieve(RetrieveParams(Q, 3, 10_000), Deadline(10_000))
+    result = await pipeline.retrieve(RetrieveParams(Q, 3, 10_000), RequestContext(Deadline(10_000)))
     await pipeline.cache.drain()  # type: ignore[union-attr]
     return result
 

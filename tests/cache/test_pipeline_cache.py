@@ -14,7 +14,7 @@ import pytest
 from pydantic import SecretStr
 
 from indexer.build import build_index
-from ragserve.budget import Deadline
+from ragserve.budget import Deadline, RequestContext
 from ragserve.cache.base import CachedRetrieval, CacheHit
 from ragserve.cache.keys import RetrievalKey
 from ragserve.cache.layer import StoreBackedCache
@@ -43,7 +43,7 @@ def _pipeline(embedder, index_root: Path, executor, cache) -> RagPipeline:
 
 
 async def _retrieve(pipeline: RagPipeline, query: str, top_k: int = 3, budget_ms: int = 10_000) -> RetrievalResult:
-    result = await pipeline.retrieve(RetrieveParams(query, top_k, budget_ms), Deadline(budget_ms))
+    result = await pipeline.retrieve(RetrieveParams(query, top_k, budget_ms), RequestContext(Deadline(budget_ms)))
     if pipeline.cache is not None:
         await pipeline.cache.drain()  # type: ignore[attr-defined]
     return result

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from ragserve.budget import Deadline
+from ragserve.budget import Deadline, RequestContext
 from ragserve.cache.circuit import CircuitBreaker
 from ragserve.cache.layer import StoreBackedCache
 from ragserve.cache.redis_cache import RedisStore
@@ -67,7 +67,7 @@ async def _worker(pipeline: RagPipeline, load: Load, offset: int) -> None:
         query = QUERIES[i % len(QUERIES)]
         i += 1
         try:
-            result = await pipeline.retrieve(RetrieveParams(query, 3, 10_000), Deadline(10_000))
+            result = await pipeline.retrieve(RetrieveParams(query, 3, 10_000), RequestContext(Deadline(10_000)))
             ok = bool(result.passages)
             load.samples.append(Sample(time.monotonic(), ok, result.cache_hit, result.timings.cache_ms))
         except Exception as exc:  # any failure is what this test looks for
@@ -220,7 +220,7 @@ def test_redis_refusing_connections_from_the_start(embedder, sample_index, url: 
         await cache.start()  # logs and opens the breaker; does not raise
         _, skipped_before = _counts()
         for q in QUERIES * 2:
-            result = await pipeline.retrieve(RetrieveParams(q, 3, 10_000), Deadline(10_000))
+            result = await pipeline.retrieve(RetrieveParams(q, 3, 10_000), RequestContext(Deadline(10_000)))
             assert result.passages and not result.cache_hit
         _, skipped_after = _counts()
         await cache.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ragserve.budget import Deadline
+from ragserve.budget import Deadline, RequestContext
 from ragserve.cache import semantic
 from ragserve.cache.keys import retrieval_key
 from ragserve.cache.layer import StoreBackedCache
@@ -132,7 +132,7 @@ def test_long_queries_sharing_a_prefix_never_hit_semantically(embedder, sample_i
     pipeline = assemble_pipeline(embedder, HnswIndex.load(sample_index), None, executor, cache=cache)
 
     async def retrieve(query: str) -> RetrievalResult:
-        result = await pipeline.retrieve(RetrieveParams(query, 3, 10_000), Deadline(10_000))
+        result = await pipeline.retrieve(RetrieveParams(query, 3, 10_000), RequestContext(Deadline(10_000)))
         await cache.drain()
         return result
 

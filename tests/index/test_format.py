@@ -106,13 +106,15 @@ def test_index_from_before_bm25_still_loads_dense_only(index_copy: Path, embedde
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
 
-    from ragserve.budget import Deadline
+    from ragserve.budget import Deadline, RequestContext
     from ragserve.types import RetrieveParams
 
     with ThreadPoolExecutor(1) as executor:
         pipeline = assemble_pipeline(embedder, index, None, executor, retrieval=opts)
         result = asyncio.run(
-            pipeline.retrieve(RetrieveParams("Bloom filter false positives", 3, 10_000), Deadline(10_000))
+            pipeline.retrieve(
+                RetrieveParams("Bloom filter false positives", 3, 10_000), RequestContext(Deadline(10_000))
+            )
         )
     assert result.passages[0].chunk.doc_id == "bloom-filters.txt"
     assert any("dense-only" in remark for remark in result.degraded.remarks)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from indexer.build import build_index
-from ragserve.budget import Deadline
+from ragserve.budget import Deadline, RequestContext
 from ragserve.config import default_generator_path
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.factory import assemble_pipeline
@@ -91,7 +91,9 @@ def test_hostile_corpus_is_served_as_text_and_prompts_keep_the_templates_control
     async def ask(question: str) -> list[str]:
         params = RetrieveParams(question, top_k=len(HOSTILE_DOCS), budget_ms=10_000)
         served: list[str] = []
-        async for event in pipeline.query(params, GenerateParams(8, 0.0, context_token_budget), Deadline(10_000), "r"):
+        async for event in pipeline.query(
+            params, GenerateParams(8, 0.0, context_token_budget), RequestContext(Deadline(10_000), "r")
+        ):
             passages = getattr(event, "passages", None)
             if passages is not None:
                 served = [p.chunk.text for p in passages]

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from indexer.build import build_index
-from ragserve.budget import Deadline
+from ragserve.budget import Deadline, RequestContext
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.factory import assemble_pipeline
 from ragserve.index.hnsw import HnswIndex
@@ -152,7 +152,7 @@ def test_the_most_retrieved_top_passages_are_prefilled_at_start(make_pipeline, t
                 events = [
                     e
                     async for e in first.query(
-                        RetrieveParams(q, 3, 10_000), GenerateParams(8, 0.0), Deadline(10_000), "r"
+                        RetrieveParams(q, 3, 10_000), GenerateParams(8, 0.0), RequestContext(Deadline(10_000), "r")
                     )
                 ]
                 tops.append(events[0].passages[0].chunk.chunk_id)
@@ -230,7 +230,7 @@ def test_warming_pauses_while_an_interactive_query_runs_and_counts_warm_top_pass
         question = RetrieveParams("Who discovered penicillin?", 3, 10_000)
         before = _warm_hits()
         # A Query starts and holds its stream open: warming must not pre-fill anything meanwhile.
-        stream = pipeline.query(question, GenerateParams(8, 0.0), Deadline(10_000), "r")
+        stream = pipeline.query(question, GenerateParams(8, 0.0), RequestContext(Deadline(10_000), "r"))
         await anext(stream)
         warming = asyncio.create_task(pipeline.warm_hot_passages())
         await asyncio.sleep(0.5)
@@ -238,7 +238,7 @@ def test_warming_pauses_while_an_interactive_query_runs_and_counts_warm_top_pass
         await stream.aclose()
         await warming
         # Once warm, the same question's top passage is found warm.
-        async for _ in pipeline.query(question, GenerateParams(8, 0.0), Deadline(10_000), "r"):
+        async for _ in pipeline.query(question, GenerateParams(8, 0.0), RequestContext(Deadline(10_000), "r")):
             pass
         return prefilled_while_busy, _warm_hits() - before, pipeline.warm_state()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ragserve.budget import Deadline
+from ragserve.budget import Deadline, RequestContext
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import DeadlineExpired
 from ragserve.factory import assemble_pipeline
@@ -52,7 +52,9 @@ def test_query_yields_retrieval_then_tokens_then_final(pipeline_factory) -> None
     params = RetrieveParams("Who discovered penicillin?", top_k=3, budget_ms=10_000)
 
     async def collect() -> list[object]:
-        return [e async for e in pipeline.query(params, GenerateParams(16, 0.0), Deadline(10_000), "r1")]
+        return [
+            e async for e in pipeline.query(params, GenerateParams(16, 0.0), RequestContext(Deadline(10_000), "r1"))
+        ]
 
     events = asyncio.run(collect())
     assert isinstance(events[0], RetrievalResult)
@@ -69,12 +71,14 @@ def test_query_yields_retrieval_then_tokens_then_final(pipeline_factory) -> None
 
 def test_tiny_budget_still_returns_results_flagged(pipeline_factory) -> None:
     params = RetrieveParams("Bloom filter false positives", top_k=4, budget_ms=1)
-    dense = asyncio.run(pipeline_factory(retrieval=RetrievalOptions(mode="dense")).retrieve(params, Deadline(1)))
+    dense = asyncio.run(
+        pipeline_factory(retrieval=RetrievalOptions(mode="dense")).retrieve(params, RequestContext(Deadline(1)))
+    )
     assert len(dense.passages) == 4
     assert dense.degraded.budget_exhausted
     assert dense.degraded.search_truncated  # HNSW looked only as wide as the 4 results
     # Hybrid fusion asks each list for 100 candidates anyway: nothing was cut, and nothing is said.
-    hybrid = asyncio.run(pipeline_factory().retrieve(params, Deadline(1)))
+    hybrid = asyncio.run(pipeline_factory().retrieve(params, RequestContext(Deadline(1))))
     assert len(hybrid.passages) == 4
     assert hybrid.degraded.budget_exhausted and not hybrid.degraded.search_truncated
 
@@ -83,7 +87,7 @@ def test_expired_client_deadline_stops_before_work(pipeline_factory) -> None:
     pipeline = pipeline_factory()
     params = RetrieveParams("anything", top_k=3, budget_ms=70)
     with pytest.raises(DeadlineExpired):
-        asyncio.run(pipeline.retrieve(params, Deadline(70, client_timeout_s=0.0)))
+        asyncio.run(pipeline.retrieve(params, RequestContext(Deadline(70, client_timeout_s=0.0))))
 
 
 def test_client_deadline_bounds_generation(pipeline_factory) -> None:
@@ -91,7 +95,9 @@ def test_client_deadline_bounds_generation(pipeline_factory) -> None:
     params = RetrieveParams("anything", top_k=2, budget_ms=70)
 
     async def run() -> None:
-        async for _ in pipeline.query(params, GenerateParams(16, 0.0), Deadline(70, client_timeout_s=0.8), "r2"):
+        async for _ in pipeline.query(
+            params, GenerateParams(16, 0.0), RequestContext(Deadline(70, client_timeout_s=0.8), "r2")
+        ):
             pass
 
     with pytest.raises(DeadlineExpired):
@@ -107,7 +113,9 @@ def test_time_the_consumer_holds_an_event_counts_against_the_client_deadline(pip
     async def run() -> float:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        events = pipeline.query(params, GenerateParams(16, 0.0), Deadline(70, client_timeout_s=1.0), "r3")
+        events = pipeline.query(
+            params, GenerateParams(16, 0.0), RequestContext(Deadline(70, client_timeout_s=1.0), "r3")
+        )
         try:
             async for event in events:
                 if isinstance(event, RetrievalResult):
@@ -128,7 +136,7 @@ def test_stream_pulls_only_as_fast_as_the_reader(pipeline_factory) -> None:
 
     async def read_slowly() -> list[int]:
         seen = []
-        stream = pipeline.query(params, GenerateParams(1000, 0.0), Deadline(1000), "slow")
+        stream = pipeline.query(params, GenerateParams(1000, 0.0), RequestContext(Deadline(1000), "slow"))
         consumed = 0
         async for event in stream:
             if isinstance(event, TokenDelta):
@@ -153,7 +161,9 @@ def test_prompt_work_leaves_the_event_loop_free(pipeline_factory) -> None:
     params = RetrieveParams("How does the honey bee waggle dance encode direction?", top_k=10, budget_ms=10_000)
 
     async def run() -> int:
-        events = [e async for e in pipeline.query(params, GenerateParams(4, 0.0), Deadline(10_000), "r")]
+        events = [
+            e async for e in pipeline.query(params, GenerateParams(4, 0.0), RequestContext(Deadline(10_000), "r"))
+        ]
         assert isinstance(events[-1], FinalSummary)
         return threading.get_ident()
 
@@ -164,7 +174,9 @@ def test_prompt_work_leaves_the_event_loop_free(pipeline_factory) -> None:
 
 def test_retrieval_carries_each_passages_highlight_and_the_support(pipeline_factory) -> None:
     pipeline = pipeline_factory()
-    result = asyncio.run(pipeline.retrieve(RetrieveParams("Who discovered penicillin?", 3, 10_000), Deadline(10_000)))
+    result = asyncio.run(
+        pipeline.retrieve(RetrieveParams("Who discovered penicillin?", 3, 10_000), RequestContext(Deadline(10_000)))
+    )
     top = result.passages[0]
     assert top.highlight is not None and top.chunk.doc_id == "discovery-of-penicillin.txt"
     sentence = top.chunk.text[top.highlight.start : top.highlight.end]
@@ -180,7 +192,9 @@ def test_low_support_is_answered_without_the_engine_when_asked(pipeline_factory)
         fake = FakeGenerator()
         pipeline = pipeline_factory(fake, policy=policy)
         params = RetrieveParams(question, top_k=3, budget_ms=10_000)
-        return [e async for e in pipeline.query(params, GenerateParams(16, 0.0), Deadline(10_000), "r1")], fake
+        return [
+            e async for e in pipeline.query(params, GenerateParams(16, 0.0), RequestContext(Deadline(10_000), "r1"))
+        ], fake
 
     events, fake = asyncio.run(ask(AnswerPolicy(abstain_on_low_support=True)))
     assert fake.calls == 0
@@ -201,11 +215,12 @@ def test_batch_waits_for_its_share_of_the_engine_and_people_do_not(sample_index:
     executor = ThreadPoolExecutor(2)
     pipeline = assemble_pipeline(embedder, HnswIndex.load(sample_index), fake, executor, batch_engine_seqs=1)
     params = RetrieveParams("Who discovered penicillin?", top_k=3, budget_ms=10_000)
-    batch = GenerateParams(16, 0.5, request_class=RequestClass.BATCH)  # temperature > 0: no answer cache
-    person = GenerateParams(16, 0.5)
+    gen = GenerateParams(16, 0.5)  # temperature > 0: no answer cache
+    batch, person = RequestClass.BATCH, RequestClass.INTERACTIVE
 
-    async def final(gen: GenerateParams, timeout_s: float = 10.0) -> FinalSummary:
-        events = [e async for e in pipeline.query(params, gen, Deadline(10_000, client_timeout_s=timeout_s), "r")]
+    async def final(cls: RequestClass, timeout_s: float = 10.0) -> FinalSummary:
+        request = RequestContext(Deadline(10_000, client_timeout_s=timeout_s), "r", cls)
+        events = [e async for e in pipeline.query(params, gen, request)]
         assert isinstance(events[-1], FinalSummary)
         return events[-1]
 

@@ -6,7 +6,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ragserve.budget import Deadline
+from ragserve.budget import Deadline, RequestContext
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.factory import assemble_pipeline
 from ragserve.index.hnsw import HnswIndex
@@ -24,7 +24,7 @@ def test_generation_starts_before_the_retrieval_event_is_sent(
     async def scenario() -> None:
         with ThreadPoolExecutor(2) as executor:
             pipeline = assemble_pipeline(embedder, HnswIndex.load(sample_index), fake, executor)
-            events = pipeline.query(params, GenerateParams(4, 0.0), Deadline(10_000), "r1")
+            events = pipeline.query(params, GenerateParams(4, 0.0), RequestContext(Deadline(10_000), "r1"))
             first = await anext(events)
             assert isinstance(first, RetrievalResult)
             await asyncio.sleep(0.01)  # the consumer is still "sending" the retrieval event
@@ -33,7 +33,7 @@ def test_generation_starts_before_the_retrieval_event_is_sent(
             assert isinstance(rest[0], TokenDelta) and rest[0].text == "ok"
 
             # A caller that goes away after the retrieval event: the engine request is cancelled.
-            events = pipeline.query(params, GenerateParams(4, 0.0), Deadline(10_000), "r2")
+            events = pipeline.query(params, GenerateParams(4, 0.0), RequestContext(Deadline(10_000), "r2"))
             await anext(events)
             await asyncio.sleep(0.01)
             await events.aclose()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ragserve.budget import Deadline
+from ragserve.budget import Deadline, RequestContext
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.factory import assemble_pipeline
 from ragserve.index.hnsw import HnswIndex
@@ -38,7 +38,7 @@ def reranker(test_models: dict[str, Path], tmp_path_factory: pytest.TempPathFact
 
 def run(pipeline: RagPipeline, budget_ms: int, top_k: int = 3):
     params = RetrieveParams(QUESTION, top_k=top_k, budget_ms=budget_ms)
-    return asyncio.run(pipeline.retrieve(params, Deadline(budget_ms)))
+    return asyncio.run(pipeline.retrieve(params, RequestContext(Deadline(budget_ms))))
 
 
 def test_rerank_stage_reports_tiers_and_keeps_top_k(

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ragserve.budget import Deadline
+from ragserve.budget import Deadline, RequestContext
 from ragserve.config import RerankSettings, Settings
 from ragserve.errors import IndexLoadError
 from ragserve.factory import VersionBuilder, assemble_pipeline, load_tuned_reranker, make_rerankers
@@ -91,7 +91,7 @@ def load_version(root: Path, mode: str = "auto") -> ServingVersion:
 
 def retrieve(pipeline: RagPipeline) -> RetrievalResult:
     params = RetrieveParams(QUERY, top_k=len(TEXTS), budget_ms=60_000)
-    return asyncio.run(pipeline.retrieve(params, Deadline(60_000)))
+    return asyncio.run(pipeline.retrieve(params, RequestContext(Deadline(60_000))))
 
 
 def ids(result: RetrievalResult) -> list[str]:
