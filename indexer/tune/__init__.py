@@ -6,5 +6,8 @@ bi-encoder), with its training in `embedder_model.py` and the version it publish
 publish the cross-encoder), with its model and training in `reranker_model.py`. Both train through
 the resumable, checkpointed loop in `training.py` and read, split and score labelled queries with
 `evaluation.py` (which owns the split salt and the served default fusion weight they share).
-`commands.py` registers the two CLI commands on the indexer's typer app.
+`reader.py` is `indexer tune-reader` (train a span head on a SQuAD-format folder, export it, measure it
+on a held-out one, write a reader folder; no index version), with its data in `reader_data.py`,
+training and export in `reader_model.py` and held-out figures in `reader_eval.py`.
+`commands.py` registers the three CLI commands on the indexer's typer app.
 """

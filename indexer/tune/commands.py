@@ -1,4 +1,4 @@
-"""The tuners' CLI commands, `tune` and `tune-reranker`, registered on the indexer's app
+"""The tuners' CLI commands, `tune`, `tune-reranker` and `tune-reader`, registered on the indexer's app
 (`indexer/cli.py` calls `register`). The tuners themselves are imported when a command runs, so
 `--help` and `build` do not load them."""
 
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 import typer
 
 from indexer.build import IndexRootLocked
+from indexer.tune.reader_model import ReaderTrainOptions
 from indexer.tune.reranker_model import RerankTrainOptions
 from ragserve.config import IndexSettings
 from ragserve.errors import RagError
@@ -18,10 +19,12 @@ from ragserve.logs import setup_cli_logging
 
 if TYPE_CHECKING:
     from indexer.tune.embedder import TuneReport
+    from indexer.tune.reader import ReaderTuneReport
     from indexer.tune.reranker import RerankTuneReport
 
 T = TypeVar("T")
 _RERANK_TRAIN = RerankTrainOptions()  # the tune-reranker CLI's defaults are the trainer's
+_READER_TRAIN = ReaderTrainOptions()  # and tune-reader's
 
 # The same logging flags as `build` (indexer/cli.py).
 _VerboseOption = Annotated[
@@ -34,9 +37,10 @@ _LogFileOption = Annotated[
 
 
 def register(app: typer.Typer) -> None:
-    """Add `tune` and `tune-reranker` to `app`."""
+    """Add `tune`, `tune-reranker` and `tune-reader` to `app`."""
     app.command()(tune)
     app.command("tune-reranker")(tune_reranker)
+    app.command("tune-reader")(tune_reader)
 
 
 def tune(
@@ -136,6 +140,70 @@ def tune_reranker(
     typer.echo(_rerank_summary(report))
 
 
+def tune_reader(
+    train: Annotated[Path, typer.Option(help="SQuAD-format folder to train on (corpus.jsonl, questions.jsonl)")],
+    base: Annotated[
+        str, typer.Option(help="Base weights: an HF id or local folder of a BERT model; default: all-MiniLM-L6-v2")
+    ],
+    out: Annotated[Path, typer.Option(help="Reader folder to write (replaced if it exists)")],
+    dev: Annotated[
+        Path | None, typer.Option(help="Held-out SQuAD-format folder: figures and the no-answer threshold")
+    ] = None,
+    epochs: Annotated[int, typer.Option(min=1, help="Passes over the training examples")] = _READER_TRAIN.epochs,
+    batch_size: Annotated[int, typer.Option(min=1, help="Examples per step")] = _READER_TRAIN.batch_size,
+    lr: Annotated[float, typer.Option(min=1e-7, max=1e-2, help="AdamW learning rate")] = _READER_TRAIN.lr,
+    max_seconds: Annotated[
+        float | None, typer.Option(min=1.0, help="Stop training after this long (the schedule is fitted to it)")
+    ] = None,
+    max_steps: Annotated[int | None, typer.Option(min=1, help="Stop training after this many steps")] = None,
+    train_length: Annotated[
+        int, typer.Option(min=32, max=512, help="Tokens per training pair")
+    ] = _READER_TRAIN.max_length,
+    max_length: Annotated[int, typer.Option(min=32, max=512, help="Tokens per pair when serving")] = 384,
+    negative_share: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Answerable questions also asked of another paragraph")
+    ] = 0.3,
+    decline_answerable: Annotated[
+        float, typer.Option(min=0.0, max=0.5, help="Held-out answerable share the threshold may decline")
+    ] = 0.10,
+    name: Annotated[str, typer.Option(help="The reader's name (its model id is name+digest)")] = "ragserve-reader",
+    seed: Annotated[int, typer.Option(help="Seed of the shuffles and the fresh head")] = _READER_TRAIN.seed,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
+    verbose: _VerboseOption = False,
+    log_file: _LogFileOption = None,
+) -> None:
+    """Train an extractive reader (span head, SQuAD 2.0 style) and write it as an ONNX int8 reader folder.
+
+    Answerable questions teach their gold span; unanswerable ones, and answerable ones asked of
+    another paragraph, teach "no answer". With --dev, the folder's manifest records held-out
+    figures and the no-answer threshold chosen there."""
+    from indexer.tune.reader import ReaderTuneJob, run_tune_reader
+
+    setup_cli_logging(verbose, log_file, own_default="WARNING")
+    job = ReaderTuneJob(
+        train=train,
+        base=base,
+        out=out,
+        dev=dev,
+        name=name,
+        negative_share=negative_share,
+        decline_answerable=decline_answerable,
+        max_length=max_length,
+        progress=progress,
+        training=ReaderTrainOptions(
+            epochs=epochs,
+            batch_size=batch_size,
+            lr=lr,
+            max_length=train_length,
+            max_seconds=max_seconds,
+            max_steps=max_steps,
+            seed=seed,
+        ),
+    )
+    report = _run_tuner(lambda: run_tune_reader(job, say=typer.echo))
+    typer.echo(_reader_summary(report))
+
+
 def _check_tune_flags(queries: Path | None, qrels: Path | None, positive: str, pairs: str) -> None:
     """`tune`'s flags that typer cannot check alone; a bad combination exits 2 with one line."""
     if (queries is None) != (qrels is None):
@@ -185,4 +253,19 @@ def _rerank_summary(report: RerankTuneReport) -> str:
         f"published version {report.version} at {report.folder}: {report.groups} groups, training "
         f"{report.train_seconds:.0f} s, total {report.seconds:.0f} s; held-back {report.fit_queries} queries "
         f"nDCG@10 fused {report.fused:.4f}, blended (ce_weight {report.ce_weight}) {depths}; {verdict}"
+    )
+
+
+def _reader_summary(report: ReaderTuneReport) -> str:
+    held = ""
+    if report.int8 is not None:
+        f = report.int8
+        held = (
+            f"; held-out ({f.answerable} answerable, {f.unanswerable} unanswerable): EM {f.exact_match:.3f}, "
+            f"F1 {f.f1:.3f}, no-answer AUC {f.no_answer_auc}, threshold {report.threshold:.3f} declines "
+            f"{f.declined_answerable:.1%} / {f.declined_unanswerable:.1%}"
+        )
+    return (
+        f"wrote reader {report.out} ({report.size_bytes / 1e6:.1f} MB): {report.stats.examples} examples, "
+        f"{report.stats.steps} steps, training {report.stats.seconds:.0f} s, total {report.seconds:.0f} s{held}"
     )
