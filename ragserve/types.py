@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -37,6 +38,21 @@ class Highlight:
     start: int
     end: int
     coverage: float
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerSpan:
+    """The reader's answer: a span of one passage (code point offsets into its text, end exclusive),
+    the sentence holding it, and how far the reader believes it over "the documents don't say"."""
+
+    passage: int  # position in the request's passages
+    start: int
+    end: int
+    text: str
+    margin: float  # span score minus no-answer score
+    answers: bool  # the margin reaches the reader's threshold
+    sentence_start: int
+    sentence_end: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,13 +95,15 @@ class StageTimings:
     context_ms: float = 0.0  # fitting the passages into the context token budget
     engine_wait_ms: float = 0.0  # a batch request waiting for its share of the engine
     evidence_ms: float = 0.0  # highlights and support (request/evidence.py), within retrieval_total_ms
+    reader_ms: float = 0.0  # the extractive reader (request/reading.py), however it overlapped the rest
 
 
 @dataclass(frozen=True, slots=True)
 class Degraded:
     """What was cut short to hold the budget; a degraded request still succeeds.
 
-    Built only by the two constructors below, one per way a passage list comes about.
+    Built only by the two constructors below, one per way a passage list comes about, then
+    extended (`noted`, `remarked`) by what the request path adds to it.
     """
 
     budget_exhausted: bool = False
@@ -122,6 +140,12 @@ class Degraded:
             notes = ("search breadth cut to the results asked for: budget nearly spent after embedding", *notes)
         remarks = ("the index has no lexical (BM25) part: retrieval ran dense-only",) if lexical_missing else ()
         return cls(budget_exhausted, breadth_cut, rerank_skipped, rerank_truncated, notes, remarks)
+
+    def noted(self, note: str) -> Degraded:
+        return dataclasses.replace(self, notes=(*self.notes, note))
+
+    def remarked(self, remark: str) -> Degraded:
+        return dataclasses.replace(self, remarks=(*self.remarks, remark))
 
     def is_degraded(self) -> bool:
         """True when anything was cut short (such a result is not cached)."""
@@ -181,6 +205,8 @@ class RetrievalResult:
     index_identity: str = ""
     # Set per request with the passages' highlights (request/evidence.py).
     support: Support | None = None
+    # The reader's span, when it finished before this result was sent (request/reading.py).
+    answer: AnswerSpan | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +248,15 @@ class FinalSummary:
     request_class: RequestClass = RequestClass.INTERACTIVE
 
 
-QueryEvent = RetrievalResult | TokenDelta | FinalSummary
+@dataclass(frozen=True, slots=True)
+class LateAnswer:
+    """The reader's span, when it finished after the retrieval event went out (between tokens)."""
+
+    answer: AnswerSpan | None
+    reader_ms: float
+
+
+QueryEvent = RetrievalResult | TokenDelta | FinalSummary | LateAnswer
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +319,8 @@ class PipelineInfo:
     generator_pace: str = ""
     generator: GeneratorStatus = GeneratorStatus(on_this_host=False)
     warming: WarmState = WarmState()
+    reader_model: str = ""
+    reader_threshold: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

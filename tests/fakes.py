@@ -23,6 +23,8 @@ from ragserve.cache.base import CacheBackendError
 from ragserve.embed.base import QueryEmbedding
 from ragserve.index.base import SearchIndex
 from ragserve.prompt import Prompt
+from ragserve.read.base import ReadSpan
+from ragserve.read.cost import ReadCost
 from ragserve.rerank.base import EncodedPair
 from ragserve.rerank.cost import CostModel
 from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, GeneratorStatus, RequestClass, Usage
@@ -393,3 +395,33 @@ class FakeSyncEngine:
             else:
                 self.running[request_id] = (words, done)
         return outputs
+
+
+class FakeReader:
+    """The Reader contract with a keyword match behind it: the span is `answer` wherever a passage
+    holds it, with `margin` over no-answer; no passage holds it: a one-word span at `margin_absent`.
+    `delay_s`: the time each read takes (on the model threads). Counts its reads."""
+
+    model_id = "fake-reader"
+    no_answer_threshold = 0.0
+
+    def __init__(self, answer: str, margin: float = 3.0, margin_absent: float = -3.0, delay_s: float = 0.0) -> None:
+        self.answer = answer
+        self.margin = margin
+        self.margin_absent = margin_absent
+        self.delay_s = delay_s
+        self.cost = ReadCost(1.0)
+        self.reads: list[tuple[str, int]] = []
+
+    def read(self, question: str, passages: Sequence[str]) -> list[ReadSpan]:
+        time.sleep(self.delay_s)
+        self.reads.append((question, len(passages)))
+        spans = []
+        for i, text in enumerate(passages):
+            at = text.find(self.answer)
+            if at >= 0:
+                spans.append(ReadSpan(i, at, at + len(self.answer), self.answer, self.margin, 0.0))
+            else:
+                word = text.split()[0] if text.split() else ""
+                spans.append(ReadSpan(i, 0, len(word), word, self.margin_absent, 0.0))
+        return spans

@@ -155,6 +155,8 @@ def ask(
         access = flags.access()
         async with RagClient(flags.target, default_timeout_s=timeout, access=access) as client:
             started = time.perf_counter()
+            passages: list[Any] = []
+            late: list[Any] = []  # the reader's span when it came between the tokens: shown after them
             async for event in client.query(
                 question,
                 top_k=top_k,
@@ -164,10 +166,16 @@ def ask(
             ):
                 kind = event.WhichOneof("event")
                 if kind == "retrieval":
+                    passages = list(event.retrieval.passages)
                     _print_retrieval(event.retrieval)
                 elif kind == "token":
                     print(event.token.text, end="", flush=True)
+                elif kind == "answer":
+                    late.append(event.answer)
                 elif kind == "final":
+                    for answer in late:
+                        print()
+                        _print_span(answer.answer if answer.HasField("answer") else None, passages, answer.reader_ms)
                     _print_final(event.final, time.perf_counter() - started)
 
     _run_client(run, flags.target)
@@ -191,9 +199,23 @@ def _print_retrieval(r: Any) -> None:
         # Evidence, shown before the first token; the answer follows.
         h = shown.highlight
         print(f"evidence [{shown.rank}]: {_snippet(shown.text[h.start : h.end], 160)}")
+    if r.HasField("answer"):
+        _print_span(r.answer, list(r.passages), r.timings.reader_ms)
     if r.support.low:
         print("(low support: the documents may not answer this)")
     print("answer: ", end="", flush=True)
+
+
+def _print_span(span: Any, passages: list[Any], reader_ms: float) -> None:
+    """The reader's span and the sentence holding it, or that it found none."""
+    if span is None or span.passage >= len(passages):
+        print(f"reader ({reader_ms:.0f} ms): no answer span in the passages it read")
+        return
+    passage = passages[span.passage]
+    verdict = "" if span.answers else " (below its threshold: the documents may not say)"
+    sentence = _snippet(passage.text[span.sentence_start : span.sentence_end], 160)
+    print(f'reader ({reader_ms:.0f} ms): "{span.text}" in [{passage.rank}]{verdict}')
+    print(f"  {sentence}")
 
 
 def _print_final(f: Any, client_seconds: float) -> None:

@@ -17,6 +17,7 @@ from ragserve.config.base import (
     default_of,
 )
 from ragserve.config.generator import GeneratorSettings
+from ragserve.config.models import ReaderSettings, RerankSettings
 from ragserve.config.sections import (
     AccessSettings,
     AnswerSettings,
@@ -27,7 +28,6 @@ from ragserve.config.sections import (
     ObservabilitySettings,
     QdrantSettings,
     RequestSettings,
-    RerankSettings,
     RetrievalSettings,
     TransportSettings,
     WarmingSettings,
@@ -46,6 +46,7 @@ __all__ = [
     "LimitsSettings",
     "ObservabilitySettings",
     "QdrantSettings",
+    "ReaderSettings",
     "RequestSettings",
     "RerankSettings",
     "RetrievalSettings",
@@ -71,6 +72,7 @@ _SECTIONS: dict[str, type[BaseSettings]] = {
     "observability": ObservabilitySettings,
     "generator": GeneratorSettings,
     "rerank": RerankSettings,
+    "reader": ReaderSettings,
     "cache": CacheSettings,
     "answer": AnswerSettings,
     "warming": WarmingSettings,
@@ -117,6 +119,7 @@ class Settings(BaseSettings):
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings)
     generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
     rerank: RerankSettings = Field(default_factory=RerankSettings)
+    reader: ReaderSettings = Field(default_factory=ReaderSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     answer: AnswerSettings = Field(default_factory=AnswerSettings)
     warming: WarmingSettings = Field(default_factory=WarmingSettings)

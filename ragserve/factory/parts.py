@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from ragserve.cache.base import AnswerCache, CacheStore, RetrievalCache
 from ragserve.cache.integrity import MIN_KEY_BYTES, EntrySeal
-from ragserve.config import CacheSettings, EmbedderSettings, RerankSettings, Settings
+from ragserve.config import CacheSettings, EmbedderSettings, ReaderSettings, RerankSettings, Settings
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import ConfigError
 from ragserve.factory.versions import rerank_threads
@@ -17,6 +17,7 @@ from ragserve.index.base import SearchIndex
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch, IndexWatch, ServedIndex
+from ragserve.read.base import Reader
 from ragserve.rerank.base import Reranker, RerankerSource, TunedCrossEncoder
 from ragserve.rerank.per_version import SameReranker, VersionRerankers
 
@@ -251,3 +252,17 @@ def make_rerankers(settings: Settings) -> RerankerSource:
             lambda tuned: make_tuned_reranker(cfg, tuned), require_beats_fused=cfg.mode == "auto", tag=tag
         )
     return SameReranker(make_reranker(settings))
+
+
+def make_reader(settings: ReaderSettings) -> Reader | None:
+    """The extractive reader (None: off): the one this project ships, a reader folder, or a
+    question-answering model exported to a reader folder once (ragserve/read/export.py)."""
+    if not settings.enabled:
+        return None
+    from ragserve.read.export import reader_folder
+    from ragserve.read.onnx_reader import OnnxReader
+
+    folder = reader_folder(settings.model, settings.onnx_cache_dir)
+    reader = OnnxReader.from_folder(folder, threads=settings.threads)
+    log.info("reader %s: %.1f ms per passage on this host", reader.model_id, reader.cost.ms_per_passage)
+    return reader

@@ -8,7 +8,15 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 
 from ragserve.cache.base import AnswerCache, RetrievalCache
-from ragserve.config import LimitsSettings, QdrantSettings, RetrievalSettings, Settings, default_home, default_of
+from ragserve.config import (
+    LimitsSettings,
+    QdrantSettings,
+    ReaderSettings,
+    RetrievalSettings,
+    Settings,
+    default_home,
+    default_of,
+)
 from ragserve.embed.base import Embedder
 from ragserve.factory.parts import (
     make_answer_cache,
@@ -16,6 +24,7 @@ from ragserve.factory.parts import (
     make_embedder,
     make_generator,
     make_index,
+    make_reader,
     make_rerankers,
     make_retrieval_options,
 )
@@ -23,11 +32,13 @@ from ragserve.factory.versions import VersionBuilder
 from ragserve.generate.base import Generator
 from ragserve.index.base import SearchIndex
 from ragserve.index.fusion import RetrievalOptions
+from ragserve.read.base import Reader
 from ragserve.request.caches import PipelineCaches, cache_scope
 from ragserve.request.hot import HotPassages
 from ragserve.request.model_threads import ClassedExecutor, ModelThreads
 from ragserve.request.pipeline import RagPipeline
 from ragserve.request.policy import AnswerPolicy
+from ragserve.request.reading import ReadingStage
 from ragserve.request.search import SearchStage
 from ragserve.request.serving import VersionSource, configured_versions
 from ragserve.rerank.base import RerankerSource
@@ -88,6 +99,8 @@ def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipelin
         rerankers=rerankers,
         policy=answer_policy(settings),
         hot=HotPassages(hot_passages_path(settings)),
+        reader=make_reader(settings.reader),
+        reading=settings.reader,
         batch_engine_seqs=settings.limits.batch_max_engine_seqs,
         rerank_executor=rerank_executor,
         answers=make_answer_cache(settings) if generator is not None else None,
@@ -114,6 +127,8 @@ def assemble_pipeline(
     search_min_ms: float = default_of(QdrantSettings, "min_search_ms"),
     versions: VersionBuilder | None = None,
     hot: HotPassages | None = None,
+    reader: Reader | None = None,
+    reading: ReaderSettings | None = None,
     batch_engine_seqs: int = default_of(LimitsSettings, "batch_max_engine_seqs"),
 ) -> RagPipeline:
     """A pipeline from parts already made (make_pipeline's, or a test's). `rerankers`: how each
@@ -132,5 +147,12 @@ def assemble_pipeline(
         PipelineCaches(scope, cache, answers),
         policy,
         hot or HotPassages(None),
+        reading_stage(reader, threads, reading or ReaderSettings()) if reader is not None else None,
         batch_engine_seqs,
+    )
+
+
+def reading_stage(reader: Reader, threads: ModelThreads, settings: ReaderSettings) -> ReadingStage:
+    return ReadingStage(
+        reader, threads, settings.max_passages, settings.budget_ms, settings.threshold, settings.abstain
     )

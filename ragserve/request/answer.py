@@ -76,6 +76,15 @@ class AnswerStream:
         started = elapsed_ms()
         return cls(generator.stream(prompt, params, trace_id), elapsed_ms, started)
 
+    def elapsed_ms(self) -> float:
+        """Now, on the request's clock."""
+        return self._elapsed_ms()
+
+    @property
+    def first_step(self) -> asyncio.Future[GenerationChunk]:
+        """Done when the engine's first step arrives (or the request fails): its prefill is over."""
+        return self._first
+
     async def deltas(self, deadline_at: float | None) -> AsyncIterator[TokenDelta]:
         """The answer's text as it comes. `deadline_at`: the caller's deadline on the event loop's
         clock (None: none); past it, DeadlineExpired."""

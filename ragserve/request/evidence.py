@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ragserve.request.sentences import SentenceTable
-from ragserve.types import Highlight, Passage, RetrievalResult, Support
+from ragserve.request.sentences import SentenceTable, content_terms
+from ragserve.types import AnswerSpan, Highlight, Passage, RetrievalResult, Support
 
 # Coverage a later passage's highlight must gain, per place in the ranking, to be shown as the
 # evidence over an earlier one: retrieval's order is evidence too (BENCHMARKS.md, "Highlights").
@@ -56,3 +56,23 @@ def with_evidence(
     passages, coverage = highlight_passages(question, result.passages, table)
     support = Support(coverage, coverage < low_support_below, evidence_passage(passages))
     return dataclasses.replace(result, passages=passages, support=support)
+
+
+def with_answer(
+    question: str, result: RetrievalResult, answer: AnswerSpan | None, table: SentenceTable | None = None
+) -> RetrievalResult:
+    """A copy of `result` with the reader's span. A span that answers makes the sentence holding it
+    its passage's highlight, and that passage the evidence shown."""
+    if answer is None or not answer.answers or answer.passage >= len(result.passages):
+        return dataclasses.replace(result, answer=answer)
+    table = table or SentenceTable.of(question, [p.chunk.text for p in result.passages])
+    passages = list(result.passages)
+    shown = passages[answer.passage]
+    sentence = shown.chunk.text[answer.sentence_start : answer.sentence_end]
+    coverage = table.weights.coverage(content_terms(sentence))
+    passages[answer.passage] = dataclasses.replace(
+        shown, highlight=Highlight(answer.sentence_start, answer.sentence_end, coverage)
+    )
+    support = result.support or Support(coverage, False)
+    support = dataclasses.replace(support, evidence_passage=answer.passage)
+    return dataclasses.replace(result, passages=passages, support=support, answer=answer)

@@ -19,29 +19,29 @@ from typing import TypeVar
 
 from ragserve import metrics
 from ragserve.budget import Deadline, RequestContext, StageTimer
-from ragserve.cache.base import AnswerCache, RetrievalCache
-from ragserve.cache.keys import RetrievalKey
+from ragserve.cache.keys import AnswerKey, RetrievalKey
 from ragserve.config import LimitsSettings, default_of
 from ragserve.embed.base import Embedder
-from ragserve.errors import ConfigError, DeadlineExpired
+from ragserve.errors import ConfigError
 from ragserve.generate.base import Generator
 from ragserve.index.base import SearchIndex
 from ragserve.prompt import Prompt, build_prompt
-from ragserve.request.answer import AnswerRun, AnswerStream
+from ragserve.request.answer import AnswerStream
 from ragserve.request.caches import PipelineCaches, replay
 from ragserve.request.context import FittedContext, fit_context
-from ragserve.request.evidence import with_evidence
+from ragserve.request.evidence import with_answer, with_evidence
 from ragserve.request.hot import HotPassages
 from ragserve.request.model_threads import CURRENT_CLASS
 from ragserve.request.pace import PaceMonitor
-from ragserve.request.policy import ABSTAIN_ANSWER, AnswerPolicy
+from ragserve.request.policy import AnswerPolicy
+from ragserve.request.reading import ReadingStage, ReadWithin
+from ragserve.request.reply import BatchShare, Outcome, Reading, declined, final_summary, record_answer, stream_answer
 from ragserve.request.search import SearchStage, check_client
 from ragserve.request.sentences import SentenceTable
 from ragserve.request.serving import ServingVersion, VersionSource
 from ragserve.request.warming import InteractiveTraffic, Warmer
 from ragserve.rerank.base import Reranker
 from ragserve.types import (
-    FinalSummary,
     GenerateParams,
     Passage,
     PipelineInfo,
@@ -49,8 +49,6 @@ from ragserve.types import (
     RetrievalResult,
     RetrieveParams,
     StageTimings,
-    TokenDelta,
-    Usage,
     WarmState,
     model_name,
 )
@@ -72,19 +70,22 @@ class RagPipeline:
         caches: PipelineCaches,
         policy: AnswerPolicy,
         hot: HotPassages,
+        reading: ReadingStage | None = None,
         batch_engine_seqs: int = default_of(LimitsSettings, "batch_max_engine_seqs"),
     ) -> None:
         """The parts come from the factory (`ragserve/factory/pipeline.py` `assemble_pipeline`).
-        `hot`: the top passages Query retrieves (what warming pre-fills); `batch_engine_seqs`: batch's
-        share of the generator (0: no cap), so interactive requests never wait for it."""
+        `hot`: the top passages Query retrieves (what warming pre-fills); `reading`: the extractive
+        reader (None: off); `batch_engine_seqs`: batch's share of the generator (0: no cap), so
+        interactive requests never wait for it."""
         self.versions = versions
         self.search = search
         self.generator = generator
         self.caches = caches
         self.policy = policy
         self.hot = hot
+        self.reading = reading
         self.pace = PaceMonitor()  # is the engine running at this host's pace (a busy neighbour)?
-        self._batch_slots = asyncio.Semaphore(batch_engine_seqs) if batch_engine_seqs > 0 else None
+        self._batch_share = BatchShare(batch_engine_seqs)
         self._traffic = InteractiveTraffic()  # warming gives way to it
         self._warmer = Warmer(generator, policy, hot, search.threads, self._traffic) if generator else None
 
@@ -106,14 +107,6 @@ class RagPipeline:
     def reranker(self) -> Reranker | None:
         """The reranker serving the current index version (None: fused order)."""
         return self.serving.reranker
-
-    @property
-    def cache(self) -> RetrievalCache | None:
-        return self.caches.passages
-
-    @property
-    def answers(self) -> AnswerCache | None:
-        return self.caches.answers
 
     def swap_index(self, index: SearchIndex) -> None:
         """A newly published version, from the next request on (request/serving.py `VersionSource.swap`)."""
@@ -147,6 +140,8 @@ class RagPipeline:
             embedder_model=model_name(serving.embedder.model_id),  # a name, never the server's path
             rerank_tiers=tuple(serving.reranker.describe()) if serving.reranker is not None else (),
             warming=self.warm_state(),
+            reader_model=self.reading.model_id if self.reading is not None else "",
+            reader_threshold=self.reading.threshold if self.reading is not None else 0.0,
         )
         if generator is None:
             return about
@@ -191,14 +186,15 @@ class RagPipeline:
         return await self.search.threads.run(fn)
 
     async def retrieve(self, params: RetrieveParams, request: RequestContext) -> RetrievalResult:
-        result, _, _ = await self._retrieve(params, request, self.serving)
+        result, _, _ = await self._retrieve(params, request, self.serving, "retrieval")
         return result
 
     async def _retrieve(
-        self, params: RetrieveParams, request: RequestContext, serving: ServingVersion
+        self, params: RetrieveParams, request: RequestContext, serving: ServingVersion, read: ReadWithin = "none"
     ) -> tuple[RetrievalResult, RetrievalKey | None, SentenceTable]:
         """The passages with this question's evidence, the request's cache key (built once, reused
-        for the answer cache) and its sentence table (the context budget reuses it)."""
+        for the answer cache) and its sentence table (the context budget reuses it). `read`: the
+        reader runs now, within what is left of the retrieval budget, or within its own."""
         CURRENT_CLASS.set(request.request_class)  # this request's task: its model calls queue by class
         deadline = request.deadline
         found, key = await self._find(params, deadline, serving)
@@ -211,6 +207,15 @@ class RagPipeline:
                 evidence() if len(found.passages) <= _EVIDENCE_ON_LOOP_MAX else await self._off_loop(evidence)
             )
         result.timings.evidence_ms = t.ms
+        if read != "none" and self.reading is not None and result.passages:
+            budget_ms = deadline.budget_left_ms() if read == "retrieval" else self.reading.budget_ms
+            span, result.timings.reader_ms, ran = await self.reading.read(
+                params.query, result.passages, result.index_identity, budget_ms
+            )
+            if ran:
+                result = with_answer(params.query, result, span, table)
+            else:
+                result.degraded = result.degraded.remarked("reader skipped: no passage fits the time left for it")
         result.timings.retrieval_total_ms = deadline.elapsed_ms()
         return result, key, table
 
@@ -302,16 +307,13 @@ class RagPipeline:
         if generator is None:
             raise ConfigError("generation is disabled on this server (RAGSERVE_GENERATION_ENABLED=false); use Retrieve")
         deadline = request.deadline
-        retrieval, key, table = await self._retrieve(params, request, self.serving)
-        if retrieval.passages:
-            top = retrieval.passages[0].chunk.chunk_id
-            self.hot.record(top)
-            if self._warmer is not None:
-                metrics.QUERY_TOP_WARM.labels("yes" if self._warmer.is_warm(top) else "no").inc()
+        reader_first = self.reading is not None and self.reading.abstain  # its verdict decides the engine call
+        retrieval, key, table = await self._retrieve(params, request, self.serving, "own" if reader_first else "none")
+        self._count_top(retrieval)
         # The final summary's timings start as a copy: the retrieval event's never change once sent.
         timings = dataclasses.replace(retrieval.timings)
-        if self.policy.abstain_on_low_support and retrieval.support is not None and retrieval.support.low:
-            for event in _abstain(retrieval, timings, generator.model_id, deadline.elapsed_ms):
+        if self._declines(retrieval):
+            for event in declined(retrieval, timings, generator.model_id, deadline.elapsed_ms):
                 yield event
             return
         answer_key = self.caches.answer_key(key, gen)
@@ -325,74 +327,73 @@ class RagPipeline:
                         event = with_evidence(params.query, event, self.policy.low_support_below)
                     yield event
                 return
+        answering = self._generate(params.query, gen, request, retrieval, table, answer_key, timings)
+        async with contextlib.aclosing(answering):  # closed now: a caller gone aborts the engine request
+            async for event in answering:
+                yield event
+
+    async def _generate(
+        self,
+        question: str,
+        gen: GenerateParams,
+        request: RequestContext,
+        retrieval: RetrievalResult,
+        table: SentenceTable,
+        answer_key: AnswerKey | None,
+        timings: StageTimings,
+    ) -> AsyncGenerator[QueryEvent, None]:
+        """The engine's answer, the reader beside it; then the final summary."""
+        generator, deadline = self.generator, request.deadline
+        assert generator is not None
         context, prompt = await self._off_loop(
             lambda: self._fit_and_build(
-                params.query, retrieval.passages, table, gen.context_token_budget, generator, timings
+                question, retrieval.passages, table, gen.context_token_budget, generator, timings
             )
         )
         alone = generator.unfinished_requests() == 0
-        async with self._engine_share(request, timings):
+        outcome = Outcome(retrieval)
+        async with self._batch_share.hold(request, timings):
             # The engine has the prompt before the retrieval event is sent: prefill overlaps the send.
             gen = dataclasses.replace(gen, priority=request.request_class.engine_priority)
             answer = AnswerStream.start(generator, prompt, gen, request.request_id, deadline.elapsed_ms)
-            async with contextlib.aclosing(answer):  # a caller gone mid-stream aborts the engine request now
-                yield retrieval
-                async for delta in answer.deltas(deadline.client_end(asyncio.get_running_loop())):
-                    yield delta
+            reading = self._start_reading(question, retrieval)
+            end = deadline.client_end(asyncio.get_running_loop())
+            events = stream_answer(question, answer, retrieval, reading, end, outcome)
+            # Closing both now, not when garbage collected: a caller gone mid-stream aborts the engine request.
+            async with contextlib.aclosing(answer), contextlib.aclosing(events):
+                async for event in events:
+                    yield event
         run = answer.run
-        _record_answer(timings, run)
-        self.pace.record(timings.time_per_output_token_ms, alone and generator.unfinished_requests() == 0)
+        record_answer(timings, run, outcome)
+        if not outcome.fallback:
+            self.pace.record(timings.time_per_output_token_ms, alone and generator.unfinished_requests() == 0)
         # Reached only after a finish (a cancel, an engine failure or the deadline raised above);
         # a length-cut answer or one from passages cut short by the budget is never replayed.
         if answer_key is not None and run.finish_reason == "stop" and not retrieval.degraded.is_degraded():
             self.caches.store_answer(answer_key, run, retrieval, generator.model_id, context)
-        yield FinalSummary(
-            run.usage,
-            timings,
-            retrieval.degraded,
-            run.finish_reason,
-            generator.model_id,
-            context_tokens=context.tokens,
-            context_tokens_full=context.tokens_full,
-            request_class=request.request_class,
+        yield final_summary(outcome, run, timings, generator.model_id, context, request.request_class)
+
+    def _count_top(self, retrieval: RetrievalResult) -> None:
+        """The top passage's retrieval count (warming's order), and whether it was warm."""
+        if retrieval.passages:
+            top = retrieval.passages[0].chunk.chunk_id
+            self.hot.record(top)
+            if self._warmer is not None:
+                metrics.QUERY_TOP_WARM.labels("yes" if self._warmer.is_warm(top) else "no").inc()
+
+    def _declines(self, retrieval: RetrievalResult) -> bool:
+        """The server answers "the documents do not say" itself: low lexical support, or the reader
+        (when it may abstain) read the passages and found no answer."""
+        support, span = retrieval.support, retrieval.answer
+        if self.policy.abstain_on_low_support and support is not None and support.low:
+            return True
+        return self.reading is not None and self.reading.abstain and span is not None and not span.answers
+
+    def _start_reading(self, question: str, retrieval: RetrievalResult) -> Reading | None:
+        """The reader, beside the engine's prefill (unless it has read already, or is off)."""
+        if self.reading is None or retrieval.answer is not None or not retrieval.passages:
+            return None
+        stage = self.reading  # its task inherits this request's class for the model threads
+        return asyncio.ensure_future(
+            stage.read(question, retrieval.passages, retrieval.index_identity, stage.budget_ms)
         )
-
-    @contextlib.asynccontextmanager
-    async def _engine_share(self, request: RequestContext, timings: StageTimings) -> AsyncIterator[None]:
-        """A batch request holds one of batch's engine slots while it generates; it waits for one
-        within its deadline (DEADLINE_EXCEEDED past it). Interactive requests pass straight through."""
-        slots = self._batch_slots
-        if slots is None or request.interactive:
-            yield
-            return
-        with StageTimer("engine_wait") as t:
-            try:
-                async with asyncio.timeout_at(request.deadline.client_end(asyncio.get_running_loop())):
-                    await slots.acquire()
-            except TimeoutError as exc:
-                raise DeadlineExpired("the deadline passed while batch work waited for the generator") from exc
-        timings.engine_wait_ms = t.ms
-        try:
-            yield
-        finally:
-            slots.release()
-
-
-def _abstain(
-    retrieval: RetrievalResult, timings: StageTimings, model_id: str, elapsed_ms: Callable[[], float]
-) -> list[QueryEvent]:
-    """The documents do not support an answer: say so without calling the engine."""
-    timings.ttft_ms = timings.total_ms = elapsed_ms()
-    return [
-        retrieval,
-        TokenDelta(ABSTAIN_ANSWER),
-        FinalSummary(Usage(0, 0, 0), timings, retrieval.degraded, "abstained", model_id),
-    ]
-
-
-def _record_answer(timings: StageTimings, run: AnswerRun) -> None:
-    """The generation's times into the request's final timings (all counted from the request's start)."""
-    timings.generation_ms = run.ended_ms - run.started_ms
-    timings.ttft_ms = run.first_token_ms or 0.0
-    timings.time_per_output_token_ms = run.time_per_output_token_ms()
-    timings.total_ms = run.ended_ms

@@ -5,13 +5,15 @@ from __future__ import annotations
 from typing import TypeVar
 
 from ragserve.types import (
+    AnswerSpan,
     Degraded,
     EngineChoice,
-    FinalSummary,
     Highlight,
     HostShareState,
+    LateAnswer,
     Passage,
     PipelineInfo,
+    QueryEvent,
     RequestClass,
     RetrievalResult,
     StageTimings,
@@ -53,6 +55,21 @@ def support_pb(support: Support | None) -> pb.Support | None:
     return pb.Support(coverage=support.coverage, low=support.low, evidence_passage=support.evidence_passage)
 
 
+def answer_span_pb(span: AnswerSpan | None) -> pb.AnswerSpan | None:
+    if span is None:
+        return None
+    return pb.AnswerSpan(
+        passage=span.passage,
+        start=span.start,
+        end=span.end,
+        text=span.text,
+        margin=span.margin,
+        answers=span.answers,
+        sentence_start=span.sentence_start,
+        sentence_end=span.sentence_end,
+    )
+
+
 def timings_pb(t: StageTimings) -> pb.StageTimings:
     return pb.StageTimings(
         embed_ms=t.embed_ms,
@@ -69,6 +86,7 @@ def timings_pb(t: StageTimings) -> pb.StageTimings:
         context_ms=t.context_ms,
         evidence_ms=t.evidence_ms,
         engine_wait_ms=t.engine_wait_ms,
+        reader_ms=t.reader_ms,
     )
 
 
@@ -92,6 +110,7 @@ def retrieval_pb(result: RetrievalResult, message: type[RetrievalMessage]) -> Re
         rerank_tiers=list(result.rerank_tiers),
         cache_hit=result.cache_hit,
         support=support_pb(result.support),
+        answer=answer_span_pb(result.answer),
     )
 
 
@@ -99,9 +118,11 @@ def retrieve_response_pb(result: RetrievalResult) -> pb.RetrieveResponse:
     return retrieval_pb(result, pb.RetrieveResponse)
 
 
-def query_event_pb(event: RetrievalResult | TokenDelta | FinalSummary) -> pb.QueryEvent:
+def query_event_pb(event: QueryEvent) -> pb.QueryEvent:
     if isinstance(event, TokenDelta):
         return pb.QueryEvent(token=pb.TokenEvent(text=event.text))
+    if isinstance(event, LateAnswer):
+        return pb.QueryEvent(answer=pb.AnswerEvent(answer=answer_span_pb(event.answer), reader_ms=event.reader_ms))
     if isinstance(event, RetrievalResult):
         return pb.QueryEvent(retrieval=retrieval_pb(event, pb.RetrievalEvent))
     return pb.QueryEvent(
@@ -149,6 +170,8 @@ def info_response_pb(info: PipelineInfo, retrieval_budget_ms: int, requests_in_f
         ],
         host_share=host_share_pb(share) if share is not None else None,
         warming=warming_pb(info.warming),
+        reader_model=info.reader_model,
+        reader_threshold=info.reader_threshold,
     )
 
 

@@ -58,6 +58,26 @@ class Highlight(_message.Message):
     coverage: float
     def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ..., coverage: _Optional[float] = ...) -> None: ...
 
+class AnswerSpan(_message.Message):
+    __slots__ = ("passage", "start", "end", "text", "margin", "answers", "sentence_start", "sentence_end")
+    PASSAGE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    MARGIN_FIELD_NUMBER: _ClassVar[int]
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    SENTENCE_START_FIELD_NUMBER: _ClassVar[int]
+    SENTENCE_END_FIELD_NUMBER: _ClassVar[int]
+    passage: int
+    start: int
+    end: int
+    text: str
+    margin: float
+    answers: bool
+    sentence_start: int
+    sentence_end: int
+    def __init__(self, passage: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., text: _Optional[str] = ..., margin: _Optional[float] = ..., answers: _Optional[bool] = ..., sentence_start: _Optional[int] = ..., sentence_end: _Optional[int] = ...) -> None: ...
+
 class Support(_message.Message):
     __slots__ = ("coverage", "low", "evidence_passage")
     COVERAGE_FIELD_NUMBER: _ClassVar[int]
@@ -69,7 +89,7 @@ class Support(_message.Message):
     def __init__(self, coverage: _Optional[float] = ..., low: _Optional[bool] = ..., evidence_passage: _Optional[int] = ...) -> None: ...
 
 class StageTimings(_message.Message):
-    __slots__ = ("embed_ms", "search_ms", "rerank_ms", "retrieval_total_ms", "prompt_ms", "ttft_ms", "generation_ms", "total_ms", "time_per_output_token_ms", "cache_ms", "answer_cache_ms", "context_ms", "evidence_ms", "engine_wait_ms")
+    __slots__ = ("embed_ms", "search_ms", "rerank_ms", "retrieval_total_ms", "prompt_ms", "ttft_ms", "generation_ms", "total_ms", "time_per_output_token_ms", "cache_ms", "answer_cache_ms", "context_ms", "evidence_ms", "engine_wait_ms", "reader_ms")
     EMBED_MS_FIELD_NUMBER: _ClassVar[int]
     SEARCH_MS_FIELD_NUMBER: _ClassVar[int]
     RERANK_MS_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +104,7 @@ class StageTimings(_message.Message):
     CONTEXT_MS_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_MS_FIELD_NUMBER: _ClassVar[int]
     ENGINE_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    READER_MS_FIELD_NUMBER: _ClassVar[int]
     embed_ms: float
     search_ms: float
     rerank_ms: float
@@ -98,7 +119,8 @@ class StageTimings(_message.Message):
     context_ms: float
     evidence_ms: float
     engine_wait_ms: float
-    def __init__(self, embed_ms: _Optional[float] = ..., search_ms: _Optional[float] = ..., rerank_ms: _Optional[float] = ..., retrieval_total_ms: _Optional[float] = ..., prompt_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., generation_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., time_per_output_token_ms: _Optional[float] = ..., cache_ms: _Optional[float] = ..., answer_cache_ms: _Optional[float] = ..., context_ms: _Optional[float] = ..., evidence_ms: _Optional[float] = ..., engine_wait_ms: _Optional[float] = ...) -> None: ...
+    reader_ms: float
+    def __init__(self, embed_ms: _Optional[float] = ..., search_ms: _Optional[float] = ..., rerank_ms: _Optional[float] = ..., retrieval_total_ms: _Optional[float] = ..., prompt_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., generation_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., time_per_output_token_ms: _Optional[float] = ..., cache_ms: _Optional[float] = ..., answer_cache_ms: _Optional[float] = ..., context_ms: _Optional[float] = ..., evidence_ms: _Optional[float] = ..., engine_wait_ms: _Optional[float] = ..., reader_ms: _Optional[float] = ...) -> None: ...
 
 class DegradedFlags(_message.Message):
     __slots__ = ("budget_exhausted", "search_truncated", "rerank_skipped", "rerank_truncated", "notes")
@@ -115,7 +137,7 @@ class DegradedFlags(_message.Message):
     def __init__(self, budget_exhausted: _Optional[bool] = ..., search_truncated: _Optional[bool] = ..., rerank_skipped: _Optional[bool] = ..., rerank_truncated: _Optional[bool] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RetrieveResponse(_message.Message):
-    __slots__ = ("passages", "timings", "degraded", "index_version", "rerank_tiers", "cache_hit", "support")
+    __slots__ = ("passages", "timings", "degraded", "index_version", "rerank_tiers", "cache_hit", "support", "answer")
     PASSAGES_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
@@ -123,6 +145,7 @@ class RetrieveResponse(_message.Message):
     RERANK_TIERS_FIELD_NUMBER: _ClassVar[int]
     CACHE_HIT_FIELD_NUMBER: _ClassVar[int]
     SUPPORT_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
     passages: _containers.RepeatedCompositeFieldContainer[Passage]
     timings: StageTimings
     degraded: DegradedFlags
@@ -130,7 +153,8 @@ class RetrieveResponse(_message.Message):
     rerank_tiers: _containers.RepeatedScalarFieldContainer[str]
     cache_hit: bool
     support: Support
-    def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., index_version: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., cache_hit: _Optional[bool] = ..., support: _Optional[_Union[Support, _Mapping]] = ...) -> None: ...
+    answer: AnswerSpan
+    def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., index_version: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., cache_hit: _Optional[bool] = ..., support: _Optional[_Union[Support, _Mapping]] = ..., answer: _Optional[_Union[AnswerSpan, _Mapping]] = ...) -> None: ...
 
 class QueryRequest(_message.Message):
     __slots__ = ("query", "top_k", "budget_ms", "max_tokens", "temperature", "dedupe_documents", "context_token_budget", "request_class")
@@ -153,7 +177,7 @@ class QueryRequest(_message.Message):
     def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., dedupe_documents: _Optional[bool] = ..., context_token_budget: _Optional[int] = ..., request_class: _Optional[_Union[RequestClass, str]] = ...) -> None: ...
 
 class RetrievalEvent(_message.Message):
-    __slots__ = ("passages", "timings", "degraded", "index_version", "rerank_tiers", "cache_hit", "support")
+    __slots__ = ("passages", "timings", "degraded", "index_version", "rerank_tiers", "cache_hit", "support", "answer")
     PASSAGES_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +185,7 @@ class RetrievalEvent(_message.Message):
     RERANK_TIERS_FIELD_NUMBER: _ClassVar[int]
     CACHE_HIT_FIELD_NUMBER: _ClassVar[int]
     SUPPORT_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
     passages: _containers.RepeatedCompositeFieldContainer[Passage]
     timings: StageTimings
     degraded: DegradedFlags
@@ -168,7 +193,16 @@ class RetrievalEvent(_message.Message):
     rerank_tiers: _containers.RepeatedScalarFieldContainer[str]
     cache_hit: bool
     support: Support
-    def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., index_version: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., cache_hit: _Optional[bool] = ..., support: _Optional[_Union[Support, _Mapping]] = ...) -> None: ...
+    answer: AnswerSpan
+    def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., index_version: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., cache_hit: _Optional[bool] = ..., support: _Optional[_Union[Support, _Mapping]] = ..., answer: _Optional[_Union[AnswerSpan, _Mapping]] = ...) -> None: ...
+
+class AnswerEvent(_message.Message):
+    __slots__ = ("answer", "reader_ms")
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
+    READER_MS_FIELD_NUMBER: _ClassVar[int]
+    answer: AnswerSpan
+    reader_ms: float
+    def __init__(self, answer: _Optional[_Union[AnswerSpan, _Mapping]] = ..., reader_ms: _Optional[float] = ...) -> None: ...
 
 class TokenEvent(_message.Message):
     __slots__ = ("text",)
@@ -213,21 +247,23 @@ class FinalEvent(_message.Message):
     def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., finish_reason: _Optional[str] = ..., generator_model: _Optional[str] = ..., answer_cache_hit: _Optional[bool] = ..., request_class: _Optional[_Union[RequestClass, str]] = ...) -> None: ...
 
 class QueryEvent(_message.Message):
-    __slots__ = ("retrieval", "token", "final")
+    __slots__ = ("retrieval", "token", "final", "answer")
     RETRIEVAL_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
     retrieval: RetrievalEvent
     token: TokenEvent
     final: FinalEvent
-    def __init__(self, retrieval: _Optional[_Union[RetrievalEvent, _Mapping]] = ..., token: _Optional[_Union[TokenEvent, _Mapping]] = ..., final: _Optional[_Union[FinalEvent, _Mapping]] = ...) -> None: ...
+    answer: AnswerEvent
+    def __init__(self, retrieval: _Optional[_Union[RetrievalEvent, _Mapping]] = ..., token: _Optional[_Union[TokenEvent, _Mapping]] = ..., final: _Optional[_Union[FinalEvent, _Mapping]] = ..., answer: _Optional[_Union[AnswerEvent, _Mapping]] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("index_version", "index_chunks", "embedder_model", "generator_model", "rerank_tiers", "retrieval_budget_ms", "generator_unfinished_requests", "requests_in_flight", "generator_settings", "host_cpu", "generator_servers", "generator_pace", "host_share", "warming")
+    __slots__ = ("index_version", "index_chunks", "embedder_model", "generator_model", "rerank_tiers", "retrieval_budget_ms", "generator_unfinished_requests", "requests_in_flight", "generator_settings", "host_cpu", "generator_servers", "generator_pace", "host_share", "warming", "reader_model", "reader_threshold")
     INDEX_VERSION_FIELD_NUMBER: _ClassVar[int]
     INDEX_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDER_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -242,6 +278,8 @@ class InfoResponse(_message.Message):
     GENERATOR_PACE_FIELD_NUMBER: _ClassVar[int]
     HOST_SHARE_FIELD_NUMBER: _ClassVar[int]
     WARMING_FIELD_NUMBER: _ClassVar[int]
+    READER_MODEL_FIELD_NUMBER: _ClassVar[int]
+    READER_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     index_version: str
     index_chunks: int
     embedder_model: str
@@ -256,7 +294,9 @@ class InfoResponse(_message.Message):
     generator_pace: str
     host_share: HostShare
     warming: Warming
-    def __init__(self, index_version: _Optional[str] = ..., index_chunks: _Optional[int] = ..., embedder_model: _Optional[str] = ..., generator_model: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., retrieval_budget_ms: _Optional[int] = ..., generator_unfinished_requests: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., generator_settings: _Optional[_Iterable[_Union[EngineSetting, _Mapping]]] = ..., host_cpu: _Optional[str] = ..., generator_servers: _Optional[_Iterable[_Union[GeneratorServer, _Mapping]]] = ..., generator_pace: _Optional[str] = ..., host_share: _Optional[_Union[HostShare, _Mapping]] = ..., warming: _Optional[_Union[Warming, _Mapping]] = ...) -> None: ...
+    reader_model: str
+    reader_threshold: float
+    def __init__(self, index_version: _Optional[str] = ..., index_chunks: _Optional[int] = ..., embedder_model: _Optional[str] = ..., generator_model: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., retrieval_budget_ms: _Optional[int] = ..., generator_unfinished_requests: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., generator_settings: _Optional[_Iterable[_Union[EngineSetting, _Mapping]]] = ..., host_cpu: _Optional[str] = ..., generator_servers: _Optional[_Iterable[_Union[GeneratorServer, _Mapping]]] = ..., generator_pace: _Optional[str] = ..., host_share: _Optional[_Union[HostShare, _Mapping]] = ..., warming: _Optional[_Union[Warming, _Mapping]] = ..., reader_model: _Optional[str] = ..., reader_threshold: _Optional[float] = ...) -> None: ...
 
 class Warming(_message.Message):
     __slots__ = ("passages", "tokens", "left_out", "done", "seconds")

@@ -103,8 +103,8 @@ async def _ask(
     params = RetrieveParams(question, 3, budget_ms)
     gen = GenerateParams(max_tokens, temperature)
     events = [e async for e in pipeline.query(params, gen, RequestContext(Deadline(budget_ms, client_timeout_s), "r"))]
-    if pipeline.answers is not None:
-        await pipeline.answers.drain()  # type: ignore[attr-defined]
+    if pipeline.caches.answers is not None:
+        await pipeline.caches.answers.drain()  # type: ignore[attr-defined]
     return events
 
 

@@ -48,7 +48,7 @@ def _pipeline(index: HnswIndex, executor: ThreadPoolExecutor) -> RagPipeline:
 
 async def _retrieve(pipeline: RagPipeline) -> RetrievalResult:
     result = await pipeline.retrieve(RetrieveParams(Q, 3, 10_000), RequestContext(Deadline(10_000)))
-    await pipeline.cache.drain()  # type: ignore[union-attr]
+    await pipeline.caches.passages.drain()  # type: ignore[union-attr]
     return result
 
 

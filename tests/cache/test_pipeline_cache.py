@@ -44,8 +44,8 @@ def _pipeline(embedder, index_root: Path, executor, cache) -> RagPipeline:
 
 async def _retrieve(pipeline: RagPipeline, query: str, top_k: int = 3, budget_ms: int = 10_000) -> RetrievalResult:
     result = await pipeline.retrieve(RetrieveParams(query, top_k, budget_ms), RequestContext(Deadline(budget_ms)))
-    if pipeline.cache is not None:
-        await pipeline.cache.drain()  # type: ignore[attr-defined]
+    if pipeline.caches.passages is not None:
+        await pipeline.caches.passages.drain()  # type: ignore[attr-defined]
     return result
 
 

@@ -16,6 +16,7 @@ from ragserve.server.convert import (
     retrieve_response_pb,
 )
 from ragserve.types import (
+    AnswerSpan,
     Chunk,
     Degraded,
     EngineChoice,
@@ -23,6 +24,7 @@ from ragserve.types import (
     GeneratorStatus,
     Highlight,
     HostShareState,
+    LateAnswer,
     Passage,
     RetrievalResult,
     StageTimings,
@@ -46,6 +48,7 @@ def _result() -> RetrievalResult:
         rerank_tiers=["tier1:20"],
         cache_hit=True,
         support=Support(0.5, low=True, evidence_passage=1),
+        answer=AnswerSpan(0, 0, 5, "first", 2.5, True, 0, 10),
     )
 
 
@@ -124,6 +127,7 @@ def _pipeline(generator: Any, reranker: Any) -> Any:
     pipeline = SimpleNamespace(
         serving=serving,
         generator=generator,
+        reading=SimpleNamespace(model_id="reader-x", threshold=-1.5),
         pace=SimpleNamespace(describe=lambda share=None: "normal (decode 1.0x its pace alone, 10.0 ms/token)"),
         warm_state=lambda: WarmState("v3", passages=12, tokens=3400, left_out=2, done=True, seconds=1.5),
     )
@@ -157,6 +161,7 @@ def test_info_response_of_a_full_pipeline() -> None:
     assert info.host_cpu == "x86_64 avx2"
     assert (info.warming.passages, info.warming.tokens, info.warming.left_out, info.warming.done) == (12, 3400, 2, True)
     assert info.generator_pace.startswith("normal")
+    assert (info.reader_model, info.reader_threshold) == ("reader-x", -1.5)
 
 
 def test_info_reports_the_engines_share_of_the_host() -> None:
@@ -210,3 +215,13 @@ def test_info_calls_are_counted_like_every_other_call() -> None:
     before = counted._value.get()
     info = asyncio.run(servicer.Info(pb.InfoRequest(), context))
     assert info.index_version == "3" and counted._value.get() == before + 1
+
+
+def test_the_readers_span_and_its_late_event() -> None:
+    span = AnswerSpan(1, 7, 11, "text", 1.25, True, 0, 11)
+    late = query_event_pb(LateAnswer(span, 12.5))
+    assert late.WhichOneof("event") == "answer" and late.answer.reader_ms == 12.5
+    assert (late.answer.answer.passage, late.answer.answer.text, late.answer.answer.answers) == (1, "text", True)
+    assert not query_event_pb(LateAnswer(None, 3.0)).answer.HasField("answer")
+    retrieved = retrieve_response_pb(_result())
+    assert (retrieved.answer.start, retrieved.answer.end, retrieved.answer.sentence_end) == (0, 5, 10)

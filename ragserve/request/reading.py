@@ -1,0 +1,104 @@
+"""The extractive reader on the request path: the answer span in the passages retrieval ranked first.
+
+It runs on the model threads within its own budget, and reads as many of the best ranked passages
+as its cost model says fit (at most `max_passages`). A Query starts it beside the generator's
+prefill and never holds the first token for it: its span goes with the retrieval event when it is
+done by then, else as one later event between the tokens (request/pipeline.py). A result belongs
+to its question, its passages and their index version: readings are kept per process, keyed on
+all three, never in a shared cache.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Hashable
+from typing import Literal
+
+from ragserve.read.base import Reader, ReadSpan
+from ragserve.request.model_threads import ModelThreads
+from ragserve.request.sentences import analyse
+from ragserve.types import AnswerSpan, Passage
+
+# Where a request's reader runs before its results go out: within what is left of the retrieval
+# budget (Retrieve), within the reader's own budget (Query, when the reader may abstain), or not.
+ReadWithin = Literal["retrieval", "own", "none"]
+
+# Readings kept for questions asked again (the same passages of the same version).
+_KEPT_READINGS = 1024
+
+
+class ReadingStage:
+    def __init__(
+        self,
+        reader: Reader,
+        threads: ModelThreads,
+        max_passages: int,
+        budget_ms: float,
+        threshold: float | None = None,
+        abstain: bool = False,
+    ) -> None:
+        """`threshold`: the margin a span must reach to answer (None: the reader's own, chosen on
+        held-out questions); `abstain`: a Query the reader finds no answer for is declined."""
+        self.reader = reader
+        self._threads = threads
+        self._max_passages = max_passages
+        self.budget_ms = budget_ms
+        self.threshold = reader.no_answer_threshold if threshold is None else threshold
+        self.abstain = abstain
+        self._kept: OrderedDict[Hashable, AnswerSpan | None] = OrderedDict()
+
+    @property
+    def model_id(self) -> str:
+        return self.reader.model_id
+
+    def passages_within(self, budget_ms: float) -> int:
+        """How many passages one read may take within `budget_ms` (and the reader's own budget)."""
+        return min(self._max_passages, self.reader.cost.passages_within(min(budget_ms, self.budget_ms)))
+
+    async def read(
+        self, question: str, passages: list[Passage], index_identity: str, budget_ms: float
+    ) -> tuple[AnswerSpan | None, float, bool]:
+        """(the best span of the passages read, or None; the ms it took; whether it ran at all: no
+        passage fits `budget_ms`, or there are none, and it is skipped)."""
+        started = time.perf_counter()
+        count = min(len(passages), self.passages_within(budget_ms))
+        if count == 0:
+            return None, 0.0, False
+        texts = [p.chunk.text for p in passages[:count]]
+        key = (question, index_identity, tuple(p.chunk.chunk_id for p in passages[:count]))
+        if key in self._kept:
+            self._kept.move_to_end(key)
+            return self._kept[key], (time.perf_counter() - started) * 1000.0, True
+        spans = await self._threads.run(lambda: self.reader.read(question, texts))
+        answer = self._best(spans, texts)
+        self._kept[key] = answer
+        if len(self._kept) > _KEPT_READINGS:
+            self._kept.popitem(last=False)
+        return answer, (time.perf_counter() - started) * 1000.0, True
+
+    def _best(self, spans: list[ReadSpan], texts: list[str]) -> AnswerSpan | None:
+        """The span the reader believes most, with the sentence that holds it."""
+        found = [s for s in spans if s.end > s.start]
+        if not found:
+            return None
+        best = max(found, key=lambda s: (s.margin, -s.passage))
+        sentence_start, sentence_end = _sentence_around(texts[best.passage], best.start, best.end)
+        return AnswerSpan(
+            passage=best.passage,
+            start=best.start,
+            end=best.end,
+            text=best.text,
+            margin=best.margin,
+            answers=best.answers(self.threshold),
+            sentence_start=sentence_start,
+            sentence_end=sentence_end,
+        )
+
+
+def _sentence_around(text: str, start: int, end: int) -> tuple[int, int]:
+    """The sentence (or run of sentences) of `text` that holds [start, end)."""
+    spans = analyse(text).spans
+    first = max((s for s, _ in spans if s <= start), default=0)
+    last = min((e for _, e in spans if e >= end), default=len(text))
+    return first, last

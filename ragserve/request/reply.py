@@ -1,0 +1,202 @@
+"""A Query's events once its prompt is with the engine: the retrieval event, the tokens, the reader's
+span (with the retrieval event when it is done by the first token, else as one later event between
+the tokens), and the answers given without the engine (declined, or the reader's span when the
+engine cannot answer)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ragserve.budget import RequestContext, StageTimer
+from ragserve.errors import DeadlineExpired, Overloaded, Unavailable
+from ragserve.request.answer import AnswerRun, AnswerStream
+from ragserve.request.context import FittedContext
+from ragserve.request.evidence import with_answer
+from ragserve.request.policy import ABSTAIN_ANSWER
+from ragserve.types import (
+    AnswerSpan,
+    FinalSummary,
+    LateAnswer,
+    QueryEvent,
+    RequestClass,
+    RetrievalResult,
+    StageTimings,
+    TokenDelta,
+    Usage,
+)
+
+# What the reader's task gives: its span (or None), its ms, whether it ran.
+Reading = asyncio.Task[tuple[AnswerSpan | None, float, bool]]
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How the stream ended, for the final summary: the engine's run, or the reader's span in its place."""
+
+    retrieval: RetrievalResult
+    fallback: str = ""  # why the reader's span answered instead of the engine (empty: it did not)
+    fallback_ms: float = 0.0  # when the reader's span went out as the answer
+    reader_ms: float | None = None  # the reader's time, when it ran beside the engine
+
+
+class BatchShare:
+    """Batch's share of the engine: a batch request holds one of its slots while it generates and
+    waits for one within its deadline (DEADLINE_EXCEEDED past it); interactive requests pass
+    straight through, so they never wait for batch work. `seqs` 0: no cap."""
+
+    def __init__(self, seqs: int) -> None:
+        self._slots = asyncio.Semaphore(seqs) if seqs > 0 else None
+
+    @contextlib.asynccontextmanager
+    async def hold(self, request: RequestContext, timings: StageTimings) -> AsyncIterator[None]:
+        slots = self._slots
+        if slots is None or request.interactive:
+            yield
+            return
+        with StageTimer("engine_wait") as t:
+            try:
+                async with asyncio.timeout_at(request.deadline.client_end(asyncio.get_running_loop())):
+                    await slots.acquire()
+            except TimeoutError as exc:
+                raise DeadlineExpired("the deadline passed while batch work waited for the generator") from exc
+        timings.engine_wait_ms = t.ms
+        try:
+            yield
+        finally:
+            slots.release()
+
+
+async def stream_answer(
+    question: str,
+    answer: AnswerStream,
+    retrieval: RetrievalResult,
+    reading: Reading | None,
+    deadline_at: float | None,
+    outcome: Outcome,
+) -> AsyncGenerator[QueryEvent, None]:
+    """The retrieval event, then the tokens. `reading`: the reader running beside the engine's
+    prefill; the first token never waits for it. When the engine fails before its first token and
+    the reader's span answers, that span and its sentence are the answer, flagged degraded."""
+    if reading is not None:
+        either: set[asyncio.Future[Any]] = {reading, answer.first_step}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if reading.done():
+            retrieval = _read_into(question, retrieval, reading, outcome)
+            reading = None
+    outcome.retrieval = retrieval
+    yield retrieval
+    tokens = 0
+    try:
+        async for delta in answer.deltas(deadline_at):
+            if reading is not None and reading.done():
+                yield _late(reading, outcome)
+                reading = None
+            tokens += 1
+            yield delta
+    except (Unavailable, Overloaded) as exc:
+        if tokens:
+            raise
+        span = await _span_of(retrieval, reading, deadline_at)
+        passage = retrieval.passages[span.passage] if span is not None and span.answers else None
+        if span is None or passage is None:
+            raise
+        outcome.fallback = f"the generator could not answer ({exc}); the reader's span is the answer"
+        if reading is not None:
+            yield _late(reading, outcome)
+            reading = None
+        outcome.fallback_ms = answer.elapsed_ms()
+        yield TokenDelta(fallback_text(span, passage.chunk.text))
+        return
+    if reading is not None:  # done after the last token: still before the final event
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(deadline_at):
+                await asyncio.wait({reading})
+        if reading.done():
+            yield _late(reading, outcome)
+        else:
+            reading.cancel()
+
+
+def fallback_text(span: AnswerSpan, passage_text: str) -> str:
+    """The reader's answer in words: the span, and the sentence it stands in."""
+    sentence = passage_text[span.sentence_start : span.sentence_end].strip()
+    return f'{span.text} (passage [{span.passage + 1}]: "{sentence}")'
+
+
+def _read_into(question: str, retrieval: RetrievalResult, reading: Reading, outcome: Outcome) -> RetrievalResult:
+    span, ms, ran = _result(reading)
+    retrieval.timings.reader_ms = outcome.reader_ms = ms
+    if not ran:
+        return retrieval
+    return with_answer(question, retrieval, span)
+
+
+def _late(reading: Reading, outcome: Outcome) -> LateAnswer:
+    span, ms, _ = _result(reading)
+    outcome.reader_ms = ms
+    return LateAnswer(span, ms)
+
+
+def _result(reading: Reading) -> tuple[AnswerSpan | None, float, bool]:
+    if reading.cancelled() or reading.exception() is not None:
+        return None, 0.0, False
+    return reading.result()
+
+
+async def _span_of(retrieval: RetrievalResult, reading: Reading | None, deadline_at: float | None) -> AnswerSpan | None:
+    if reading is None:
+        return retrieval.answer
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout_at(deadline_at):
+            await asyncio.wait({reading})
+    return _result(reading)[0] if reading.done() else None
+
+
+def declined(
+    retrieval: RetrievalResult, timings: StageTimings, model_id: str, elapsed_ms: Callable[[], float]
+) -> list[QueryEvent]:
+    """The documents do not answer the question (low support, or the reader found no answer): say so
+    without calling the engine."""
+    timings.ttft_ms = timings.total_ms = elapsed_ms()
+    return [
+        retrieval,
+        TokenDelta(ABSTAIN_ANSWER),
+        FinalSummary(Usage(0, 0, 0), timings, retrieval.degraded, "abstained", model_id),
+    ]
+
+
+def record_answer(timings: StageTimings, run: AnswerRun, outcome: Outcome) -> None:
+    """The generation's times into the request's final timings (all counted from the request's start)."""
+    timings.generation_ms = run.ended_ms - run.started_ms
+    timings.ttft_ms = run.first_token_ms or outcome.fallback_ms
+    timings.time_per_output_token_ms = run.time_per_output_token_ms()
+    timings.total_ms = run.ended_ms
+    if outcome.reader_ms is not None:
+        timings.reader_ms = outcome.reader_ms
+
+
+def final_summary(
+    outcome: Outcome,
+    run: AnswerRun,
+    timings: StageTimings,
+    model_id: str,
+    context: FittedContext,
+    request_class: RequestClass,
+) -> FinalSummary:
+    degraded = outcome.retrieval.degraded
+    if outcome.fallback:
+        degraded = degraded.noted(outcome.fallback)
+    return FinalSummary(
+        run.usage if not outcome.fallback else Usage(0, 0, 0),
+        timings,
+        degraded,
+        "reader" if outcome.fallback else run.finish_reason,
+        model_id,
+        context_tokens=context.tokens,
+        context_tokens_full=context.tokens_full,
+        request_class=request_class,
+    )

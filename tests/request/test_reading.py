@@ -1,0 +1,153 @@
+"""The reader on the request path, with the real embedder and index and a reader and generator that
+are fakes (named as such): where its span travels, that it never holds the first token, abstention,
+the degraded answer when the engine cannot answer, and what is kept between requests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from ragserve.budget import Deadline, RequestContext
+from ragserve.config import ReaderSettings
+from ragserve.embed.torch_backend import SentenceTransformerEmbedder
+from ragserve.errors import Unavailable
+from ragserve.factory import assemble_pipeline
+from ragserve.index.hnsw import HnswIndex
+from ragserve.prompt import Prompt
+from ragserve.request.pipeline import RagPipeline
+from ragserve.request.policy import ABSTAIN_ANSWER
+from ragserve.types import (
+    FinalSummary,
+    GenerateParams,
+    GenerationChunk,
+    LateAnswer,
+    QueryEvent,
+    RetrievalResult,
+    RetrieveParams,
+    TokenDelta,
+    Usage,
+)
+from tests.fakes import FakeGenerator, FakeGeneratorBase, FakeReader
+
+QUESTION = "Who discovered penicillin?"
+ANSWER = "Alexander Fleming"
+
+
+class FakeDownGenerator(FakeGeneratorBase):
+    """A generator whose every stream fails before its first token (no server up)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def stream(self, prompt: Prompt, params: GenerateParams, trace_id: str) -> AsyncIterator[GenerationChunk]:
+        self.calls += 1
+        raise Unavailable("no generation server is up")
+        yield  # pragma: no cover (an async generator)
+
+
+@pytest.fixture
+def make(sample_index: Path, embedder: SentenceTransformerEmbedder):
+    executor = ThreadPoolExecutor(2)
+
+    def build(generator: object, reader: FakeReader, **reading: object) -> RagPipeline:
+        index = HnswIndex.load(sample_index)
+        settings = ReaderSettings(**reading)  # type: ignore[arg-type]
+        return assemble_pipeline(embedder, index, generator, executor, reader=reader, reading=settings)  # type: ignore[arg-type]
+
+    yield build
+    executor.shutdown()
+
+
+def _ask(pipeline: RagPipeline, question: str = QUESTION) -> list[QueryEvent]:
+    async def run() -> list[QueryEvent]:
+        params = RetrieveParams(question, top_k=3, budget_ms=10_000)
+        request = RequestContext(Deadline(10_000, client_timeout_s=30), "r")
+        return [e async for e in pipeline.query(params, GenerateParams(8, 0.5), request)]
+
+    return asyncio.run(run())
+
+
+def test_a_reader_done_before_the_first_token_sends_its_span_with_the_retrieval_event(make) -> None:
+    reader = FakeReader(ANSWER)
+    events = _ask(make(FakeGenerator(["Fleming."], delay_s=0.3, usage=Usage(10, 1, 0)), reader))
+    retrieval = events[0]
+    assert isinstance(retrieval, RetrievalResult) and retrieval.answer is not None
+    span = retrieval.answer
+    passage = retrieval.passages[span.passage]
+    assert span.answers and passage.chunk.text[span.start : span.end] == ANSWER
+    # The evidence shown is the sentence holding the span.
+    assert retrieval.support is not None and retrieval.support.evidence_passage == span.passage
+    assert passage.highlight is not None
+    assert (passage.highlight.start, passage.highlight.end) == (span.sentence_start, span.sentence_end)
+    assert ANSWER in passage.chunk.text[span.sentence_start : span.sentence_end]
+    assert not any(isinstance(e, LateAnswer) for e in events)
+    final = events[-1]
+    assert isinstance(final, FinalSummary) and final.timings.reader_ms > 0
+
+
+def test_a_slow_reader_never_holds_the_first_token_and_comes_later(make) -> None:
+    reader = FakeReader(ANSWER, delay_s=0.4)
+    events = _ask(make(FakeGenerator(["Alexander", "Fleming", "did."], delay_s=0.2), reader))
+    kinds = [type(e).__name__ for e in events]
+    assert kinds[0] == "RetrievalResult" and events[0].answer is None  # type: ignore[union-attr]
+    assert kinds[1] == "TokenDelta"  # the first token did not wait for the reader
+    late = [e for e in events if isinstance(e, LateAnswer)]
+    assert len(late) == 1 and late[0].answer is not None and late[0].answer.text == ANSWER
+    assert kinds.index("LateAnswer") < kinds.index("FinalSummary")
+
+
+def test_the_reader_may_decline_without_calling_the_generator(make) -> None:
+    generator = FakeGenerator(["Invented."])
+    reader = FakeReader("no such words here", margin_absent=-5.0)
+    events = _ask(make(generator, reader, abstain=True), "What colour is the moon's hat?")
+    assert generator.calls == 0
+    assert [e.text for e in events if isinstance(e, TokenDelta)] == [ABSTAIN_ANSWER]
+    final = events[-1]
+    assert isinstance(final, FinalSummary) and final.finish_reason == "abstained"
+    retrieval = events[0]
+    assert isinstance(retrieval, RetrievalResult) and retrieval.answer is not None and not retrieval.answer.answers
+
+
+def test_an_engine_that_cannot_answer_gives_way_to_a_confident_span(make) -> None:
+    events = _ask(make(FakeDownGenerator(), FakeReader(ANSWER)))
+    answer = "".join(e.text for e in events if isinstance(e, TokenDelta))
+    assert answer.startswith(ANSWER) and "Fleming" in answer
+    final = events[-1]
+    assert isinstance(final, FinalSummary) and final.finish_reason == "reader"
+    assert any("generator could not answer" in note for note in final.degraded.notes)
+
+
+def test_an_engine_that_cannot_answer_and_no_span_is_unavailable(make) -> None:
+    with pytest.raises(Unavailable):
+        _ask(make(FakeDownGenerator(), FakeReader("no such words here")))
+
+
+def test_retrieve_reads_within_the_retrieval_budget_or_says_it_skipped(make) -> None:
+    pipeline = make(None, FakeReader(ANSWER), budget_ms=500.0)
+
+    async def retrieve(budget_ms: int) -> RetrievalResult:
+        params = RetrieveParams(QUESTION, top_k=3, budget_ms=budget_ms)
+        return await pipeline.retrieve(params, RequestContext(Deadline(budget_ms)))
+
+    found = asyncio.run(retrieve(10_000))
+    assert found.answer is not None and found.answer.text == ANSWER
+    rushed = asyncio.run(retrieve(1))  # nothing left of the budget for even one passage
+    assert rushed.answer is None and any("reader skipped" in r for r in rushed.degraded.remarks)
+
+
+def test_a_reading_belongs_to_its_question_and_is_kept_for_it(make) -> None:
+    reader = FakeReader(ANSWER)
+    pipeline = make(None, reader, budget_ms=500.0)
+
+    async def retrieve(question: str) -> RetrievalResult:
+        return await pipeline.retrieve(RetrieveParams(question, 3, 10_000), RequestContext(Deadline(10_000)))
+
+    asyncio.run(retrieve(QUESTION))
+    asyncio.run(retrieve(QUESTION))
+    assert len(reader.reads) == 1  # the same question over the same passages: read once
+    asyncio.run(retrieve("Who found penicillin first?"))
+    assert len(reader.reads) == 2  # another question is read for itself
