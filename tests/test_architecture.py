@@ -1,0 +1,172 @@
+"""The structure drawn from the imports (docs/ARCHITECTURE.md, "Floors" and "Checked rules")."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from collections import defaultdict
+from functools import cache
+from pathlib import Path
+
+from ragserve.request.pipeline import RagPipeline
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "ragserve"
+# Top to bottom; a module may import its own floor or lower ones (docs/ARCHITECTURE.md).
+FLOORS = [
+    {"cli", "server", "client"},
+    {"factory"},
+    {"request"},
+    {"cache", "generate"},
+    {"embed", "rerank", "read"},
+    {"index"},
+    {"config", "types", "errors", "budget", "prompt", "metrics", "pretrained", "onnx_export", "addresses"}
+    | {"tracing", "logs", "v1"},
+]
+FLOOR = {part: level for level, parts in enumerate(FLOORS) for part in parts}
+GENERATOR_OR_INDEX_TYPES = {"RemoteVllmGenerator", "VllmGenerator", "HnswIndex", "QdrantIndex"}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "v1" in path.relative_to(PACKAGE).parts:
+            continue  # generated stubs
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+@cache
+def _imports() -> dict[str, set[str]]:
+    """Every ragserve module each module imports (at run time or for type checking alike)."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for name, path in _modules().items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                module = ".".join([*base, node.module] if node.module else base)
+                targets = [module, *(f"{module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            graph[name].update(t for t in targets if t in _modules())
+    return graph
+
+
+def _part(module: str) -> str:
+    return module.split(".")[1]
+
+
+def test_no_module_imports_a_higher_floor() -> None:
+    upward = [
+        f"{a} -> {b}"
+        for a, targets in _imports().items()
+        for b in targets
+        if "." in a and "." in b and FLOOR[_part(b)] < FLOOR[_part(a)]
+    ]
+    assert not upward
+
+
+def test_no_two_folders_import_each_other_and_no_module_circle() -> None:
+    folders: dict[str, set[str]] = defaultdict(set)
+    for a, targets in _imports().items():
+        for b in targets:
+            if "." in a and "." in b and _part(a) != _part(b):
+                folders[_part(a)].add(_part(b))
+    assert not [(a, b) for a in folders for b in folders[a] if a < b and a in folders.get(b, set())]
+    # Depth-first search for a circle among the modules themselves.
+    graph, state, circles = _imports(), {}, []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for target in graph.get(module, ()):
+            if target == module or target.startswith(f"{module}."):
+                continue  # a package importing its own modules
+            if state.get(target) == "open":
+                circles.append([*path, target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not circles
+
+
+def test_the_named_boundaries_hold() -> None:
+    imports = _imports()
+
+    def reaches(prefix: str, forbidden: tuple[str, ...]) -> list[str]:
+        return [
+            f"{a} -> {b}"
+            for a, targets in imports.items()
+            if a == prefix or a.startswith(f"{prefix}.")
+            for b in targets
+            if b.startswith(forbidden)
+        ]
+
+    for folder in ("ragserve.embed", "ragserve.rerank", "ragserve.read"):
+        assert not reaches(folder, ("ragserve.index",))
+    assert not reaches("ragserve.client", ("ragserve.server",))
+    assert not reaches("ragserve.cache", ("ragserve.prompt", "ragserve.request"))
+    settings_readers = {
+        _part(a) for a, targets in imports.items() if "." in a and "ragserve.config" in targets and _imports_settings(a)
+    }
+    assert settings_readers <= {"factory", "server", "cli", "config"}
+
+
+def _imports_settings(module: str) -> bool:
+    tree = ast.parse(_modules()[module].read_text())
+    return any(
+        isinstance(node, ast.ImportFrom)
+        and node.module == "ragserve.config"
+        and any(alias.name == "Settings" for alias in node.names)
+        for node in ast.walk(tree)
+    )
+
+
+def test_no_isinstance_on_a_generator_or_index_type_outside_the_factory() -> None:
+    found = []
+    for name, path in _modules().items():
+        if "." not in name or _part(name) == "factory":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "isinstance" and len(node.args) == 2:
+                names = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+                if names & GENERATOR_OR_INDEX_TYPES:
+                    found.append(f"{name}:{node.lineno}")
+    assert not found
+
+
+def test_files_and_functions_stay_small() -> None:
+    long_files, long_functions = [], []
+    for name, path in _modules().items():
+        text = path.read_text()
+        if len(text.splitlines()) > 400:
+            long_files.append(name)
+        for node in ast.walk(ast.parse(text)):
+            is_function = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            if is_function and (node.end_lineno or 0) - node.lineno + 1 > 60:
+                long_functions.append(f"{name}.{node.name}")
+    assert not long_files and not long_functions
+
+
+def test_the_pipeline_takes_at_most_eight_parts() -> None:
+    assert len(inspect.signature(RagPipeline.__init__).parameters) - 1 <= 8
+
+
+def test_no_benchmark_imports_the_tests() -> None:
+    found = []
+    for path in (REPO / "benchmarks").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "tests":
+                found.append(path.name)
+            if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "tests" for a in node.names):
+                found.append(path.name)
+    assert not found
