@@ -33,7 +33,7 @@ def test_query_streams_retrieval_then_tokens_then_final(live_server: LiveServer)
     kinds = [e.WhichOneof("event") for _, e in events]
     assert kinds[0] == "retrieval"
     assert kinds[-1] == "final"
-    assert set(kinds[1:-1]) == {"token"}
+    assert set(kinds[1:-1]) <= {"token", "answer"} and kinds.count("answer") <= 1
     token_times = [t for t, e in events if e.WhichOneof("event") == "token"]
     assert len(token_times) >= 5, kinds
     # Tokens arrive over time as the engine makes them, not in one burst at the end.
@@ -52,6 +52,14 @@ def test_query_streams_retrieval_then_tokens_then_final(live_server: LiveServer)
     assert final.timings.ttft_ms > 0 and final.timings.total_ms >= final.timings.ttft_ms
     answer = "".join(e.token.text for _, e in events if e.WhichOneof("event") == "token")
     assert answer.strip()
+    # The shipped reader's span: with the retrieval event, or once between the tokens.
+    late = [e.answer for _, e in events if e.WhichOneof("event") == "answer"]
+    span = retrieval.answer if retrieval.HasField("answer") else late[0].answer
+    assert retrieval.HasField("answer") != bool(late)
+    passage = retrieval.passages[span.passage]
+    assert span.text == passage.text[span.start : span.end] and span.text
+    assert span.sentence_start <= span.start < span.end <= span.sentence_end
+    assert final.timings.reader_ms > 0
 
 
 def _template_tokens() -> int:
