@@ -149,6 +149,11 @@ def open_channel(target: str, access: ClientSettings) -> grpc.aio.Channel:
 class RagClient:
     """Use as `async with RagClient(target) as client:`; keep one per process and reuse it.
 
+    `default_timeout_s` (30 s): the gRPC deadline of every call that sets no `timeout_s` of its own
+    (`info` always uses it). It covers the whole call: for `query`, the retrieval and every streamed
+    token until the final event, so a long answer needs a larger `timeout_s` or it ends with
+    DEADLINE_EXCEEDED; retries of UNAVAILABLE (up to 3 attempts, backoff 0.1 s to 1 s) fit inside it.
+    The server also bounds retrieval by the call's deadline. `timeout_s=0` means the default too.
     `access`: token and TLS files; by default read from the environment (ClientSettings)."""
 
     def __init__(self, target: str, default_timeout_s: float = 30.0, access: ClientSettings | None = None) -> None:
@@ -169,6 +174,13 @@ class RagClient:
         await self._channel.close()
 
     async def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Wait until the channel is connected (the TCP or Unix socket connection, and the TLS
+        handshake when TLS is on) for at most `timeout_s` seconds (default 120 s); TimeoutError after.
+
+        It sends no call: it does not check the token and does not wait for the server to be ready
+        to answer. The server accepts connections while it is still loading the index and models
+        (calls then fail with UNAVAILABLE), so to wait for SERVING poll the standard health service
+        (`grpc.health.v1.Health/Check`, what `ragserve health` asks) instead."""
         await asyncio.wait_for(self._channel.channel_ready(), timeout_s)
 
     async def retrieve(
@@ -203,7 +215,8 @@ class RagClient:
         context_token_budget: int | None = None,
         request_class: RequestClassName = "interactive",
     ) -> AsyncIterator[pb.QueryEvent]:
-        """Events in order: one `retrieval`, `token` deltas, one `final`.
+        """Events in order: one `retrieval`, `token` deltas (with at most one `answer` among them), one
+        `final`. `timeout_s` (else the client's default, 30 s) bounds the whole stream.
 
         `context_token_budget`: None for the server's default, 0 for whole passages.
         `request_class`: "batch" for jobs (evaluations, bulk summaries, cache warmers): they yield
