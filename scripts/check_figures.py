@@ -6,7 +6,8 @@ The rule, narrow on purpose so that it is checkable and never flaky:
 
 - **A figure** is a number (thousands commas and a decimal point allowed) followed by one of the
   units ms, s, MiB, GiB (with or without a space) or x (a ratio, written tight; also the
-  multiplication sign): "425 ms", "2.2x", "2,992 MiB". In a range ("160-340 ms", "0.83-0.84x") each end is a figure with the unit.
+  multiplication sign): "425 ms", "2.2x", "2,992 MiB". In a range ("160-340 ms", "0.83-0.84x")
+  each end is a figure with the unit.
   Percentages, counts and figures without a unit are not checked. Inline code (`...`) and fenced
   code blocks are not prose and are skipped: they hold commands, log lines and settings.
 - **Backed**: BENCHMARKS.md holds the same number with the same unit ("425 ms", "425ms"), or the

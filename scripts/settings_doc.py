@@ -287,7 +287,7 @@ def indexer_rows() -> list[tuple[str, str, str]]:
     commands_by_name: dict[str, Any] = getattr(group, "commands", {})
     found: dict[str, tuple[str, str, list[str]]] = {}
     # The group's own options (before the command name) apply to every command.
-    for command_name, command in [("<command>", group), *sorted(commands_by_name.items())]:
+    for command_name, command in [("", group), *sorted(commands_by_name.items())]:
         for param in command.params:
             envvars = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or [])
             for name in envvars:
@@ -295,7 +295,9 @@ def indexer_rows() -> list[tuple[str, str, str]]:
                 default = "empty" if "API_KEY" in name else show_value(param.default, name)
                 help_text = escape(getattr(param, "help", None) or "").rstrip(".")
                 _, _, commands = found.setdefault(name, (default, f"{help_text}. The option `{flag}` of", []))
-                commands.append(f"`ragserve-index {command_name}`")
+                # A group option goes before the command name: `ragserve-index --nice 5 build ...`.
+                before = f"`ragserve-index`, before the command (`ragserve-index {flag} N build ...`)"
+                commands.append(f"`ragserve-index {command_name}`" if command_name else before)
     return [
         (name, default, f"{text} {', '.join(commands)}.") for name, (default, text, commands) in sorted(found.items())
     ]

@@ -16,7 +16,7 @@ class RerankSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="RAGSERVE_RERANK_", extra="forbid", frozen=True)
 
-    # auto (default): the serving version's tuned cross-encoder (`indexer tune-reranker`) when it
+    # auto (default): the serving version's tuned cross-encoder (`ragserve-index tune-reranker`) when it
     # ships one that beat the fused order, else fused order only; tuned: the version's tuned
     # cross-encoder whenever it ships one (for measuring); off: fused order only; one-tier: tier 1
     # only; two-tier: tier 1 over the candidates, tier 2 over tier 1's best. The last two use the

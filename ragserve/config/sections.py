@@ -180,7 +180,7 @@ class RetrievalSettings(BaseSettings):
     # retrieval"); rrf needs no tuning and is the safer choice for a very different corpus.
     fusion: Literal["rrf", "weighted"] = "weighted"
     fusion_dense_weight: float = Field(default=0.4, ge=0.0, le=1.0)
-    # A version published by `indexer tune` records the dense weight fitted for its tuned model on
+    # A version published by `ragserve-index tune` records the dense weight fitted for its tuned model on
     # held-back queries (manifest `tuning.fusion_dense_weight`); true: that version is served with
     # it instead of fusion_dense_weight. Versions without one are unaffected.
     fusion_weight_from_index: bool = True

@@ -37,7 +37,7 @@ class RetrievalOptions:
     weight_from_index: bool = default_of(RetrievalSettings, "fusion_weight_from_index")
 
     def for_version(self, fitted_weight: float | None) -> RetrievalOptions:
-        """The options one version is searched with: the dense weight `indexer tune` fitted for it
+        """The options one version is searched with: the dense weight `ragserve-index tune` fitted for it
         (its manifest's) replaces the configured one, unless that is switched off."""
         if not self.weight_from_index or fitted_weight is None or fitted_weight == self.dense_weight:
             return self
