@@ -33,6 +33,9 @@ class GeneratorSettings(BaseSettings):
     cpu_kvcache_space_gib: int = 1
     # CPUs for the CPU backend's OpenMP threads (exported as VLLM_CPU_OMP_THREADS_BIND), e.g. "0" or
     # "0-1"; empty: chosen from the host (all usable CPUs on small hosts, else vLLM's auto binding).
+    # Only with the engine in its own processes (engine_layout process): with the engine on a server
+    # thread (the auto layout on hosts of up to 4 CPUs with speculation) it is ignored, nothing is
+    # pinned, and `threads` sets how many threads the engine runs.
     cpu_omp_threads_bind: str = ""
     # KV cache block size in tokens (0: 32 on CPU, vLLM's default on CUDA). Only full blocks are
     # prefix-cached; the CPU backend needs a multiple of 16 and is fastest on multiples of 32.
