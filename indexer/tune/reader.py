@@ -144,7 +144,8 @@ def _line(f: ReaderFigures) -> str:
     return (
         f"EM {f.exact_match:.3f}, holds gold {f.contains_gold:.3f}, F1 {f.f1:.3f}, no-answer AUC "
         f"{f.no_answer_auc if f.no_answer_auc is None else round(f.no_answer_auc, 3)}, threshold {f.threshold:.3f} "
-        f"declines {f.declined_answerable:.1%} answerable / {f.declined_unanswerable:.1%} unanswerable; "
+        f"declines {f.declined_answerable:.1%} answerable / {f.declined_unanswerable:.1%} unanswerable / "
+        f"{f.declined_other_paragraph:.1%} other paragraphs (AUC {f.other_paragraph_auc}); "
         f"ms 1 passage p50 {f.ms_1_p50:.1f} p95 {f.ms_1_p95:.1f}, 4 passages p50 {f.ms_4_p50:.1f} p95 {f.ms_4_p95:.1f}"
     )
 
@@ -188,6 +189,6 @@ def _provenance(
             "read_against": "the gold paragraph",
         }
     if fp32 is not None:
-        keep = ("exact_match", "contains_gold", "overlaps_gold", "f1", "no_answer_auc")
+        keep = ("exact_match", "contains_gold", "overlaps_gold", "f1", "no_answer_auc", "other_paragraph_auc")
         out["heldout_fp32"] = {k: v for k, v in fp32.as_dict().items() if k in keep}
     return out

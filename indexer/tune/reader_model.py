@@ -186,10 +186,11 @@ def train_span_model(
             bar.set_postfix(loss=f"{loss_value:.3f}")
             if on_step is not None:
                 on_step(step, loss_value)
-            if opts.max_seconds is not None and step == 10:
-                # Fit the schedule to the time allowed, so the learning rate still decays to zero.
+            if opts.max_seconds is not None and step % 10 == 0:
+                # Fit the schedule to the time allowed at the pace so far (a shared host's pace
+                # changes), so the learning rate still decays to zero when the time is up.
                 per_step = (time.monotonic() - started) / step
-                plan["total"] = max(step + 1, min(plan["total"], int(opts.max_seconds / per_step)))
+                plan["total"] = max(step + 1, min(planned, int(opts.max_seconds / per_step)))
                 bar.total = plan["total"]
             if opts.max_seconds is not None and time.monotonic() - started > opts.max_seconds:
                 plan["total"] = step
