@@ -11,12 +11,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from indexer.tune.reader_data import SpanExample
 from ragserve.pretrained import load_options
+
+if TYPE_CHECKING:  # the CLI imports this module for its defaults: keep it light
+    from indexer.tune.reader_data import SpanExample
 
 log = logging.getLogger(__name__)
 
