@@ -44,8 +44,8 @@ class ReaderTuneJob:
     negative_share: float = 0.3
     # The no-answer threshold declines at most this share of the held-out answerable questions.
     decline_answerable: float = 0.10
-    # Tokens per (question, passage) pair when serving.
-    max_length: int = 384
+    # Tokens per (question, passage) pair when serving: a default chunk (200 tokens) and its question fit.
+    max_length: int = 256
     data_licence: str = "CC-BY-SA-4.0"
     data_source: str = SQUAD_SOURCE
     weights_licence: str = "CC-BY-SA-4.0"

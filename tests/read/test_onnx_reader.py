@@ -66,6 +66,9 @@ def test_a_passage_that_does_not_answer_scores_below_one_that_does(reader: OnnxR
     assert off_topic.margin < answered.margin
     (unanswerable,) = reader.read("What is the capital of Australia?", [PENICILLIN])
     assert unanswerable.margin < answered.margin
+    # Far apart on either side of the shipped threshold (about +13 and -9 against 0.73).
+    assert answered.answers(reader.no_answer_threshold)
+    assert not unanswerable.answers(reader.no_answer_threshold)
 
 
 def test_many_passages_are_read_in_batches_and_keep_their_order(reader: OnnxReader) -> None:
