@@ -159,7 +159,7 @@ def tune_reader(
     train_length: Annotated[
         int, typer.Option(min=32, max=512, help="Tokens per training pair")
     ] = _READER_TRAIN.max_length,
-    max_length: Annotated[int, typer.Option(min=32, max=512, help="Tokens per pair when serving")] = 384,
+    max_length: Annotated[int, typer.Option(min=32, max=512, help="Tokens per pair when serving")] = 256,
     negative_share: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="Answerable questions also asked of another paragraph")
     ] = 0.3,

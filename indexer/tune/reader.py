@@ -44,8 +44,8 @@ class ReaderTuneJob:
     negative_share: float = 0.3
     # The no-answer threshold declines at most this share of the held-out answerable questions.
     decline_answerable: float = 0.10
-    # Tokens per (question, passage) pair when serving.
-    max_length: int = 384
+    # Tokens per (question, passage) pair when serving: a default chunk (200 tokens) and its question fit.
+    max_length: int = 256
     data_licence: str = "CC-BY-SA-4.0"
     data_source: str = SQUAD_SOURCE
     weights_licence: str = "CC-BY-SA-4.0"
@@ -144,7 +144,8 @@ def _line(f: ReaderFigures) -> str:
     return (
         f"EM {f.exact_match:.3f}, holds gold {f.contains_gold:.3f}, F1 {f.f1:.3f}, no-answer AUC "
         f"{f.no_answer_auc if f.no_answer_auc is None else round(f.no_answer_auc, 3)}, threshold {f.threshold:.3f} "
-        f"declines {f.declined_answerable:.1%} answerable / {f.declined_unanswerable:.1%} unanswerable; "
+        f"declines {f.declined_answerable:.1%} answerable / {f.declined_unanswerable:.1%} unanswerable / "
+        f"{f.declined_other_paragraph:.1%} other paragraphs (AUC {f.other_paragraph_auc}); "
         f"ms 1 passage p50 {f.ms_1_p50:.1f} p95 {f.ms_1_p95:.1f}, 4 passages p50 {f.ms_4_p50:.1f} p95 {f.ms_4_p95:.1f}"
     )
 
@@ -188,6 +189,6 @@ def _provenance(
             "read_against": "the gold paragraph",
         }
     if fp32 is not None:
-        keep = ("exact_match", "contains_gold", "overlaps_gold", "f1", "no_answer_auc")
+        keep = ("exact_match", "contains_gold", "overlaps_gold", "f1", "no_answer_auc", "other_paragraph_auc")
         out["heldout_fp32"] = {k: v for k, v in fp32.as_dict().items() if k in keep}
     return out

@@ -30,6 +30,10 @@ class ReaderFigures:
     threshold: float  # on span - null score: declined below it
     declined_answerable: float
     declined_unanswerable: float
+    # Answerable questions read against another paragraph of their article that lacks the answer
+    # (what retrieval hands a reader when it missed): AUC against the gold reads, share declined.
+    other_paragraph_auc: float | None
+    declined_other_paragraph: float
     ms_1_p50: float
     ms_1_p95: float
     ms_4_p50: float
@@ -85,6 +89,8 @@ def evaluate_reader(
 ) -> ReaderFigures:
     em, contains, overlaps, f1s, answerable_margins, unanswerable_margins = [], [], [], [], [], []
     ms_1: list[float] = []
+    other_margins: list[float] = []
+    rng = random.Random(seed)
     for q in data.questions:
         started = time.perf_counter()
         (span,) = reader.read(q.question, [data.paragraphs[q.doc_id]])
@@ -99,6 +105,16 @@ def evaluate_reader(
         scores = [token_f1(span.text, a) for a in q.answers]
         f1s.append(max(scores))
         overlaps.append(float(max(scores) > 0))
+        others = [
+            d
+            for d in data.paragraphs
+            if article(d) == article(q.doc_id)
+            and d != q.doc_id
+            and not any(normalize(a) in normalize(data.paragraphs[d]) for a in q.answers)
+        ]
+        if others:
+            (other,) = reader.read(q.question, [data.paragraphs[rng.choice(others)]])
+            other_margins.append(other.margin)
     threshold = decline_threshold(answerable_margins, decline_answerable)
     ms_4 = _time_batches_of_4(reader, data, batch4_questions, seed)
 
@@ -117,6 +133,8 @@ def evaluate_reader(
         threshold=threshold,
         declined_answerable=mean([float(m < threshold) for m in answerable_margins]),
         declined_unanswerable=mean([float(m < threshold) for m in unanswerable_margins]),
+        other_paragraph_auc=auc([-m for m in other_margins], [-m for m in answerable_margins]),
+        declined_other_paragraph=mean([float(m < threshold) for m in other_margins]),
         ms_1_p50=percentile(ms_1, 50),
         ms_1_p95=percentile(ms_1, 95),
         ms_4_p50=percentile(ms_4, 50),

@@ -11,12 +11,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from indexer.tune.reader_data import SpanExample
 from ragserve.pretrained import load_options
+
+if TYPE_CHECKING:  # the CLI imports this module for its defaults: keep it light
+    from indexer.tune.reader_data import SpanExample
 
 log = logging.getLogger(__name__)
 
@@ -186,10 +188,11 @@ def train_span_model(
             bar.set_postfix(loss=f"{loss_value:.3f}")
             if on_step is not None:
                 on_step(step, loss_value)
-            if opts.max_seconds is not None and step == 10:
-                # Fit the schedule to the time allowed, so the learning rate still decays to zero.
+            if opts.max_seconds is not None and step % 10 == 0:
+                # Fit the schedule to the time allowed at the pace so far (a shared host's pace
+                # changes), so the learning rate still decays to zero when the time is up.
                 per_step = (time.monotonic() - started) / step
-                plan["total"] = max(step + 1, min(plan["total"], int(opts.max_seconds / per_step)))
+                plan["total"] = max(step + 1, min(planned, int(opts.max_seconds / per_step)))
                 bar.total = plan["total"]
             if opts.max_seconds is not None and time.monotonic() - started > opts.max_seconds:
                 plan["total"] = step
@@ -228,4 +231,5 @@ def export_span_model(model: Any, tokenizer: Any, folder: Path, fp32_name: str, 
     export_bert(_SpanLogits().eval(), folder / fp32_name, OUTPUT, {0: "batch", 1: "seq"})
     quantize_int8(folder / fp32_name, folder / int8_name, per_channel=True)
     tokenizer.save_pretrained(str(folder))
+    model.config.architectures = [type(model).__name__]  # the base's config names its own (e.g. BertModel)
     model.config.save_pretrained(str(folder))

@@ -2,7 +2,7 @@
 folder holds and is checked before anything in it is loaded.
 
     manifest.json   {"format": "ragserve-reader", "format_version": 1, "name": ..., "onnx": "model-int8.onnx",
-                     "output": "span_logits", "max_length": 384, "max_answer_tokens": 30,
+                     "output": "span_logits", "max_length": 256, "max_answer_tokens": 30,
                      "no_answer_threshold": <float>, "files": {<file>: <sha256>, ...},
                      plus provenance (base weights, training data, held-out figures, licence)}
     model-int8.onnx inputs input_ids, attention_mask, token_type_ids (batch, seq); output

@@ -67,7 +67,8 @@ def test_examples_teach_gold_spans_and_no_answer_from_unanswerable_and_other_par
     spans = [e for e in examples if e.answer_start is not None]
     assert len(spans) == 4
     for e in spans:
-        assert e.paragraph[e.answer_start : e.answer_start + len(e.answer_text)] == e.answer_text
+        start = e.answer_start or 0
+        assert e.paragraph[start : start + len(e.answer_text)] == e.answer_text
     negatives = [e for e in examples if e.answer_start is None]
     # q5 (unanswerable), q1-q3 against the other Penicillin paragraph; q4 against another article's.
     assert len(negatives) == 5
