@@ -9,7 +9,6 @@ index they came from, so its folder stands alone (the project ships one in ragse
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import time
@@ -20,10 +19,11 @@ from typing import Any
 
 from indexer.tune.reader_data import load_squad, training_examples
 from indexer.tune.reader_eval import ReaderFigures, evaluate_reader
-from indexer.tune.reader_model import ReaderTrainOptions, TrainStats, export_span_model, train_span_model
+from indexer.tune.reader_model import ReaderTrainOptions, TrainStats, train_span_model
 from ragserve.config import DEFAULT_EMBEDDER
 from ragserve.embed.base import resolve_embedder_path
-from ragserve.read.folder import FORMAT, FORMAT_VERSION, MANIFEST, OUTPUT, sha256_file
+from ragserve.read.export import export_span_model, write_manifest
+from ragserve.read.folder import sha256_file
 from ragserve.read.onnx_reader import OnnxReader
 from ragserve.read.spans import MAX_ANSWER_TOKENS
 
@@ -76,24 +76,6 @@ def _base(base: str) -> tuple[str, str, str]:
     return path, shown, digest.hexdigest() if found else ""
 
 
-def _write_manifest(folder: Path, onnx: str, threshold: float, extra: dict[str, Any]) -> None:
-    files = {
-        p.name: sha256_file(p)
-        for p in sorted(folder.iterdir())
-        if p.is_file() and p.name != MANIFEST and (p.suffix != ".onnx" or p.name == onnx)
-    }
-    manifest = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "onnx": onnx,
-        "output": OUTPUT,
-        "files": files,
-        "no_answer_threshold": round(threshold, 4),
-        **extra,
-    }
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
-
-
 def run_tune_reader(job: ReaderTuneJob, say: Callable[[str], None] = print) -> ReaderTuneReport:
     started = time.monotonic()
     train = load_squad(job.train)
@@ -117,17 +99,17 @@ def run_tune_reader(job: ReaderTuneJob, say: Callable[[str], None] = print) -> R
         fp32 = int8 = None
         threshold = 0.0
         if dev is not None:
-            _write_manifest(work, FP32, 0.0, common)
+            write_manifest(work, FP32, 0.0, common)
             fp32 = evaluate_reader(OnnxReader.from_folder(work, measure_cost=False), dev, job.decline_answerable)
             say(f"held-out, fp32: {_line(fp32)}")
             (work / FP32).unlink()
-            _write_manifest(work, INT8, 0.0, common)
+            write_manifest(work, INT8, 0.0, common)
             int8 = evaluate_reader(OnnxReader.from_folder(work, measure_cost=False), dev, job.decline_answerable)
             say(f"held-out, int8: {_line(int8)}")
             threshold = int8.threshold
         else:
             (work / FP32).unlink()
-        _write_manifest(
+        write_manifest(
             work, INT8, threshold, {**common, **_provenance(job, train, stats, base_id, base_digest, int8, fp32)}
         )
         OnnxReader.from_folder(work, measure_cost=False)  # the folder as written loads

@@ -10,7 +10,6 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
@@ -208,28 +207,3 @@ def train_span_model(
         last_loss=round(loss_value, 4),
     )
     return model, tokenizer, stats
-
-
-def export_span_model(model: Any, tokenizer: Any, folder: Path, fp32_name: str, int8_name: str) -> None:
-    """ONNX export (start and end logits stacked as `span_logits`, (batch, seq, 2)) and dynamic int8
-    quantization, the way the rerank tier is exported; tokenizer and config written beside them."""
-    import torch
-
-    from ragserve.onnx_export import export_bert, quantize_int8
-    from ragserve.read.folder import OUTPUT
-
-    class _SpanLogits(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = model
-
-        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
-            out = self.net(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-            return torch.stack([out.start_logits, out.end_logits], dim=-1)
-
-    folder.mkdir(parents=True, exist_ok=True)
-    export_bert(_SpanLogits().eval(), folder / fp32_name, OUTPUT, {0: "batch", 1: "seq"})
-    quantize_int8(folder / fp32_name, folder / int8_name, per_channel=True)
-    tokenizer.save_pretrained(str(folder))
-    model.config.architectures = [type(model).__name__]  # the base's config names its own (e.g. BertModel)
-    model.config.save_pretrained(str(folder))

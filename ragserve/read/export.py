@@ -106,6 +106,7 @@ def export_span_model(model: Any, tokenizer: Any, folder: Path, fp32_name: str, 
     export_bert(_SpanLogits().eval(), folder / fp32_name, OUTPUT, {0: "batch", 1: "seq"})
     quantize_int8(folder / fp32_name, folder / int8_name, per_channel=True)
     tokenizer.save_pretrained(str(folder))
+    model.config.architectures = [type(model).__name__]  # a base's config names its own (e.g. BertModel)
     model.config.save_pretrained(str(folder))
 
 
