@@ -94,3 +94,15 @@ for _tier in ("tier1", "tier2"):
     RERANK_DEPTH.labels(_tier)
 for _class in ("interactive", "batch"):
     SHED.labels(_class)
+
+# A corpus that silently stops updating: when the serving version started serving here, and the
+# hot reloads refused (the old version keeps serving; docs/operations.md, "What to alert on").
+INDEX_SERVED_SINCE = Gauge(
+    "ragserve_index_served_since_timestamp_seconds", "When the serving index version started serving (Unix time)"
+)
+INDEX_RELOADS_REFUSED = Counter(
+    "ragserve_index_reloads_refused_total", "Newly published index versions refused (the old one keeps serving)"
+)
+INDEX_LAST_REFUSAL = Gauge(
+    "ragserve_index_last_refusal_timestamp_seconds", "When a newly published index version was last refused (Unix time)"
+)

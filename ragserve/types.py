@@ -321,6 +321,8 @@ class PipelineInfo:
     warming: WarmState = WarmState()
     reader_model: str = ""
     reader_threshold: float = 0.0
+    index_served_s: float = 0.0  # how long the serving version has served here
+    last_reload_refusal: str = ""  # the last newly published version refused, and why
 
 
 @dataclass(frozen=True, slots=True)

@@ -327,9 +327,13 @@ class FakeServing:
 
     def __init__(self, index: SearchIndex) -> None:
         self.index = index
+        self.refusals: list[str] = []
 
     def swap_index(self, index: SearchIndex) -> None:
         self.index = index
+
+    def refused(self, reason: str) -> None:
+        self.refusals.append(reason)
 
 
 # --- vLLM's synchronous engine (the engine-on-a-thread layout) --------------------------------

@@ -79,6 +79,10 @@ class ServedIndex(Protocol):
         RagError when the version must be refused."""
         ...
 
+    def refused(self, reason: str) -> None:
+        """A newly published version was refused (the current one keeps serving)."""
+        ...
+
 
 class FolderWatch:
     """An index root: CURRENT links to the published version's folder."""
@@ -147,6 +151,7 @@ class IndexReloader:
         except RagError as exc:
             self._seen = marker
             self.refused += 1
+            self._target.refused(f"{marker}: {exc}")
             log.error("refusing newly published index %s: %s; still serving version %s", marker, exc, old.version)
             return False
         except Exception as exc:

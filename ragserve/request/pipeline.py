@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TypeVar
 
@@ -108,6 +109,9 @@ class RagPipeline:
         """The reranker serving the current index version (None: fused order)."""
         return self.serving.reranker
 
+    def refused(self, reason: str) -> None:
+        self.versions.refused(reason)
+
     def swap_index(self, index: SearchIndex) -> None:
         """A newly published version, from the next request on (request/serving.py `VersionSource.swap`)."""
         self.versions.swap(index)
@@ -140,6 +144,8 @@ class RagPipeline:
             embedder_model=model_name(serving.embedder.model_id),  # a name, never the server's path
             rerank_tiers=tuple(serving.reranker.describe()) if serving.reranker is not None else (),
             warming=self.warm_state(),
+            index_served_s=time.time() - self.versions.served_since,
+            last_reload_refusal=self.versions.last_refusal,
             reader_model=self.reading.model_id if self.reading is not None else "",
             reader_threshold=self.reading.threshold if self.reading is not None else 0.0,
         )

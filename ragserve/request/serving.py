@@ -8,9 +8,11 @@ once, so a hot reload never mixes one version's candidates with another version'
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ragserve import metrics
 from ragserve.embed.base import Embedder
 from ragserve.index.base import SearchIndex
 from ragserve.index.fusion import RetrievalOptions
@@ -48,6 +50,10 @@ class VersionSource:
     def __init__(self, index: SearchIndex, build: Callable[[SearchIndex], ServingVersion]) -> None:
         self._build = build
         self.current = build(index)
+        self.served_since = time.time()
+        metrics.INDEX_SERVED_SINCE.set(self.served_since)
+        self.last_refusal = ""  # why the last newly published version was refused ("" none yet)
+        self.last_refusal_at = 0.0
 
     def swap(self, index: SearchIndex) -> None:
         """From the next request on (one assignment, atomic under the GIL); calls in flight keep the
@@ -57,6 +63,14 @@ class VersionSource:
         serving = self._build(index)
         serving.warm_up()
         self.current = serving
+        self.served_since = time.time()
+        metrics.INDEX_SERVED_SINCE.set(self.served_since)
+
+    def refused(self, reason: str) -> None:
+        """A newly published version was refused: the current one keeps serving (Info says why)."""
+        self.last_refusal, self.last_refusal_at = reason, time.time()
+        metrics.INDEX_RELOADS_REFUSED.inc()
+        metrics.INDEX_LAST_REFUSAL.set(self.last_refusal_at)
 
 
 def configured_versions(

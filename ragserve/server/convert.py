@@ -170,6 +170,8 @@ def info_response_pb(info: PipelineInfo, retrieval_budget_ms: int, requests_in_f
         ],
         host_share=host_share_pb(share) if share is not None else None,
         warming=warming_pb(info.warming),
+        index_served_s=info.index_served_s,
+        last_reload_refusal=info.last_reload_refusal,
         reader_model=info.reader_model,
         reader_threshold=info.reader_threshold,
     )

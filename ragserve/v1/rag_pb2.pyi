@@ -263,7 +263,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("index_version", "index_chunks", "embedder_model", "generator_model", "rerank_tiers", "retrieval_budget_ms", "generator_unfinished_requests", "requests_in_flight", "generator_settings", "host_cpu", "generator_servers", "generator_pace", "host_share", "warming", "reader_model", "reader_threshold")
+    __slots__ = ("index_version", "index_chunks", "embedder_model", "generator_model", "rerank_tiers", "retrieval_budget_ms", "generator_unfinished_requests", "requests_in_flight", "generator_settings", "host_cpu", "generator_servers", "generator_pace", "host_share", "warming", "reader_model", "reader_threshold", "index_served_s", "last_reload_refusal")
     INDEX_VERSION_FIELD_NUMBER: _ClassVar[int]
     INDEX_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDER_MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -280,6 +280,8 @@ class InfoResponse(_message.Message):
     WARMING_FIELD_NUMBER: _ClassVar[int]
     READER_MODEL_FIELD_NUMBER: _ClassVar[int]
     READER_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    INDEX_SERVED_S_FIELD_NUMBER: _ClassVar[int]
+    LAST_RELOAD_REFUSAL_FIELD_NUMBER: _ClassVar[int]
     index_version: str
     index_chunks: int
     embedder_model: str
@@ -296,7 +298,9 @@ class InfoResponse(_message.Message):
     warming: Warming
     reader_model: str
     reader_threshold: float
-    def __init__(self, index_version: _Optional[str] = ..., index_chunks: _Optional[int] = ..., embedder_model: _Optional[str] = ..., generator_model: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., retrieval_budget_ms: _Optional[int] = ..., generator_unfinished_requests: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., generator_settings: _Optional[_Iterable[_Union[EngineSetting, _Mapping]]] = ..., host_cpu: _Optional[str] = ..., generator_servers: _Optional[_Iterable[_Union[GeneratorServer, _Mapping]]] = ..., generator_pace: _Optional[str] = ..., host_share: _Optional[_Union[HostShare, _Mapping]] = ..., warming: _Optional[_Union[Warming, _Mapping]] = ..., reader_model: _Optional[str] = ..., reader_threshold: _Optional[float] = ...) -> None: ...
+    index_served_s: float
+    last_reload_refusal: str
+    def __init__(self, index_version: _Optional[str] = ..., index_chunks: _Optional[int] = ..., embedder_model: _Optional[str] = ..., generator_model: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., retrieval_budget_ms: _Optional[int] = ..., generator_unfinished_requests: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., generator_settings: _Optional[_Iterable[_Union[EngineSetting, _Mapping]]] = ..., host_cpu: _Optional[str] = ..., generator_servers: _Optional[_Iterable[_Union[GeneratorServer, _Mapping]]] = ..., generator_pace: _Optional[str] = ..., host_share: _Optional[_Union[HostShare, _Mapping]] = ..., warming: _Optional[_Union[Warming, _Mapping]] = ..., reader_model: _Optional[str] = ..., reader_threshold: _Optional[float] = ..., index_served_s: _Optional[float] = ..., last_reload_refusal: _Optional[str] = ...) -> None: ...
 
 class Warming(_message.Message):
     __slots__ = ("passages", "tokens", "left_out", "done", "seconds")

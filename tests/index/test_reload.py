@@ -133,6 +133,10 @@ async def _hot_reload_under_load(
         await _wait_for(lambda: len(versions) >= seen_v3 + 10)
         assert server.pipeline.index.version == "2"
         assert "checksum" in caplog.text
+        # Info says so too, and how long version 2 has served: a corpus that stopped updating shows.
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{settings.transport.port}") as channel:
+            info = await pb_grpc.RagServiceStub(channel).Info(pb.InfoRequest(), timeout=30)
+        assert "checksum" in info.last_reload_refusal and info.index_served_s > 0
     finally:
         stop.set()
         await asyncio.gather(*clients)
@@ -159,6 +163,7 @@ def test_reloader_refuses_corrupt_manifest(tmp_path: Path, embedder: SentenceTra
     (resolve_current(root) / MANIFEST).write_text('{"version": 2, "truncated')
     assert reloader.check_once() is False
     assert reloader.refused == 1 and holder.index.version == "1"
+    assert len(holder.refusals) == 1 and "corrupt" in holder.refusals[0]
     (docs / "newer.txt").write_text("Newer\nAnother document, about glaciers.")
     build_index(docs, root, embedder, progress=False)
     assert reloader.check_once() is True

@@ -128,6 +128,7 @@ def _pipeline(generator: Any, reranker: Any) -> Any:
         serving=serving,
         generator=generator,
         reading=SimpleNamespace(model_id="reader-x", threshold=-1.5),
+        versions=SimpleNamespace(served_since=0.0, last_refusal="v000004: checksum"),
         pace=SimpleNamespace(describe=lambda share=None: "normal (decode 1.0x its pace alone, 10.0 ms/token)"),
         warm_state=lambda: WarmState("v3", passages=12, tokens=3400, left_out=2, done=True, seconds=1.5),
     )
@@ -162,6 +163,7 @@ def test_info_response_of_a_full_pipeline() -> None:
     assert (info.warming.passages, info.warming.tokens, info.warming.left_out, info.warming.done) == (12, 3400, 2, True)
     assert info.generator_pace.startswith("normal")
     assert (info.reader_model, info.reader_threshold) == ("reader-x", -1.5)
+    assert info.last_reload_refusal == "v000004: checksum" and info.index_served_s > 0
 
 
 def test_info_reports_the_engines_share_of_the_host() -> None:
