@@ -137,6 +137,14 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=60, help="questions for Query")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--current-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for the current tree's server only (e.g. RAGSERVE_READER_ENABLED=false: a part the "
+        "baseline lacks, left out to compare the rest)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     trees = {"baseline": args.baseline.resolve(), "current": REPO}
@@ -150,6 +158,8 @@ def main() -> None:
             index = args.out / f"index-{name}"
             build_index(tree, args.data / "corpus.jsonl", index)
             env = {**SERVER_ENV, "PYTHONPATH": str(tree)}
+            if name == "current":
+                env.update(item.split("=", 1) for item in args.current_env)
             process, target = start_server(index, env, args.out / f"server-{name}.log", repo=tree)
             processes.append(process)
             targets[name] = target
@@ -163,6 +173,7 @@ def main() -> None:
     lines = [
         f"CPU: {cpu.describe()}",
         f"baseline {revs['baseline']}, current {revs['current']} (+ working tree); load at the end {load_avg()}",
+        f"current tree's own settings: {', '.join(args.current_env) or 'none'}",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),

@@ -26,17 +26,24 @@ from ragserve.embed.base import Embedder
 from ragserve.errors import ConfigError
 from ragserve.generate.base import Generator
 from ragserve.index.base import SearchIndex
-from ragserve.prompt import Prompt, build_prompt
 from ragserve.request.answer import AnswerStream
 from ragserve.request.caches import PipelineCaches, replay
-from ragserve.request.context import FittedContext, fit_context
 from ragserve.request.evidence import with_answer, with_evidence
 from ragserve.request.hot import HotPassages
 from ragserve.request.model_threads import CURRENT_CLASS
 from ragserve.request.pace import PaceMonitor
 from ragserve.request.policy import AnswerPolicy
 from ragserve.request.reading import ReadingStage, ReadWithin
-from ragserve.request.reply import BatchShare, Outcome, Reading, declined, final_summary, record_answer, stream_answer
+from ragserve.request.reply import (
+    BatchShare,
+    Outcome,
+    Reading,
+    declined,
+    final_summary,
+    fit_and_build,
+    record_answer,
+    stream_answer,
+)
 from ragserve.request.search import SearchStage, check_client
 from ragserve.request.sentences import SentenceTable
 from ragserve.request.serving import ServingVersion, VersionSource
@@ -44,7 +51,6 @@ from ragserve.request.warming import InteractiveTraffic, Warmer
 from ragserve.rerank.base import Reranker
 from ragserve.types import (
     GenerateParams,
-    Passage,
     PipelineInfo,
     QueryEvent,
     RetrievalResult,
@@ -270,27 +276,6 @@ class RagPipeline:
         self.caches.store(key, result, semantic_vector)
         return result, key
 
-    def _fit_and_build(
-        self,
-        query: str,
-        passages: list[Passage],
-        table: SentenceTable,
-        budget: int,
-        generator: Generator,
-        timings: StageTimings,
-    ) -> tuple[FittedContext, Prompt]:
-        """Off the event loop: a tokenizer call per sentence (and more at a large top_k) would stall
-        every other stream and health check while it runs."""
-        with StageTimer("context") as t:
-            context = fit_context(
-                query, passages, budget, generator.count_tokens, self.policy.whole_first_max_tokens, table
-            )
-        timings.context_ms = t.ms
-        with StageTimer("prompt") as t:
-            prompt = build_prompt(query, context.passages, self.policy.prompt_layout)
-        timings.prompt_ms = t.ms
-        return context, prompt
-
     async def query(
         self, params: RetrieveParams, gen: GenerateParams, request: RequestContext
     ) -> AsyncIterator[QueryEvent]:
@@ -351,10 +336,9 @@ class RagPipeline:
         """The engine's answer, the reader beside it; then the final summary."""
         generator, deadline = self.generator, request.deadline
         assert generator is not None
+        budget, policy = gen.context_token_budget, self.policy
         context, prompt = await self._off_loop(
-            lambda: self._fit_and_build(
-                question, retrieval.passages, table, gen.context_token_budget, generator, timings
-            )
+            lambda: fit_and_build(policy, question, retrieval.passages, table, budget, generator, timings)
         )
         alone = generator.unfinished_requests() == 0
         outcome = Outcome(retrieval)

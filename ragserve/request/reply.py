@@ -13,14 +13,18 @@ from typing import Any
 
 from ragserve.budget import RequestContext, StageTimer
 from ragserve.errors import DeadlineExpired, Overloaded, Unavailable
+from ragserve.generate.base import Generator
+from ragserve.prompt import Prompt, build_prompt
 from ragserve.request.answer import AnswerRun, AnswerStream
-from ragserve.request.context import FittedContext
+from ragserve.request.context import FittedContext, fit_context
 from ragserve.request.evidence import with_answer
-from ragserve.request.policy import ABSTAIN_ANSWER
+from ragserve.request.policy import ABSTAIN_ANSWER, AnswerPolicy
+from ragserve.request.sentences import SentenceTable
 from ragserve.types import (
     AnswerSpan,
     FinalSummary,
     LateAnswer,
+    Passage,
     QueryEvent,
     RequestClass,
     RetrievalResult,
@@ -167,6 +171,26 @@ def declined(
         TokenDelta(ABSTAIN_ANSWER),
         FinalSummary(Usage(0, 0, 0), timings, retrieval.degraded, "abstained", model_id),
     ]
+
+
+def fit_and_build(
+    policy: AnswerPolicy,
+    question: str,
+    passages: list[Passage],
+    table: SentenceTable,
+    budget: int,
+    generator: Generator,
+    timings: StageTimings,
+) -> tuple[FittedContext, Prompt]:
+    """The passages fitted to the context budget, and the prompt. Off the event loop: a tokenizer
+    call per sentence (and more at a large top_k) would stall every other stream while it runs."""
+    with StageTimer("context") as t:
+        context = fit_context(question, passages, budget, generator.count_tokens, policy.whole_first_max_tokens, table)
+    timings.context_ms = t.ms
+    with StageTimer("prompt") as t:
+        prompt = build_prompt(question, context.passages, policy.prompt_layout)
+    timings.prompt_ms = t.ms
+    return context, prompt
 
 
 def record_answer(timings: StageTimings, run: AnswerRun, outcome: Outcome) -> None:

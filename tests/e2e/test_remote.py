@@ -285,8 +285,15 @@ def test_servers_dying_mid_run(stack: RemoteStack) -> None:
     while health() == health_pb2.HealthCheckResponse.SERVING and time.monotonic() < give_up:
         time.sleep(0.05)
     assert health() == health_pb2.HealthCheckResponse.NOT_SERVING
+    # No server up: a question the reader answers gets its span, flagged degraded, at once; one it
+    # cannot answer gets UNAVAILABLE at once.
+    started = time.monotonic()
+    _, text, final = asyncio.run(_ask(target, "In which year was penicillin discovered, and by whom?", max_tokens=4))
+    assert final.finish_reason == "reader" and text.strip()
+    assert any("generator could not answer" in note for note in final.degraded.notes)
+    assert time.monotonic() - started < 1.0
     started = time.monotonic()
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        asyncio.run(_ask(target, "Who discovered penicillin?", max_tokens=4))
+        asyncio.run(_ask(target, "What is the capital of Mongolia?", max_tokens=4))
     assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     assert time.monotonic() - started < 1.0
