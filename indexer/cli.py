@@ -192,7 +192,7 @@ def _run_build(job: _BuildJob, qdrant: _QdrantTarget) -> tuple[BuildReport, str]
     with index_root_lock(job.target):
         from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # one bar: the embedding's
+        hf_logging.disable_progress_bar()  # one bar: the embedding's
         model = load_embedder(job.embedder, job.backend, job.device, job.int8)
         _warn_if_the_embedder_changes(job.target, model.model_id)
         report = build_index(

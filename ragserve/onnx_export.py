@@ -20,7 +20,7 @@ def keyword_inputs(model: Any, output: str) -> Any:
     """
     import torch
 
-    class _KeywordCall(torch.nn.Module):
+    class _KeywordCall(torch.nn.Module):  # type: ignore[misc]  # torch is not followed by mypy (pyproject)
         def __init__(self) -> None:
             super().__init__()
             self.bert = model

@@ -92,6 +92,10 @@ EOF
   fi
 }
 
+# No byte-compiling of every installed file (tens of thousands in torch and vLLM): Python compiles
+# a module the first time it is imported, so only what ragserve uses is ever compiled.
+export PIP_NO_COMPILE=1
+
 stamp=.venv/.ragserve-installed
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)-$ENGINE"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then

@@ -90,7 +90,7 @@ def _setup(model_path: str, examples: list[Example], opts: TrainOptions) -> Trai
     steps_per_epoch = len(_batches(examples, opts, 0))
     total = steps_per_epoch * opts.epochs
     optimizer = torch.optim.AdamW(model.parameters(), lr=opts.lr)
-    scheduler = get_linear_schedule_with_warmup(optimizer, math.ceil(total * opts.warmup), total)  # type: ignore[no-untyped-call]
+    scheduler = get_linear_schedule_with_warmup(optimizer, math.ceil(total * opts.warmup), total)
     loss_fn = MultipleNegativesRankingLoss(model)
     model.train()
 

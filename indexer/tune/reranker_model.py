@@ -74,7 +74,7 @@ def segment_match_model(model_path: str, layers: int | None = None) -> Any:
     finally:
         hf_logging.set_verbosity(before)
 
-    class SegmentMatchCrossEncoder(torch.nn.Module):
+    class SegmentMatchCrossEncoder(torch.nn.Module):  # type: ignore[misc]  # torch is not followed by mypy (pyproject)
         def __init__(self) -> None:
             super().__init__()
             self.bert = bert
@@ -122,7 +122,7 @@ def _setup(model_path: str, groups: list[RerankGroup], opts: RerankTrainOptions,
     optimizer = torch.optim.AdamW([{"params": body, "lr": opts.lr}, {"params": head, "lr": opts.head_lr}])
     steps_per_epoch = len(_steps(groups, opts, 0))
     total = steps_per_epoch * opts.epochs
-    scheduler = get_linear_schedule_with_warmup(optimizer, math.ceil(total * opts.warmup), total)  # type: ignore[no-untyped-call]
+    scheduler = get_linear_schedule_with_warmup(optimizer, math.ceil(total * opts.warmup), total)
     model.train()
 
     def loss_at(epoch: int, offset: int) -> Any:

@@ -57,7 +57,7 @@ def prepare_generator(target: Path, force: bool = False) -> Path:
         delattr(config, "quantization_config")
     config.dtype = torch.float32
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
     # Tied embeddings may show lm_head as missing; anything else means a broken conversion.
     missing = [k for k in missing if k != "lm_head.weight"]

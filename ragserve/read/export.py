@@ -93,7 +93,7 @@ def export_span_model(model: Any, tokenizer: Any, folder: Path, fp32_name: str, 
 
     from ragserve.onnx_export import export_bert, quantize_int8
 
-    class _SpanLogits(torch.nn.Module):
+    class _SpanLogits(torch.nn.Module):  # type: ignore[misc]  # torch is not followed by mypy (pyproject)
         def __init__(self) -> None:
             super().__init__()
             self.net = model
