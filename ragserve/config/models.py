@@ -77,6 +77,16 @@ class ReaderSettings(BaseSettings):
     # contain the answer." without calling the generator; the reader then runs before the engine,
     # so every answer waits for it (off by default: BENCHMARKS.md, "The reader").
     abstain: bool = False
+    # When a Query's reader starts. "prefill": beside the generator's prefill, so its span can go
+    # with the retrieval event; "first_token": once the first token is out, so it never takes CPU
+    # from the prefill (its span comes between the tokens); "auto": beside the prefill when
+    # generation runs on other machines (vLLM servers), else after the first token (on a small
+    # host the two would share its cores: BENCHMARKS.md, "The reader through Query").
+    start: Literal["auto", "prefill", "first_token"] = "auto"
+    # true: the highlight a client shows becomes the sentence holding a span that answers; false:
+    # the lexical highlight stays and the span carries its own sentence (with the shipped reader the
+    # lexical highlight holds a gold span as often: BENCHMARKS.md, "The reader through Query").
+    highlight: bool = False
     # ONNX Runtime intra-op threads per call.
     threads: int = Field(default=2, ge=1)
     onnx_cache_dir: Path = Field(default_factory=lambda: default_home() / "reader-onnx")

@@ -147,12 +147,24 @@ def assemble_pipeline(
         PipelineCaches(scope, cache, answers),
         policy,
         hot or HotPassages(None),
-        reading_stage(reader, threads, reading or ReaderSettings()) if reader is not None else None,
+        reading_stage(reader, threads, reading or ReaderSettings(), generator) if reader is not None else None,
         batch_engine_seqs,
     )
 
 
-def reading_stage(reader: Reader, threads: ModelThreads, settings: ReaderSettings) -> ReadingStage:
+def reading_stage(
+    reader: Reader, threads: ModelThreads, settings: ReaderSettings, generator: Generator | None
+) -> ReadingStage:
+    """The reader on the request path. "auto" starts a Query's reader beside the prefill only when
+    the generator runs elsewhere: on this host the two would share its cores."""
+    elsewhere = generator is not None and not generator.status().on_this_host
     return ReadingStage(
-        reader, threads, settings.max_passages, settings.budget_ms, settings.threshold, settings.abstain
+        reader,
+        threads,
+        settings.max_passages,
+        settings.budget_ms,
+        settings.threshold,
+        settings.abstain,
+        beside_prefill=settings.start == "prefill" or (settings.start == "auto" and elsewhere),
+        highlight=settings.highlight,
     )

@@ -59,11 +59,15 @@ def with_evidence(
 
 
 def with_answer(
-    question: str, result: RetrievalResult, answer: AnswerSpan | None, table: SentenceTable | None = None
+    question: str,
+    result: RetrievalResult,
+    answer: AnswerSpan | None,
+    highlight: bool,
+    table: SentenceTable | None = None,
 ) -> RetrievalResult:
-    """A copy of `result` with the reader's span. A span that answers makes the sentence holding it
-    its passage's highlight, and that passage the evidence shown."""
-    if answer is None or not answer.answers or answer.passage >= len(result.passages):
+    """A copy of `result` with the reader's span. `highlight`: a span that answers makes the
+    sentence holding it its passage's highlight, and that passage the evidence shown."""
+    if not highlight or answer is None or not answer.answers or answer.passage >= len(result.passages):
         return dataclasses.replace(result, answer=answer)
     table = table or SentenceTable.of(question, [p.chunk.text for p in result.passages])
     passages = list(result.passages)

@@ -37,6 +37,7 @@ from ragserve.request.reading import ReadingStage, ReadWithin
 from ragserve.request.reply import (
     BatchShare,
     Outcome,
+    ReaderStart,
     Reading,
     declined,
     final_summary,
@@ -225,7 +226,7 @@ class RagPipeline:
                 params.query, result.passages, result.index_identity, budget_ms
             )
             if ran:
-                result = with_answer(params.query, result, span, table)
+                result = with_answer(params.query, result, span, self.reading.highlight, table)
             else:
                 result.degraded = result.degraded.remarked("reader skipped: no passage fits the time left for it")
         result.timings.retrieval_total_ms = deadline.elapsed_ms()
@@ -346,9 +347,9 @@ class RagPipeline:
             # The engine has the prompt before the retrieval event is sent: prefill overlaps the send.
             gen = dataclasses.replace(gen, priority=request.request_class.engine_priority)
             answer = AnswerStream.start(generator, prompt, gen, request.request_id, deadline.elapsed_ms)
-            reading = self._start_reading(question, retrieval)
+            reader = self._reader_start(question, retrieval)
             end = deadline.client_end(asyncio.get_running_loop())
-            events = stream_answer(question, answer, retrieval, reading, end, outcome)
+            events = stream_answer(question, answer, retrieval, reader, end, outcome)
             # Closing both now, not when garbage collected: a caller gone mid-stream aborts the engine request.
             async with contextlib.aclosing(answer), contextlib.aclosing(events):
                 async for event in events:
@@ -379,11 +380,15 @@ class RagPipeline:
             return True
         return self.reading is not None and self.reading.abstain and span is not None and not span.answers
 
-    def _start_reading(self, question: str, retrieval: RetrievalResult) -> Reading | None:
-        """The reader, beside the engine's prefill (unless it has read already, or is off)."""
-        if self.reading is None or retrieval.answer is not None or not retrieval.passages:
-            return None
-        stage = self.reading  # its task inherits this request's class for the model threads
-        return asyncio.ensure_future(
-            stage.read(question, retrieval.passages, retrieval.index_identity, stage.budget_ms)
-        )
+    def _reader_start(self, question: str, retrieval: RetrievalResult) -> ReaderStart:
+        """The reader for this Query (none when it is off or has read already)."""
+        stage = self.reading
+        if stage is None or retrieval.answer is not None or not retrieval.passages:
+            return ReaderStart()
+
+        def start() -> Reading:  # the task inherits this request's class for the model threads
+            return asyncio.ensure_future(
+                stage.read(question, retrieval.passages, retrieval.index_identity, stage.budget_ms)
+            )
+
+        return ReaderStart(start, stage.beside_prefill, stage.highlight)

@@ -37,15 +37,21 @@ class ReadingStage:
         budget_ms: float,
         threshold: float | None = None,
         abstain: bool = False,
+        beside_prefill: bool = False,
+        highlight: bool = False,
     ) -> None:
         """`threshold`: the margin a span must reach to answer (None: the reader's own, chosen on
-        held-out questions); `abstain`: a Query the reader finds no answer for is declined."""
+        held-out questions); `abstain`: a Query the reader finds no answer for is declined;
+        `beside_prefill`: a Query's reader starts with the engine's prefill, not after the first
+        token; `highlight`: a span that answers makes its sentence the highlight shown."""
         self.reader = reader
         self._threads = threads
         self._max_passages = max_passages
         self.budget_ms = budget_ms
         self.threshold = reader.no_answer_threshold if threshold is None else threshold
         self.abstain = abstain
+        self.beside_prefill = beside_prefill
+        self.highlight = highlight
         self._kept: OrderedDict[Hashable, AnswerSpan | None] = OrderedDict()
 
     @property

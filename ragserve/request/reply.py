@@ -74,22 +74,37 @@ class BatchShare:
             slots.release()
 
 
+@dataclass(slots=True)
+class ReaderStart:
+    """When a Query's reader starts: beside the engine's prefill (its span can go with the retrieval
+    event), or once the first token is out (it never takes CPU from the prefill). `start` makes the
+    task (None: no reader, or it has read already)."""
+
+    start: Callable[[], Reading] | None = None
+    beside_prefill: bool = False
+    highlight: bool = False  # a span that answers becomes the highlight shown
+
+    def begin(self) -> Reading | None:
+        return self.start() if self.start is not None else None
+
+
 async def stream_answer(
     question: str,
     answer: AnswerStream,
     retrieval: RetrievalResult,
-    reading: Reading | None,
+    reader: ReaderStart,
     deadline_at: float | None,
     outcome: Outcome,
 ) -> AsyncGenerator[QueryEvent, None]:
-    """The retrieval event, then the tokens. `reading`: the reader running beside the engine's
-    prefill; the first token never waits for it. When the engine fails before its first token and
-    the reader's span answers, that span and its sentence are the answer, flagged degraded."""
+    """The retrieval event, then the tokens, the reader's span among them; the first token never
+    waits for the reader. When the engine fails before its first token and the reader's span
+    answers, that span and its sentence are the answer, flagged degraded."""
+    reading = reader.begin() if reader.beside_prefill else None
     if reading is not None:
         either: set[asyncio.Future[Any]] = {reading, answer.first_step}
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         if reading.done():
-            retrieval = _read_into(question, retrieval, reading, outcome)
+            retrieval = _read_into(question, retrieval, reading, outcome, reader.highlight)
             reading = None
     outcome.retrieval = retrieval
     yield retrieval
@@ -101,9 +116,13 @@ async def stream_answer(
                 reading = None
             tokens += 1
             yield delta
+            if tokens == 1 and not reader.beside_prefill:
+                reading = reader.begin()
     except (Unavailable, Overloaded) as exc:
         if tokens:
             raise
+        if reading is None and retrieval.answer is None:
+            reading = reader.begin()
         span = await _span_of(retrieval, reading, deadline_at)
         passage = retrieval.passages[span.passage] if span is not None and span.answers else None
         if span is None or passage is None:
@@ -131,12 +150,14 @@ def fallback_text(span: AnswerSpan, passage_text: str) -> str:
     return f'{span.text} (passage [{span.passage + 1}]: "{sentence}")'
 
 
-def _read_into(question: str, retrieval: RetrievalResult, reading: Reading, outcome: Outcome) -> RetrievalResult:
+def _read_into(
+    question: str, retrieval: RetrievalResult, reading: Reading, outcome: Outcome, highlight: bool
+) -> RetrievalResult:
     span, ms, ran = _result(reading)
     retrieval.timings.reader_ms = outcome.reader_ms = ms
     if not ran:
         return retrieval
-    return with_answer(question, retrieval, span)
+    return with_answer(question, retrieval, span, highlight)
 
 
 def _late(reading: Reading, outcome: Outcome) -> LateAnswer:

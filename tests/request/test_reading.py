@@ -73,7 +73,8 @@ def _ask(pipeline: RagPipeline, question: str = QUESTION) -> list[QueryEvent]:
 
 def test_a_reader_done_before_the_first_token_sends_its_span_with_the_retrieval_event(make) -> None:
     reader = FakeReader(ANSWER)
-    events = _ask(make(FakeGenerator(["Fleming."], delay_s=0.3, usage=Usage(10, 1, 0)), reader))
+    generator = FakeGenerator(["Fleming."], delay_s=0.3, usage=Usage(10, 1, 0))
+    events = _ask(make(generator, reader, start="prefill", highlight=True))
     retrieval = events[0]
     assert isinstance(retrieval, RetrievalResult) and retrieval.answer is not None
     span = retrieval.answer
@@ -91,13 +92,38 @@ def test_a_reader_done_before_the_first_token_sends_its_span_with_the_retrieval_
 
 def test_a_slow_reader_never_holds_the_first_token_and_comes_later(make) -> None:
     reader = FakeReader(ANSWER, delay_s=0.4)
-    events = _ask(make(FakeGenerator(["Alexander", "Fleming", "did."], delay_s=0.2), reader))
+    events = _ask(make(FakeGenerator(["Alexander", "Fleming", "did."], delay_s=0.2), reader, start="prefill"))
     kinds = [type(e).__name__ for e in events]
     assert kinds[0] == "RetrievalResult" and events[0].answer is None  # type: ignore[union-attr]
     assert kinds[1] == "TokenDelta"  # the first token did not wait for the reader
     late = [e for e in events if isinstance(e, LateAnswer)]
     assert len(late) == 1 and late[0].answer is not None and late[0].answer.text == ANSWER
     assert kinds.index("LateAnswer") < kinds.index("FinalSummary")
+
+
+def test_on_a_shared_host_the_reader_starts_after_the_first_token(make) -> None:
+    class CountingGenerator(FakeGenerator):
+        """Notes how many reads had started when each token was made."""
+
+        def __init__(self, reader: FakeReader) -> None:
+            super().__init__(["Alexander", "Fleming", "did", "it."], delay_s=0.15)
+            self.reader, self.reads_at_token = reader, []
+
+        async def stream(self, prompt, params, trace_id):  # type: ignore[no-untyped-def]
+            async for chunk in super().stream(prompt, params, trace_id):
+                self.reads_at_token.append(len(self.reader.reads))
+                yield chunk
+
+    reader = FakeReader(ANSWER)
+    generator = CountingGenerator(reader)
+    events = _ask(make(generator, reader, start="first_token"))
+    assert events[0].answer is None  # type: ignore[union-attr]
+    assert generator.reads_at_token[0] == 0  # the prefill and first token had the CPUs to themselves
+    kinds = [type(e).__name__ for e in events]
+    assert kinds.index("TokenDelta") < kinds.index("LateAnswer") < kinds.index("FinalSummary")
+    # The lexical highlight stays (RAGSERVE_READER_HIGHLIGHT is off); the span has its own sentence.
+    late = next(e for e in events if isinstance(e, LateAnswer))
+    assert late.answer is not None and late.answer.text == ANSWER
 
 
 def test_the_reader_may_decline_without_calling_the_generator(make) -> None:
@@ -151,3 +177,19 @@ def test_a_reading_belongs_to_its_question_and_is_kept_for_it(make) -> None:
     assert len(reader.reads) == 1  # the same question over the same passages: read once
     asyncio.run(retrieve("Who found penicillin first?"))
     assert len(reader.reads) == 2  # another question is read for itself
+
+
+def test_auto_starts_the_reader_beside_the_prefill_only_when_generation_runs_elsewhere() -> None:
+    from ragserve.factory.pipeline import reading_stage
+    from ragserve.types import GeneratorStatus
+
+    class FakeRemote(FakeGeneratorBase):
+        def status(self) -> GeneratorStatus:
+            return GeneratorStatus(on_this_host=False)
+
+    def beside(generator: object, start: str = "auto") -> bool:
+        settings = ReaderSettings(start=start)  # type: ignore[arg-type]
+        return reading_stage(FakeReader(ANSWER), None, settings, generator).beside_prefill  # type: ignore[arg-type]
+
+    assert beside(FakeRemote()) and not beside(FakeGenerator()) and not beside(None)
+    assert beside(FakeGenerator(), "prefill") and not beside(FakeRemote(), "first_token")
