@@ -191,13 +191,16 @@ class RagClient:
         timeout_s: float | None = None,
         dedupe_documents: bool = False,
         request_class: RequestClassName = "interactive",
+        answer_span: bool = False,
     ) -> pb.RetrieveResponse:
+        """`answer_span`: the reply also carries the reader's span when it fits the budget."""
         request = pb.RetrieveRequest(
             query=query,
             top_k=top_k,
             budget_ms=budget_ms,
             dedupe_documents=dedupe_documents,
             request_class=REQUEST_CLASSES[request_class],
+            answer_span=answer_span,
         )
         response: pb.RetrieveResponse = await self._stub.Retrieve(
             request, timeout=timeout_s or self.default_timeout_s, metadata=self._metadata

@@ -198,8 +198,11 @@ class RagPipeline:
         # Model calls block for milliseconds: run them on the model threads, not the event loop.
         return await self.search.threads.run(fn)
 
-    async def retrieve(self, params: RetrieveParams, request: RequestContext) -> RetrievalResult:
-        result, _, _ = await self._retrieve(params, request, self.serving, "retrieval")
+    async def retrieve(
+        self, params: RetrieveParams, request: RequestContext, answer_span: bool = False
+    ) -> RetrievalResult:
+        """`answer_span`: the reader also runs, within what is left of the retrieval budget."""
+        result, _, _ = await self._retrieve(params, request, self.serving, "retrieval" if answer_span else "none")
         return result
 
     async def _retrieve(

@@ -38,7 +38,7 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
     async def Retrieve(self, request: pb.RetrieveRequest, context: grpc.aio.ServicerContext) -> pb.RetrieveResponse:
         async with self._gate.call("Retrieve", context, request.request_class) as call:
             params = self._retrieve_params(request)
-            result = await self._ready().retrieve(params, call.request(params.budget_ms))
+            result = await self._ready().retrieve(params, call.request(params.budget_ms), request.answer_span)
             log_retrieval(call, result)
             return retrieve_response_pb(result)
         raise AssertionError("the gate returned without a response")  # pragma: no cover (it aborts instead)

@@ -17,18 +17,20 @@ REQUEST_CLASS_INTERACTIVE: RequestClass
 REQUEST_CLASS_BATCH: RequestClass
 
 class RetrieveRequest(_message.Message):
-    __slots__ = ("query", "top_k", "budget_ms", "dedupe_documents", "request_class")
+    __slots__ = ("query", "top_k", "budget_ms", "dedupe_documents", "request_class", "answer_span")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
     DEDUPE_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_CLASS_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_SPAN_FIELD_NUMBER: _ClassVar[int]
     query: str
     top_k: int
     budget_ms: int
     dedupe_documents: bool
     request_class: RequestClass
-    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ..., dedupe_documents: _Optional[bool] = ..., request_class: _Optional[_Union[RequestClass, str]] = ...) -> None: ...
+    answer_span: bool
+    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ..., dedupe_documents: _Optional[bool] = ..., request_class: _Optional[_Union[RequestClass, str]] = ..., answer_span: _Optional[bool] = ...) -> None: ...
 
 class Passage(_message.Message):
     __slots__ = ("doc_id", "chunk_id", "text", "score", "title", "rank", "highlight")

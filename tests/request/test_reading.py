@@ -157,8 +157,12 @@ def test_retrieve_reads_within_the_retrieval_budget_or_says_it_skipped(make) -> 
 
     async def retrieve(budget_ms: int) -> RetrievalResult:
         params = RetrieveParams(QUESTION, top_k=3, budget_ms=budget_ms)
-        return await pipeline.retrieve(params, RequestContext(Deadline(budget_ms)))
+        return await pipeline.retrieve(params, RequestContext(Deadline(budget_ms)), answer_span=True)
 
+    assert (
+        asyncio.run(pipeline.retrieve(RetrieveParams(QUESTION, 3, 10_000), RequestContext(Deadline(10_000)))).answer
+        is None
+    )
     found = asyncio.run(retrieve(10_000))
     assert found.answer is not None and found.answer.text == ANSWER
     rushed = asyncio.run(retrieve(1))  # nothing left of the budget for even one passage
@@ -170,7 +174,8 @@ def test_a_reading_belongs_to_its_question_and_is_kept_for_it(make) -> None:
     pipeline = make(None, reader, budget_ms=500.0)
 
     async def retrieve(question: str) -> RetrievalResult:
-        return await pipeline.retrieve(RetrieveParams(question, 3, 10_000), RequestContext(Deadline(10_000)))
+        params = RetrieveParams(question, 3, 10_000)
+        return await pipeline.retrieve(params, RequestContext(Deadline(10_000)), answer_span=True)
 
     asyncio.run(retrieve(QUESTION))
     asyncio.run(retrieve(QUESTION))
