@@ -58,8 +58,3 @@ def test_constants_are_exempt_only_on_their_line() -> None:
     page = "the client pings every 30 s (ragserve.client)\nsomething else took 30 s"
     found = _unbacked(page, "docs/operations.md")
     assert found == ["30 s"]
-
-
-def test_evidence_is_left_out_for_now_and_said_so() -> None:
-    assert "docs/evidence.md" not in figures.PAGES
-    assert "docs/evidence.md" in figures.EXCLUDED
