@@ -389,9 +389,9 @@ class RagPipeline:
         if stage is None or retrieval.answer is not None or not retrieval.passages:
             return ReaderStart()
 
-        def start() -> Reading:  # the task inherits this request's class for the model threads
+        def start(at_least_one: bool = False) -> Reading:  # the task inherits this request's class
             return asyncio.ensure_future(
-                stage.read(question, retrieval.passages, retrieval.index_identity, stage.budget_ms)
+                stage.read(question, retrieval.passages, retrieval.index_identity, stage.budget_ms, at_least_one)
             )
 
         return ReaderStart(start, stage.beside_prefill, stage.highlight)

@@ -63,12 +63,13 @@ class ReadingStage:
         return min(self._max_passages, self.reader.cost.passages_within(min(budget_ms, self.budget_ms)))
 
     async def read(
-        self, question: str, passages: list[Passage], index_identity: str, budget_ms: float
+        self, question: str, passages: list[Passage], index_identity: str, budget_ms: float, at_least_one: bool = False
     ) -> tuple[AnswerSpan | None, float, bool]:
         """(the best span of the passages read, or None; the ms it took; whether it ran at all: no
-        passage fits `budget_ms`, or there are none, and it is skipped)."""
+        passage fits `budget_ms`, or there are none, and it is skipped). `at_least_one`: the top
+        passage is read whatever the budget (the span is then the only answer there is)."""
         started = time.perf_counter()
-        count = min(len(passages), self.passages_within(budget_ms))
+        count = min(len(passages), max(int(at_least_one), self.passages_within(budget_ms)))
         if count == 0:
             return None, 0.0, False
         texts = [p.chunk.text for p in passages[:count]]

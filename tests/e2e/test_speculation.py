@@ -19,7 +19,7 @@ import pytest
 
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
-from tests.e2e.servers import LiveServer, cancel_mid_stream, serving, wait_engine_idle
+from tests.e2e.servers import LiveServer, cancel_mid_stream, spawn_server, wait_engine_idle, wait_serving
 
 QUESTIONS = [
     "How many bits per element does a Bloom filter need for a 1 percent false positive rate?",
@@ -29,26 +29,42 @@ QUESTIONS = [
 LONG_QUESTION = "Describe every step of the TLS 1.3 handshake in detail."
 
 
-def _serving(sample_index: Path, folder: Path, speculative: str) -> Iterator[LiveServer]:
+MODES = {"speculating": "ngram", "plain": "off"}
+
+
+def _env(speculative: str) -> dict[str, str]:
     # No answer cache: every Query here must reach the engine. float32: token-for-token equality of
     # greedy answers needs it; in bf16 (chosen on hosts with native bf16) checking a draft and
     # decoding plainly, or one sequence and two at once, round differently and flip near-ties.
-    env = {
+    return {
         "RAGSERVE_GENERATOR_SPECULATIVE": speculative,
         "RAGSERVE_CACHE_ANSWERS": "false",
         "RAGSERVE_GENERATOR_DTYPE": "float32",
     }
-    yield from serving(sample_index, folder / "server.log", env)
 
 
 @pytest.fixture(scope="module")
-def speculating_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    yield from _serving(sample_index, tmp_path_factory.mktemp("speculating-server"), "ngram")
+def servers(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, LiveServer]]:
+    """Both layouts' servers, started at once (their start-ups overlap) and stopped at the module's end."""
+    folder = tmp_path_factory.mktemp("speculation")
+    started = {name: spawn_server(sample_index, folder / f"{name}.log", _env(mode)) for name, mode in MODES.items()}
+    try:
+        for server in started.values():
+            wait_serving(server)
+        yield started
+    finally:
+        codes = {name: server.stop() for name, server in started.items()}
+    assert all(code == 0 for code in codes.values()), f"a server exited badly on SIGTERM: {codes}"
 
 
 @pytest.fixture(scope="module")
-def plain_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    yield from _serving(sample_index, tmp_path_factory.mktemp("plain-server"), "off")
+def speculating_server(servers: dict[str, LiveServer]) -> LiveServer:
+    return servers["speculating"]
+
+
+@pytest.fixture(scope="module")
+def plain_server(servers: dict[str, LiveServer]) -> LiveServer:
+    return servers["plain"]
 
 
 def _answer(

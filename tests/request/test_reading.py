@@ -198,3 +198,14 @@ def test_auto_starts_the_reader_beside_the_prefill_only_when_generation_runs_els
 
     assert beside(FakeRemote()) and not beside(FakeGenerator()) and not beside(None)
     assert beside(FakeGenerator(), "prefill") and not beside(FakeRemote(), "first_token")
+
+
+def test_with_no_engine_a_reader_short_of_time_still_reads_the_top_passage(make) -> None:
+    from ragserve.read.cost import ReadCost
+
+    reader = FakeReader(ANSWER)
+    reader.cost = ReadCost(10_000.0)  # no passage fits the reader's budget
+    events = _ask(make(FakeDownGenerator(), reader))
+    final = events[-1]
+    assert isinstance(final, FinalSummary) and final.finish_reason == "reader"
+    assert reader.reads == [(QUESTION, 1)]
