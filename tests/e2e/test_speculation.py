@@ -53,7 +53,8 @@ def servers(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
             wait_serving(server)
         yield started
     finally:
-        codes = {name: server.stop() for name, server in started.items()}
+        with ThreadPoolExecutor(len(started)) as pool:  # both drain at once
+            codes = dict(zip(started, pool.map(LiveServer.stop, started.values()), strict=True))
     assert all(code == 0 for code in codes.values()), f"a server exited badly on SIGTERM: {codes}"
 
 
