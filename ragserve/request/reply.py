@@ -100,52 +100,59 @@ async def stream_answer(
     waits for the reader. When the engine fails before its first token and the reader's span
     answers, that span and its sentence are the answer, flagged degraded."""
     reading = reader.begin() if reader.beside_prefill else None
-    if reading is not None:
-        either: set[asyncio.Future[Any]] = {reading, answer.first_step}
-        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-        if reading.done():
-            retrieval = _read_into(question, retrieval, reading, outcome, reader.highlight)
-            reading = None
-    outcome.retrieval = retrieval
-    yield retrieval
-    tokens = 0
     try:
-        async for delta in answer.deltas(deadline_at):
-            if reading is not None and reading.done():
-                yield _late(reading, outcome)
-                reading = None
-            tokens += 1
-            yield delta
-            if tokens == 1 and not reader.beside_prefill:
-                reading = reader.begin()
-    except (Unavailable, Overloaded) as exc:
-        if tokens:
-            raise
-        if reading is None and retrieval.answer is None:
-            reading = reader.begin()
-        span = await _span_of(retrieval, reading, deadline_at)
-        if span is None and retrieval.answer is None and reader.start is not None:
-            # Skipped for lack of time: with no engine, the top passage's read is the only answer.
-            reading = reader.begin(at_least_one=True)
-            span = await _span_of(retrieval, reading, deadline_at)
-        passage = retrieval.passages[span.passage] if span is not None and span.answers else None
-        if span is None or passage is None:
-            raise
-        outcome.fallback = f"the generator could not answer ({exc}); the reader's span is the answer"
         if reading is not None:
-            yield _late(reading, outcome)
-            reading = None
-        outcome.fallback_ms = answer.elapsed_ms()
-        yield TokenDelta(fallback_text(span, passage.chunk.text))
-        return
-    if reading is not None:  # done after the last token: still before the final event
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout_at(deadline_at):
-                await asyncio.wait({reading})
-        if reading.done():
-            yield _late(reading, outcome)
-        else:
-            reading.cancel()
+            either: set[asyncio.Future[Any]] = {reading, answer.first_step}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            if reading.done():
+                retrieval = _read_into(question, retrieval, reading, outcome, reader.highlight)
+                reading = None
+        outcome.retrieval = retrieval
+        yield retrieval
+        tokens = 0
+        try:
+            async for delta in answer.deltas(deadline_at):
+                if reading is not None and reading.done():
+                    for late in _late(reading, outcome):
+                        yield late
+                    reading = None
+                tokens += 1
+                yield delta
+                if tokens == 1 and not reader.beside_prefill:
+                    reading = reader.begin()
+        except (Unavailable, Overloaded) as exc:
+            if tokens:
+                raise
+            if reading is None and retrieval.answer is None:
+                reading = reader.begin()
+            span = await _span_of(retrieval, reading, deadline_at)
+            if span is None and retrieval.answer is None and reader.start is not None:
+                # Skipped for lack of time: with no engine, the top passage's read is the only answer.
+                reading = reader.begin(at_least_one=True)
+                span = await _span_of(retrieval, reading, deadline_at)
+            passage = retrieval.passages[span.passage] if span is not None and span.answers else None
+            if span is None or passage is None:
+                raise
+            outcome.fallback = f"the generator could not answer ({exc}); the reader's span is the answer"
+            if reading is not None:
+                for late in _late(reading, outcome):
+                    yield late
+                reading = None
+            outcome.fallback_ms = answer.elapsed_ms()
+            yield TokenDelta(fallback_text(span, passage.chunk.text))
+            return
+        if reading is not None:  # done after the last token: still before the final event
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(deadline_at):
+                    await asyncio.wait({reading})
+            if reading.done():
+                for late in _late(reading, outcome):
+                    yield late
+            else:
+                reading.cancel()
+    finally:
+        if reading is not None and not reading.done():
+            reading.cancel()  # the caller left: the reader's work is no one's any more
 
 
 def fallback_text(span: AnswerSpan, passage_text: str) -> str:
@@ -164,10 +171,11 @@ def _read_into(
     return with_answer(question, retrieval, span, highlight)
 
 
-def _late(reading: Reading, outcome: Outcome) -> LateAnswer:
-    span, ms, _ = _result(reading)
+def _late(reading: Reading, outcome: Outcome) -> list[LateAnswer]:
+    """The reader's late event, when it ran (a read skipped for lack of time sends none)."""
+    span, ms, ran = _result(reading)
     outcome.reader_ms = ms
-    return LateAnswer(span, ms)
+    return [LateAnswer(span, ms)] if ran else []
 
 
 def _result(reading: Reading) -> tuple[AnswerSpan | None, float, bool]:
