@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ragserve.budget import RequestContext, StageTimer
-from ragserve.errors import DeadlineExpired, Overloaded, Unavailable
+from ragserve.errors import DeadlineExpired, Overloaded, RagError, Unavailable
 from ragserve.generate.base import Generator
 from ragserve.prompt import Prompt, build_prompt
 from ragserve.request.answer import AnswerRun, AnswerStream
@@ -123,23 +123,9 @@ async def stream_answer(
         except (Unavailable, Overloaded) as exc:
             if tokens:
                 raise
-            if reading is None and retrieval.answer is None:
-                reading = reader.begin()
-            span = await _span_of(retrieval, reading, deadline_at)
-            if span is None and retrieval.answer is None and reader.start is not None:
-                # Skipped for lack of time: with no engine, the top passage's read is the only answer.
-                reading = reader.begin(at_least_one=True)
-                span = await _span_of(retrieval, reading, deadline_at)
-            passage = retrieval.passages[span.passage] if span is not None and span.answers else None
-            if span is None or passage is None:
-                raise
-            outcome.fallback = f"the generator could not answer ({exc}); the reader's span is the answer"
-            if reading is not None:
-                for late in _late(reading, outcome):
-                    yield late
-                reading = None
-            outcome.fallback_ms = answer.elapsed_ms()
-            yield TokenDelta(fallback_text(span, passage.chunk.text))
+            async for event in _reader_instead(exc, retrieval, reader, reading, deadline_at, outcome, answer):
+                yield event
+            reading = None  # _reader_instead consumed (or cancelled) it
             return
         if reading is not None:  # done after the last token: still before the final event
             with contextlib.suppress(TimeoutError):
@@ -153,6 +139,39 @@ async def stream_answer(
     finally:
         if reading is not None and not reading.done():
             reading.cancel()  # the caller left: the reader's work is no one's any more
+
+
+async def _reader_instead(
+    exc: RagError,
+    retrieval: RetrievalResult,
+    reader: ReaderStart,
+    reading: Reading | None,
+    deadline_at: float | None,
+    outcome: Outcome,
+    answer: AnswerStream,
+) -> AsyncGenerator[QueryEvent, None]:
+    """The engine failed before its first token: the reader's span and its sentence are the answer
+    when it answers (read now if it has not, the top passage at least); else `exc` goes on up."""
+    try:
+        if reading is None and retrieval.answer is None:
+            reading = reader.begin()
+        span = await _span_of(retrieval, reading, deadline_at)
+        if span is None and retrieval.answer is None and reader.start is not None:
+            # Skipped for lack of time: with no engine, the top passage's read is the only answer.
+            reading = reader.begin(at_least_one=True)
+            span = await _span_of(retrieval, reading, deadline_at)
+        passage = retrieval.passages[span.passage] if span is not None and span.answers else None
+        if span is None or passage is None:
+            raise exc
+        outcome.fallback = f"the generator could not answer ({exc}); the reader's span is the answer"
+        if reading is not None:
+            for late in _late(reading, outcome):
+                yield late
+        outcome.fallback_ms = answer.elapsed_ms()
+        yield TokenDelta(fallback_text(span, passage.chunk.text))
+    finally:
+        if reading is not None and not reading.done():
+            reading.cancel()
 
 
 def fallback_text(span: AnswerSpan, passage_text: str) -> str:
