@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from indexer.chunking import ChunkingConfig, chunk_document, embedding_text
 from indexer.loaders import Document, LoadLimits, Skipped, SourceError, iter_source
+from ragserve.digests import sha256_file
 from ragserve.errors import IndexLoadError
 from ragserve.index.bm25 import build_bm25
 from ragserve.index.format import (
@@ -37,7 +38,6 @@ from ragserve.index.format import (
     publish,
     read_verified_manifest,
     resolve_current,
-    sha256_file,
 )
 from ragserve.index.hnsw import DEFAULT_EF_CONSTRUCTION, DEFAULT_M, HnswIndex, build_hnsw, read_chunks, write_chunks
 from ragserve.types import Chunk

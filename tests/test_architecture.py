@@ -20,7 +20,7 @@ FLOORS = [
     {"cache", "generate"},
     {"embed", "rerank", "read"},
     {"index"},
-    {"config", "types", "errors", "budget", "prompt", "metrics", "pretrained", "onnx_export", "addresses"}
+    {"config", "types", "errors", "budget", "prompt", "metrics", "pretrained", "onnx_export", "addresses", "digests"}
     | {"tracing", "logs", "v1"},
 ]
 FLOOR = {part: level for level, parts in enumerate(FLOORS) for part in parts}

@@ -21,9 +21,9 @@ from indexer.tune.reader_data import load_squad, training_examples
 from indexer.tune.reader_eval import ReaderFigures, evaluate_reader
 from indexer.tune.reader_model import ReaderTrainOptions, TrainStats, train_span_model
 from ragserve.config import DEFAULT_EMBEDDER
+from ragserve.digests import sha256_file
 from ragserve.embed.base import resolve_embedder_path
 from ragserve.read.export import export_span_model, write_manifest
-from ragserve.read.folder import sha256_file
 from ragserve.read.onnx_reader import OnnxReader
 from ragserve.read.spans import MAX_ANSWER_TOKENS
 

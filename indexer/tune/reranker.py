@@ -37,9 +37,10 @@ from indexer.tune.evaluation import (
 )
 from indexer.tune.reranker_model import RerankGroup, RerankTrainOptions, segment_match_model, train_cross_encoder
 from ragserve.config import RerankSettings, default_of
+from ragserve.digests import sha256_file
 from ragserve.embed.base import Embedder, resolve_embedder_path
 from ragserve.factory import load_tuned_embedder, load_tuned_reranker, serve_version
-from ragserve.index.format import MANIFEST, latest_version, new_build_dir, publish, sha256_file
+from ragserve.index.format import MANIFEST, latest_version, new_build_dir, publish
 from ragserve.index.fusion import dedupe_documents, weighted
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.shipped import fitted_weight

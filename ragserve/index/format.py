@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from ragserve.digests import sha256_file
 from ragserve.errors import IndexLoadError
 
 FORMAT_VERSION = 1
@@ -129,14 +130,6 @@ def check_file_name(name: str) -> None:
         or name != "/".join(parts)
     ):
         raise ValueError(f"file name {name!r} is not a plain path inside the version folder")
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def version_dir_name(version: int) -> str:

@@ -13,9 +13,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ragserve.digests import sha256_file
 from ragserve.errors import ConfigError
 from ragserve.pretrained import load_options
-from ragserve.read.folder import DEFAULT_READER_DIR, FORMAT, FORMAT_VERSION, MANIFEST, OUTPUT, sha256_file
+from ragserve.read.folder import DEFAULT_READER_DIR, FORMAT, FORMAT_VERSION, MANIFEST, OUTPUT
 
 log = logging.getLogger(__name__)
 

@@ -15,13 +15,13 @@ with ReaderLoadError naming what is wrong.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ragserve.digests import sha256_file
 from ragserve.errors import ConfigError
 
 MANIFEST = "manifest.json"
@@ -33,14 +33,6 @@ DEFAULT_READER_DIR = Path(__file__).resolve().parent / "default"
 
 class ReaderLoadError(ConfigError):
     """A reader folder is missing, corrupt, or not a reader this code can run."""
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

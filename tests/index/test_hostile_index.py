@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from ragserve.digests import sha256_file
 from ragserve.errors import IndexLoadError
-from ragserve.index.format import CHUNKS_FILE, HNSW_FILE, MANIFEST, resolve_current, sha256_file
+from ragserve.index.format import CHUNKS_FILE, HNSW_FILE, MANIFEST, resolve_current
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch, IndexReloader
 from tests.fakes import FakeClock, FakeServing

@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 
 from indexer.tune.publish import build_tuned_version, export_tuned
+from ragserve.digests import sha256_file
 from ragserve.embed.base import Embedder
 from ragserve.embed.tuned import TUNED_DIR, TUNED_ONNX, tuned_model_id
 from ragserve.errors import IndexLoadError
 from ragserve.factory import VersionBuilder, assemble_pipeline
-from ragserve.index.format import MANIFEST, latest_version, publish, resolve_current, sha256_file
+from ragserve.index.format import MANIFEST, latest_version, publish, resolve_current
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch, IndexReloader

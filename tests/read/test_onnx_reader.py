@@ -115,7 +115,7 @@ def test_a_model_that_is_not_a_span_head_is_refused(tmp_path: Path) -> None:
     folder = _copy_default(tmp_path)
     manifest = json.loads((folder / MANIFEST).read_text())
     (folder / manifest["onnx"]).write_bytes(b"not an onnx graph")
-    from ragserve.read.folder import sha256_file
+    from ragserve.digests import sha256_file
 
     manifest["files"][manifest["onnx"]] = sha256_file(folder / manifest["onnx"])
     (folder / MANIFEST).write_text(json.dumps(manifest))
