@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -165,7 +166,8 @@ def test_logs_carry_ids_not_text(live_server: LiveServer) -> None:
 @pytest.fixture
 def disposable_server(sample_index: Path, tmp_path: Path) -> Iterator[LiveServer]:
     """A full server of its own, for tests that kill its engine or stop it."""
-    server = spawn_server(sample_index, tmp_path / "server.log", {"RAGSERVE_HEALTH_PROBE_INTERVAL_S": "0.5"})
+    env = {"RAGSERVE_HEALTH_PROBE_INTERVAL_S": "0.5", "RAGSERVE_HOT_PASSAGES_PATH": str(tmp_path / "hot.json")}
+    server = spawn_server(sample_index, tmp_path / "server.log", env)
     try:
         wait_serving(server)
         yield server
@@ -173,7 +175,7 @@ def disposable_server(sample_index: Path, tmp_path: Path) -> Iterator[LiveServer
         server.stop()
 
 
-# 5. Graceful shutdown
+# 5. Graceful shutdown (the retrieval counts are saved on the way out, for the next server's warming)
 def test_sigterm_drains_in_flight_streams_and_exits_zero(disposable_server: LiveServer) -> None:
     server = disposable_server
     channel, stub = _stub(server.target)
@@ -184,7 +186,8 @@ def test_sigterm_drains_in_flight_streams_and_exits_zero(disposable_server: Live
         assert next(watch_iter).status == health_pb2.HealthCheckResponse.SERVING
         stream = stub.Query(pb.QueryRequest(query="What is a Bloom filter?", max_tokens=40), timeout=120)
         events = iter(stream)
-        assert next(events).WhichOneof("event") == "retrieval"
+        first = next(events)
+        assert first.WhichOneof("event") == "retrieval"
 
         signalled = time.perf_counter()
         server.process.send_signal(signal.SIGTERM)
@@ -202,6 +205,8 @@ def test_sigterm_drains_in_flight_streams_and_exits_zero(disposable_server: Live
         assert info.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
     server.process.wait(timeout=30)
     assert server.process.returncode == 0, server.log_tail()
+    counts = json.loads(Path(server.env["RAGSERVE_HOT_PASSAGES_PATH"]).read_text())["counts"]
+    assert counts == {first.retrieval.passages[0].chunk_id: 1}
 
 
 @pytest.fixture

@@ -41,16 +41,6 @@ QUESTIONS = [
     "What does the Linux OOM killer do?",
     "How does photosynthesis store energy?",
     "What drives plate tectonics?",
-    "What is Little's law?",
-    "How does Raft elect a leader?",
-    "What is a Prometheus histogram?",
-    "What is a Unix domain socket?",
-    "What happens in the water cycle?",
-    "How do vaccines train the immune system?",
-    "What is a KV cache in a transformer?",
-    "How does BM25 rank documents?",
-    "What is the difference between a cross-encoder and a bi-encoder?",
-    "Why do tail latencies matter?",
 ]
 
 
@@ -129,8 +119,8 @@ def test_greedy_answers_equal_the_local_engines(stack: RemoteStack) -> None:
         return remote, local
 
     pairs = [asyncio.run(both(q)) for q in QUESTIONS]
-    same = sum(remote == local for remote, local in pairs)
-    assert same >= 0.95 * len(QUESTIONS), [p for p in pairs if p[0] != p[1]]
+    differ = [pair for pair in pairs if pair[0] != pair[1]]
+    assert len(differ) <= 1, differ
 
 
 def _wait_idle(servers: list[HttpProcess], limit_s: float) -> float:
@@ -163,35 +153,33 @@ def test_a_cancelled_stream_and_a_passed_deadline_leave_the_servers_idle(stack: 
         assert _wait_idle(stack.servers, 1.0) <= 1.0
 
 
-def _pair_reuse(target: str, pairs: list[tuple[str, str]]) -> list[float]:
-    """Cached prompt tokens per request of each pair whose two questions retrieved the same top
-    passage (what a server could reuse; the others depend on retrieval, not on routing)."""
-    reused = []
+def _second_visit_hits(target: str, pairs: list[tuple[str, str]]) -> list[int]:
+    """Cached prompt tokens of the second question of each pair whose two questions retrieved the
+    same top passage (the others depend on retrieval, not on routing)."""
+    hits = []
     for first, second in pairs:
         a = asyncio.run(_ask(target, first, max_tokens=4))
         b = asyncio.run(_ask(target, second, max_tokens=4))
         if a[0].passages[0].chunk_id == b[0].passages[0].chunk_id:
-            reused.append((a[2].usage.prefix_cache_hit_tokens + b[2].usage.prefix_cache_hit_tokens) / 2)
-    return reused
+            hits.append(b[2].usage.prefix_cache_hit_tokens)
+    return hits
 
 
-def test_document_routing_through_the_vllm_router_reuses_more_than_round_robin(
+def test_document_routing_through_the_vllm_router_keeps_a_document_on_its_server(
     stack: RemoteStack, sample_index: Path, tmp_path: Path
 ) -> None:
-    urls = [s.url for s in stack.servers]
-    routers = {
-        policy: spawn_router(urls, policy, tmp_path / f"router-{policy}.log")
-        for policy in ("consistent_hash", "round_robin")
-    }
-    sidecars: dict[str, LiveServer] = {}
+    """The sidecar behind one URL, vLLM's router with `consistent_hash` on the sidecar's routing
+    header: the second question about a document goes where the first one left its passage. (Round
+    robin, which sends it to the other server, is compared in bench_remote.py.)"""
+    router = spawn_router([s.url for s in stack.servers], "consistent_hash", tmp_path / "router.log")
+    sidecar: LiveServer | None = None
     try:
-        for policy, router in routers.items():
-            wait_http_ok(router)
-            sidecars[policy] = spawn_server(sample_index, tmp_path / f"sidecar-{policy}.log", _remote_env([router.url]))
-        for sidecar in sidecars.values():
-            wait_serving(sidecar)
-        # Each document asked about twice in a row; round robin sends the second question to the
-        # other server, consistent hashing on the sidecar's key to the same one.
+        wait_http_ok(router)
+        sidecar = spawn_server(sample_index, tmp_path / "sidecar.log", _remote_env([router.url]))
+        wait_serving(sidecar)
+        for server in stack.servers:  # cold caches: only this test's own questions can be reused
+            reset_prefix_cache(server)
+        # Each document asked about twice in a row.
         pairs = [
             ("Who discovered penicillin?", "In which year was penicillin discovered, and by whom?"),
             ("How does a Bloom filter answer membership queries?", "What is a false positive in a Bloom filter?"),
@@ -200,16 +188,12 @@ def test_document_routing_through_the_vllm_router_reuses_more_than_round_robin(
             ("What are Kubernetes sidecar containers?", "Explain Kubernetes sidecar containers briefly."),
             ("What is AVX-512?", "Which SIMD instructions does AVX-512 add?"),
         ]
-        cached = {}
-        for policy, sidecar in sidecars.items():
-            for server in stack.servers:  # each policy starts from cold caches
-                reset_prefix_cache(server)
-            reused = _pair_reuse(sidecar.target, pairs)
-            assert len(reused) >= 3, reused
-            cached[policy] = sum(reused) / len(reused)
-        assert cached["consistent_hash"] >= 1.5 * cached["round_robin"], cached
+        hits = _second_visit_hits(sidecar.target, pairs)
     finally:
-        _stop(*sidecars.values(), *routers.values())
+        _stop(sidecar, router)
+    assert len(hits) >= 3, hits
+    # The template and the whole passage were cached on the server the router chose.
+    assert all(hit >= _template_tokens() + 64 for hit in hits), hits
 
 
 def test_the_most_retrieved_passage_is_prefilled_on_the_server_its_questions_go_to(
@@ -272,7 +256,7 @@ def test_servers_dying_mid_run(stack: RemoteStack) -> None:
             return int(health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2).status)
 
     answers = []
-    for i, question in enumerate(QUESTIONS[:10]):
+    for i, question in enumerate(QUESTIONS):
         if i == 4:
             stack.servers[0].kill()  # between requests: nothing was streaming from it
         final = asyncio.run(_ask(target, question, max_tokens=4))[2]
