@@ -6,11 +6,11 @@ import asyncio
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ragserve import tracing
-from ragserve.types import RequestClass
+from ragserve.types import RequestClass, StageTimings
 
 
 class Deadline:
@@ -76,10 +76,26 @@ class RequestContext:
     deadline: Deadline
     request_id: str = ""
     request_class: RequestClass = RequestClass.INTERACTIVE
+    # Each stage adds its own time here once (`stage`); the retrieval event carries a snapshot,
+    # the final summary and the log line read the rest.
+    timings: StageTimings = field(default_factory=StageTimings)
 
     @property
     def interactive(self) -> bool:
         return self.request_class is RequestClass.INTERACTIVE
+
+    def stage(self, name: str, into: str = "") -> StageTimer:
+        """Times one stage and adds it to `timings.<into or name>_ms` (two cache lookups add up)."""
+        attr = f"{into or name}_ms"
+
+        def add(ms: float) -> None:
+            setattr(self.timings, attr, getattr(self.timings, attr) + ms)
+
+        return StageTimer(name, on_done=add)
+
+    def timings_so_far(self) -> StageTimings:
+        """A copy: what an event already sent reports must not change as later stages record."""
+        return replace(self.timings)
 
 
 class StageTimer:
@@ -88,11 +104,17 @@ class StageTimer:
     A named stage is also a tracing span when tracing is on (the same start and end).
     """
 
-    __slots__ = ("_clock", "_span", "_t0", "ms", "name")
+    __slots__ = ("_clock", "_on_done", "_span", "_t0", "ms", "name")
 
-    def __init__(self, name: str = "", clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        name: str = "",
+        clock: Callable[[], float] = time.perf_counter,
+        on_done: Callable[[float], None] | None = None,
+    ) -> None:
         self.name = name
         self._clock = clock
+        self._on_done = on_done
         self._span: AbstractContextManager[Any] | None = None
         self._t0 = 0.0
         self.ms = 0.0
@@ -106,6 +128,8 @@ class StageTimer:
 
     def __exit__(self, *exc: Any) -> None:
         self.ms = (self._clock() - self._t0) * 1000.0
+        if self._on_done is not None:
+            self._on_done(self.ms)
         if self._span is not None:
             self._span.__exit__(*exc)
             self._span = None

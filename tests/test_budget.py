@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from ragserve.budget import Deadline, StageTimer
+from ragserve.budget import Deadline, RequestContext, StageTimer
 from tests.fakes import FakeClock
 
 
@@ -38,3 +38,19 @@ def test_stage_timer_records_once() -> None:
     with StageTimer(clock=clock) as timer:
         clock.now += 0.0125
     assert abs(timer.ms - 12.5) < 1e-6
+
+
+def test_a_request_records_each_stage_into_its_own_timings() -> None:
+    request = RequestContext(Deadline(70))
+    with request.stage("embed"):
+        pass
+    with request.stage("cache"):
+        pass
+    first_lookup = request.timings.cache_ms
+    with request.stage("semantic_cache", into="cache"):  # a second lookup adds to the first
+        pass
+    assert request.timings.embed_ms > 0 and request.timings.cache_ms > first_lookup > 0
+    sent = request.timings_so_far()
+    with request.stage("prompt"):
+        pass
+    assert sent.prompt_ms == 0 < request.timings.prompt_ms  # a copy already sent never changes

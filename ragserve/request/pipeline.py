@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TypeVar
 
 from ragserve import metrics
-from ragserve.budget import Deadline, RequestContext, StageTimer
+from ragserve.budget import RequestContext
 from ragserve.cache.keys import AnswerKey, RetrievalKey
 from ragserve.config import LimitsSettings, default_of
 from ragserve.embed.base import Embedder
@@ -56,7 +56,6 @@ from ragserve.types import (
     QueryEvent,
     RetrievalResult,
     RetrieveParams,
-    StageTimings,
     WarmState,
     model_name,
 )
@@ -213,8 +212,8 @@ class RagPipeline:
         reader runs now, within what is left of the retrieval budget, or within its own."""
         CURRENT_CLASS.set(request.request_class)  # this request's task: its model calls queue by class
         deadline = request.deadline
-        found, key = await self._find(params, deadline, serving)
-        with StageTimer("evidence") as t:
+        found, key = await self._find(params, request, serving)
+        with request.stage("evidence"):
             # Per request, on whatever the passages came from (a cache hit was another question's).
             # Under a millisecond at the default top_k; at 50 passages ~5 ms, too long for the loop
             # (BENCHMARKS.md, "Highlights and abstention").
@@ -222,17 +221,17 @@ class RagPipeline:
             result, table = (
                 evidence() if len(found.passages) <= _EVIDENCE_ON_LOOP_MAX else await self._off_loop(evidence)
             )
-        result.timings.evidence_ms = t.ms
         if read != "none" and self.reading is not None and result.passages:
             budget_ms = deadline.budget_left_ms() if read == "retrieval" else self.reading.budget_ms
-            span, result.timings.reader_ms, ran = await self.reading.read(
+            span, request.timings.reader_ms, ran = await self.reading.read(
                 params.query, result.passages, result.index_identity, budget_ms
             )
             if ran:
                 result = with_answer(params.query, result, span, self.reading.highlight, table)
             else:
                 result.degraded = result.degraded.remarked("reader skipped: no passage fits the time left for it")
-        result.timings.retrieval_total_ms = deadline.elapsed_ms()
+        request.timings.retrieval_total_ms = deadline.elapsed_ms()
+        result.timings = request.timings_so_far()
         return result, key, table
 
     def _evidence(self, query: str, found: RetrievalResult) -> tuple[RetrievalResult, SentenceTable]:
@@ -240,37 +239,31 @@ class RagPipeline:
         return with_evidence(query, found, self.policy.low_support_below, table), table
 
     async def _find(
-        self, params: RetrieveParams, deadline: Deadline, serving: ServingVersion
+        self, params: RetrieveParams, request: RequestContext, serving: ServingVersion
     ) -> tuple[RetrievalResult, RetrievalKey | None]:
+        """The passages (their timings are filled in by `_retrieve`) and the request's cache key."""
         index = serving.index  # one version for the whole request, even if a reload swaps it
-        timings = StageTimings()
+        deadline = request.deadline
         key = self.caches.key_for(params, index.version, index.identity)
-        with StageTimer("cache") as t:
+        with request.stage("cache"):
             hit = await self.caches.lookup(key, deadline.budget_left_ms() / 1000.0)
-        timings.cache_ms = t.ms
         if hit is not None:
-            timings.retrieval_total_ms = deadline.elapsed_ms()
-            return hit.result(index.identity, timings), key
+            return hit.result(index.identity, request.timings), key
         check_client(deadline, "embedding")
-        with StageTimer("embed") as t:
+        with request.stage("embed"):
             embedded = await self._off_loop(lambda: serving.embedder.embed_query(params.query))
-        timings.embed_ms = t.ms
         # A query longer than the embedder's window is embedded by its prefix alone: any two sharing
         # that prefix score a cosine near 1, so such a query is never matched or offered semantically.
         semantic_vector = embedded.vector if embedded.fits_window else None
         if semantic_vector is not None and self.caches.semantic_enabled():
-            with StageTimer("semantic_cache") as t:
+            with request.stage("semantic_cache", into="cache"):
                 hit = await self.caches.lookup_similar(key, semantic_vector, deadline.budget_left_ms() / 1000.0)
-            timings.cache_ms += t.ms
             if hit is not None:
-                timings.retrieval_total_ms = deadline.elapsed_ms()
-                return hit.result(index.identity, timings), key
-        searched = await self.search.run(params, serving, embedded.vector, deadline)
-        timings.search_ms, timings.rerank_ms = searched.search_ms, searched.rerank_ms
-        timings.retrieval_total_ms = deadline.elapsed_ms()
+                return hit.result(index.identity, request.timings), key
+        searched = await self.search.run(params, serving, embedded.vector, request)
         result = RetrievalResult(
             searched.passages,
-            timings,
+            request.timings_so_far(),
             searched.degraded,
             index.version,
             searched.rerank_tiers,
@@ -305,24 +298,22 @@ class RagPipeline:
         reader_first = self.reading is not None and self.reading.abstain  # its verdict decides the engine call
         retrieval, key, table = await self._retrieve(params, request, self.serving, "own" if reader_first else "none")
         self._count_top(retrieval)
-        # The final summary's timings start as a copy: the retrieval event's never change once sent.
-        timings = dataclasses.replace(retrieval.timings)
+        timings = request.timings  # the retrieval event has its own copy
         if self._declines(retrieval):
             for event in declined(retrieval, timings, generator.model_id, deadline.elapsed_ms):
                 yield event
             return
         answer_key = self.caches.answer_key(key, gen)
         if answer_key is not None:
-            with StageTimer("answer_cache") as t:
+            with request.stage("answer_cache"):
                 cached = await self.caches.lookup_answer(answer_key, deadline.client_left_s())
-            timings.answer_cache_ms = t.ms
             if cached is not None:
                 for event in replay(cached, timings, deadline.elapsed_ms):  # the engine is not asked at all
                     if isinstance(event, RetrievalResult):  # the passages the answer cites, this question's evidence
                         event = with_evidence(params.query, event, self.policy.low_support_below)
                     yield event
                 return
-        answering = self._generate(params.query, gen, request, retrieval, table, answer_key, timings)
+        answering = self._generate(params.query, gen, request, retrieval, table, answer_key)
         async with contextlib.aclosing(answering):  # closed now: a caller gone aborts the engine request
             async for event in answering:
                 yield event
@@ -335,18 +326,17 @@ class RagPipeline:
         retrieval: RetrievalResult,
         table: SentenceTable,
         answer_key: AnswerKey | None,
-        timings: StageTimings,
     ) -> AsyncGenerator[QueryEvent, None]:
         """The engine's answer, the reader beside it; then the final summary."""
-        generator, deadline = self.generator, request.deadline
+        generator, deadline, timings = self.generator, request.deadline, request.timings
         assert generator is not None
         budget, policy = gen.context_token_budget, self.policy
         context, prompt = await self._off_loop(
-            lambda: fit_and_build(policy, question, retrieval.passages, table, budget, generator, timings)
+            lambda: fit_and_build(policy, question, retrieval.passages, table, budget, generator, request)
         )
         alone = generator.unfinished_requests() == 0
         outcome = Outcome(retrieval)
-        async with self._batch_share.hold(request, timings):
+        async with self._batch_share.hold(request):
             # The engine has the prompt before the retrieval event is sent: prefill overlaps the send.
             gen = dataclasses.replace(gen, priority=request.request_class.engine_priority)
             answer = AnswerStream.start(generator, prompt, gen, request.request_id, deadline.elapsed_ms)

@@ -11,7 +11,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ragserve.budget import RequestContext, StageTimer
+from ragserve.budget import RequestContext
 from ragserve.errors import DeadlineExpired, Overloaded, RagError, Unavailable
 from ragserve.generate.base import Generator
 from ragserve.prompt import Prompt, build_prompt
@@ -56,18 +56,17 @@ class BatchShare:
         self._slots = asyncio.Semaphore(seqs) if seqs > 0 else None
 
     @contextlib.asynccontextmanager
-    async def hold(self, request: RequestContext, timings: StageTimings) -> AsyncIterator[None]:
+    async def hold(self, request: RequestContext) -> AsyncIterator[None]:
         slots = self._slots
         if slots is None or request.interactive:
             yield
             return
-        with StageTimer("engine_wait") as t:
+        with request.stage("engine_wait"):
             try:
                 async with asyncio.timeout_at(request.deadline.client_end(asyncio.get_running_loop())):
                     await slots.acquire()
             except TimeoutError as exc:
                 raise DeadlineExpired("the deadline passed while batch work waited for the generator") from exc
-        timings.engine_wait_ms = t.ms
         try:
             yield
         finally:
@@ -232,16 +231,14 @@ def fit_and_build(
     table: SentenceTable,
     budget: int,
     generator: Generator,
-    timings: StageTimings,
+    request: RequestContext,
 ) -> tuple[FittedContext, Prompt]:
     """The passages fitted to the context budget, and the prompt. Off the event loop: a tokenizer
     call per sentence (and more at a large top_k) would stall every other stream while it runs."""
-    with StageTimer("context") as t:
+    with request.stage("context"):
         context = fit_context(question, passages, budget, generator.count_tokens, policy.whole_first_max_tokens, table)
-    timings.context_ms = t.ms
-    with StageTimer("prompt") as t:
+    with request.stage("prompt"):
         prompt = build_prompt(question, context.passages, policy.prompt_layout)
-    timings.prompt_ms = t.ms
     return context, prompt
 
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 import numpy as np
 
-from ragserve.budget import Deadline, StageTimer
+from ragserve.budget import Deadline, RequestContext
 from ragserve.errors import DeadlineExpired, Unavailable
 from ragserve.index.base import ScoredChunk
 from ragserve.index.fusion import RetrievalOptions, effective_mode, hybrid_search, plan_breadth
@@ -23,8 +22,6 @@ from ragserve.request.model_threads import ModelThreads
 from ragserve.request.serving import ServingVersion
 from ragserve.rerank.base import Reranker, RerankerSource, RerankOutcome
 from ragserve.types import Degraded, Passage, RetrieveParams
-
-T = TypeVar("T")
 
 # Below this much budget left after embedding, search looks no further than the results asked for.
 _MIN_BUDGET_FOR_FULL_SEARCH_MS = 5.0
@@ -37,13 +34,11 @@ def check_client(deadline: Deadline, stage: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Searched:
-    """What search and rerank found for one request, and what each took (the pipeline records it)."""
+    """What search and rerank found for one request (each recorded its time into the request)."""
 
     passages: list[Passage]
     degraded: Degraded
     rerank_tiers: list[str]
-    search_ms: float
-    rerank_ms: float
 
 
 class SearchStage:
@@ -62,8 +57,9 @@ class SearchStage:
         self._search_min_ms = search_min_ms
 
     async def run(
-        self, params: RetrieveParams, serving: ServingVersion, vector: np.ndarray, deadline: Deadline
+        self, params: RetrieveParams, serving: ServingVersion, vector: np.ndarray, request: RequestContext
     ) -> Searched:
+        deadline = request.deadline
         check_client(deadline, "search")
         index, options, reranker = serving.index, serving.retrieval, serving.reranker
         mode = effective_mode(index, options)
@@ -71,17 +67,15 @@ class SearchStage:
         k = params.top_k if reranker is None else max(params.top_k, reranker.candidates)
         narrow = deadline.budget_left_ms() < _MIN_BUDGET_FOR_FULL_SEARCH_MS
         breadth = plan_breadth(options, mode, k, self.ef_search, params.dedupe_documents, narrow)
-        with StageTimer("search") as searched:
+        with request.stage("search"):
             hits = await self._search(
                 lambda: hybrid_search(index, params.query, vector, breadth, options, mode, params.dedupe_documents),
                 deadline,
             )
         outcome = RerankOutcome(stable_order([Passage(hit.chunk, hit.score) for hit in hits]))
-        rerank_ms = 0.0
         if reranker is not None:
-            with StageTimer("rerank") as reranked:
+            with request.stage("rerank"):
                 outcome = await self._rerank(reranker, params.query, outcome.passages, deadline)
-            rerank_ms = reranked.ms
         top = [Passage(p.chunk, p.score, rank) for rank, p in enumerate(outcome.passages[: params.top_k], start=1)]
         degraded = Degraded.of_search(
             breadth_cut=breadth.cut,
@@ -91,7 +85,7 @@ class SearchStage:
             rerank_notes=tuple(outcome.notes),
             budget_exhausted=deadline.budget_exhausted(),
         )
-        return Searched(top, degraded, outcome.tiers, searched.ms, rerank_ms)
+        return Searched(top, degraded, outcome.tiers)
 
     async def _search(self, fn: Callable[[], list[ScoredChunk]], deadline: Deadline) -> list[ScoredChunk]:
         """A local index searches on the model threads; a remote one on its own, within the budget."""

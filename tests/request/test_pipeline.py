@@ -64,7 +64,10 @@ def test_query_yields_retrieval_then_tokens_then_final(pipeline_factory) -> None
     final = events[-1]
     assert isinstance(final, FinalSummary)
     assert final.usage.prefix_cache_hit_tokens == 64
-    assert final.timings.embed_ms > 0 and final.timings.ttft_ms > 0
+    # Every stage recorded its time into the request once; the retrieval event kept what it had.
+    for stage in ("embed", "search", "evidence", "context", "prompt", "ttft"):
+        assert getattr(final.timings, f"{stage}_ms") > 0, stage
+    assert events[0].timings.prompt_ms == 0 and events[0].timings.embed_ms == final.timings.embed_ms
     # The prompt carries the retrieved passages in rank order, then the question.
     assert '<passage id="1" title="The Discovery of Penicillin">' in fake.prompts[0].user
 
