@@ -65,9 +65,9 @@ COMPLETION_TOKENS = Counter("ragserve_completion_tokens_total", "Tokens generate
 
 # A remote generator's servers (RAGSERVE_GENERATOR_BACKEND=remote), by base URL.
 # Recent decode ms/token of answers that had the engine alone, over its pace measured alone at start
-# (request/pace.py): from 2.5 a neighbour is taking this engine's CPUs.
+# (generate/host_share.py): from 2.5 a neighbour is taking this engine's CPUs.
 GENERATOR_PACE_RATIO = Gauge("ragserve_generator_pace_ratio", "Decode time per token relative to this host's idle pace")
-# generate/contention.py: what other processes keep busy of the server's CPUs, and the engine's answer.
+# generate/host_share.py: what other processes keep busy of the server's CPUs, and the engine's answer.
 HOST_NEIGHBOUR_CPUS = Gauge(
     "ragserve_host_neighbour_cpus", "CPUs' worth of time other processes use on this server's CPUs (last 0.5 s)"
 )

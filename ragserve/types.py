@@ -270,7 +270,7 @@ class ReplicaState:
 
 @dataclass(frozen=True, slots=True)
 class HostShareState:
-    """The local engine's share of its CPUs, as Info reports it (generate/contention.py)."""
+    """The local engine's share of its CPUs, as Info reports it (generate/host_share.py)."""
 
     usable_cpus: int
     # CPUs' worth of time other processes used on those CPUs in the last sample.

@@ -34,8 +34,8 @@ PAGES = tuple(sorted(str(page.relative_to(REPO)) for page in (REPO / "docs").glo
 # (page, figure as written, a phrase on the same line) -> why it is not a benchmark figure.
 CONSTANTS: dict[tuple[str, str, str], str] = {
     ("docs/reranking.md", "30 s", "ratios older than"): "the rerank cost model's age limit (rerank/cost.py)",
-    ("docs/operations.md", "0.5 s", "neighbour_cpus"): "the contention sampler's period (generate/contention.py)",
-    ("docs/operations.md", "1.5 s", "a thread comes back"): "3 samples 0.5 s apart (generate/contention.py)",
+    ("docs/operations.md", "0.5 s", "neighbour_cpus"): "the host share sampler's period (generate/host_share.py)",
+    ("docs/operations.md", "1.5 s", "a thread comes back"): "3 samples 0.5 s apart (generate/host_share.py)",
     ("docs/operations.md", "3.9x", "generator_pace"): "an example of the log line's wording, not a claim",
     ("docs/operations.md", "200 ms", "DEADLINE_EXCEEDED"): "a test's client deadline (tests/e2e/test_hardening.py)",
     ("docs/operations.md", "250 ms", "| 1 |"): "a test's bound (tests/e2e/test_hardening.py)",

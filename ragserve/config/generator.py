@@ -52,7 +52,7 @@ class GeneratorSettings(BaseSettings):
     # OpenMP threads); auto: chosen from the host and the other settings (generate/host.py).
     engine_layout: Literal["auto", "process", "thread"] = "auto"
     # Threads of the engine on a server thread (engine_layout thread). 0: every usable CPU, one fewer
-    # per core other processes keep busy, checked twice a second (generate/contention.py); N: always N.
+    # per core other processes keep busy, checked twice a second (generate/host_share.py); N: always N.
     threads: int = Field(default=0, ge=0)
     max_num_seqs: int = 16
     # priority: interactive requests run before batch ones in the engine's waiting queue (vLLM's

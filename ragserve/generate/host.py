@@ -207,7 +207,7 @@ def resolve_engine(settings: GeneratorSettings, host: HostCpu) -> ResolvedEngine
 
 
 def resolve_threads(settings: GeneratorSettings, host: HostCpu) -> EngineChoice:
-    """The engine thread's OpenMP team size (generate/contention.py applies it between steps)."""
+    """The engine thread's OpenMP team size (generate/host_share.py applies it between steps)."""
     if settings.threads:
         return EngineChoice("threads", str(settings.threads), "set by RAGSERVE_GENERATOR_THREADS")
     return EngineChoice(

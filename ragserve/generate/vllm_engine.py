@@ -18,9 +18,9 @@ from typing import Any
 
 from ragserve.config import GeneratorSettings
 from ragserve.errors import ConfigError, InvalidArgument, Unavailable
-from ragserve.generate.contention import ContentionWatch, CpuCounters, EngineThreads, NeighbourLoad
 from ragserve.generate.engine_thread import EngineThreadDead, ThreadedEngine, in_process_engine_env
 from ragserve.generate.host import HostCpu, ResolvedEngine, read_host_cpu, resolve_engine
+from ragserve.generate.host_share import CpuCounters, EngineThreads, HostShareWatch, NeighbourLoad
 from ragserve.generate.identity import model_digest
 from ragserve.generate.rendering import ChatRenderer
 from ragserve.prompt import SYSTEM_PREFIX, Prompt, build_prompt
@@ -73,10 +73,10 @@ class VllmGenerator:
         self._host: HostCpu = read_host_cpu()
         self._resolved: ResolvedEngine = resolve_engine(settings, self._host)
         # Only an engine on a server thread can change its thread count between steps.
-        self._contention: ContentionWatch | None = None
+        self._host_share: HostShareWatch | None = None
         if self._resolved.engine_layout == "thread" and settings.device == "cpu":
             threads = EngineThreads(self._host.usable, settings.threads)
-            self._contention = ContentionWatch(NeighbourLoad(CpuCounters(self._host.cpus)), threads)
+            self._host_share = HostShareWatch(NeighbourLoad(CpuCounters(self._host.cpus)), threads)
 
     @property
     def model_id(self) -> str:
@@ -97,20 +97,20 @@ class VllmGenerator:
         return self._host.describe()
 
     def status(self) -> GeneratorStatus:
-        share = self._contention.state() if self._contention is not None else None
+        share = self._host_share.state() if self._host_share is not None else None
         return GeneratorStatus(on_this_host=True, host_share=share)
 
     def _set_threads_before_step(self) -> None:
-        """On the engine thread: the thread count the contention watch wants, before every step.
+        """On the engine thread: the thread count the host share watch wants, before every step.
 
         Every step, not only on a change: vLLM's n-gram proposer restores its own OpenMP thread count
         after each proposal (numba and torch share the OpenMP runtime), so a count set once is lost
         by the next step. vLLM's CPU worker also replaces torch.set_num_threads with a no-op (it pins
         its own threads); here nothing is pinned, and torch's own setter still reaches OpenMP."""
-        assert self._contention is not None
+        assert self._host_share is not None
         import torch
 
-        torch._C.set_num_threads(self._contention.threads.wanted)
+        torch._C.set_num_threads(self._host_share.threads.wanted)
 
     def _engine_kwargs(self) -> dict[str, Any]:
         s = self._settings
@@ -150,7 +150,7 @@ class VllmGenerator:
             engine = ThreadedEngine(
                 lambda: LLMEngine.from_engine_args(args),
                 self._settings.stall_s,
-                self._set_threads_before_step if self._contention is not None else None,
+                self._set_threads_before_step if self._host_share is not None else None,
             )
             await asyncio.to_thread(engine.start)  # minutes of loading: the event loop stays free
             return engine
@@ -174,8 +174,8 @@ class VllmGenerator:
             )
         self.load_tokenizer()
         self._engine = await self._make_engine()
-        if self._contention is not None:
-            self._contention.start()
+        if self._host_share is not None:
+            self._host_share.start()
         # Warm the engine and put the fixed system prefix into the prefix cache.
         warm = build_prompt("Warm-up.", [])
         async for _ in self.stream(warm, GenerateParams(max_tokens=2, temperature=0.0), "warmup"):
@@ -270,8 +270,8 @@ class VllmGenerator:
             raise Unavailable("generator health check failed") from exc
 
     async def close(self) -> None:
-        if self._contention is not None:
-            self._contention.stop()
+        if self._host_share is not None:
+            self._host_share.stop()
         engine, self._engine = self._engine, None
         if isinstance(engine, ThreadedEngine):
             await asyncio.to_thread(engine.shutdown)  # joins the engine thread: not on the event loop

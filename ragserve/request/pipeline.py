@@ -25,13 +25,13 @@ from ragserve.config import LimitsSettings, default_of
 from ragserve.embed.base import Embedder
 from ragserve.errors import ConfigError
 from ragserve.generate.base import Generator
+from ragserve.generate.host_share import HostSharePace
 from ragserve.index.base import SearchIndex
 from ragserve.request.answer import AnswerStream
 from ragserve.request.caches import PipelineCaches, replay
 from ragserve.request.evidence import with_answer, with_evidence
 from ragserve.request.hot import HotPassages
 from ragserve.request.model_threads import CURRENT_CLASS
-from ragserve.request.pace import PaceMonitor
 from ragserve.request.policy import AnswerPolicy
 from ragserve.request.reading import ReadingStage, ReadWithin
 from ragserve.request.reply import (
@@ -91,7 +91,7 @@ class RagPipeline:
         self.policy = policy
         self.hot = hot
         self.reading = reading
-        self.pace = PaceMonitor()  # is the engine running at this host's pace (a busy neighbour)?
+        self.pace = HostSharePace()  # is the engine running at this host's pace (a busy neighbour)?
         self._batch_share = BatchShare(batch_engine_seqs)
         self._traffic = InteractiveTraffic()  # warming gives way to it
         self._warmer = Warmer(generator, policy, hot, search.threads, self._traffic) if generator else None

@@ -1,4 +1,4 @@
-"""The engine's pace against its own pace alone: what Info and the metrics call contention."""
+"""The engine's pace against its own pace alone (HostSharePace): what Info reports as "contended"."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from ragserve.generate import host_share as pace_module
+from ragserve.generate.host_share import HostSharePace
 from ragserve.prompt import Prompt
-from ragserve.request import pace as pace_module
-from ragserve.request.pace import PaceMonitor
 from ragserve.types import GenerateParams, GenerationChunk, HostShareState
 from tests.fakes import FakeClock, FakeGenerator
 
@@ -34,7 +34,7 @@ def test_baseline_then_the_ratio_of_answers_that_had_the_engine_alone(monkeypatc
     # question, not a unit test's.
     clock = FakeClock()
     monkeypatch.setattr(pace_module, "time", SimpleNamespace(perf_counter=clock))
-    pace = PaceMonitor()
+    pace = HostSharePace()
     assert pace.describe() == "not measured yet"
     asyncio.run(pace.measure_baseline(FakeClockedGenerator(clock, step_s=0.010, words=["a"] * 6)))
     # From the first token to the last: 5 gaps of 10 ms over 6 tokens (the first token's wait,
@@ -53,7 +53,7 @@ def test_baseline_then_the_ratio_of_answers_that_had_the_engine_alone(monkeypatc
 
 
 def test_an_engine_that_gave_a_neighbour_threads_is_reported_contended_at_its_normal_pace() -> None:
-    pace = PaceMonitor()
+    pace = HostSharePace()
     gave_way = HostShareState(usable_cpus=2, neighbour_cpus=1.4, engine_threads=1, adaptive=True)
     quiet = HostShareState(usable_cpus=2, neighbour_cpus=0.1, engine_threads=2, adaptive=True)
     assert pace.describe(quiet) == "not measured yet"

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from ragserve.generate.contention import (
-    SAMPLES_TO_GROW,
-    ContentionWatch,
-    CpuCounters,
-    EngineThreads,
-    NeighbourLoad,
-)
 from ragserve.generate.engine_thread import ThreadedEngine
 from ragserve.generate.host import HostCpu, read_cpu_quota
+from ragserve.generate.host_share import (
+    SAMPLES_TO_GROW,
+    CpuCounters,
+    EngineThreads,
+    HostShareWatch,
+    NeighbourLoad,
+)
 from tests.fakes import FakeSyncEngine
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -89,7 +89,7 @@ def test_niced_neighbours_are_not_counted_unless_the_server_is_niced_too(
     clock.now += 1.0
     stat.add_niced_seconds(0, 1.0)  # an indexer at nice 10: the scheduler yields its core to the engine
     assert load.sample() == pytest.approx(0.0)
-    monkeypatch.setattr("ragserve.generate.contention.own_niceness", lambda: 5)
+    monkeypatch.setattr("ragserve.generate.host_share.own_niceness", lambda: 5)
     niced_server = NeighbourLoad(CpuCounters((0, 1), stat.path, own_seconds=lambda: 0.0), clock)
     niced_server.sample()
     clock.now += 1.0
@@ -137,7 +137,7 @@ def test_a_fixed_count_never_moves() -> None:
 def test_the_watch_updates_the_threads_from_its_own_thread(tmp_path: Path) -> None:
     stat = FakeProcStat(tmp_path / "stat", cpus=2)
     load = NeighbourLoad(CpuCounters((0, 1), stat.path, own_seconds=lambda: 0.0))
-    watch = ContentionWatch(load, EngineThreads(cpus=2), every_s=0.02)
+    watch = HostShareWatch(load, EngineThreads(cpus=2), every_s=0.02)
     watch.start()
     try:
         stop = threading.Event()
@@ -189,7 +189,7 @@ def test_a_failing_sample_is_logged_and_the_engine_gets_every_thread_back(
     load = NeighbourLoad(CpuCounters((0, 1), stat.path, own_seconds=lambda: 0.0))
     threads = EngineThreads(cpus=2)
     threads.wanted = 1  # a neighbour had taken a core
-    watch = ContentionWatch(load, threads, every_s=0.02)
+    watch = HostShareWatch(load, threads, every_s=0.02)
     watch.start()
     try:
         with caplog.at_level(logging.ERROR):
