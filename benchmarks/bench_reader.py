@@ -6,7 +6,9 @@ Indexes `<data>/corpus.jsonl` (or takes `--index`) and starts two fresh servers 
 other, answer cache off, warming settled, one question at a time, temperature 0:
 
   lexical   RAGSERVE_READER_ENABLED=false: the highlight and support of the lexical evidence alone
-  reader    the default: the shipped reader beside the generator's prefill
+  reader    the default: the shipped reader (after the first token on this host)
+  lead      RAGSERVE_READER_LEAD=true: the reader first, the sentence holding its span quoted
+            before the question in the prompt (does the generated answer hold a gold span more often?)
 
 Both ask the same --questions questions (answerable and unanswerable, seeded). Reported per row:
 TTFT p50/p95, retrieval_total_ms p95, whether the generated answer holds a gold span; for the
@@ -168,6 +170,7 @@ def main() -> None:
     load_before = load_avg()
     lexical = run(args, "lexical", {"RAGSERVE_READER_ENABLED": "false"}, questions)
     reader = run(args, "reader", {}, questions)
+    lead = run(args, "lead", {"RAGSERVE_READER_LEAD": "true"}, questions)
     git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
     answerable = sum(1 for q in questions if not q.impossible)
     lines = [
@@ -180,7 +183,7 @@ def main() -> None:
         "| row | TTFT p50 / p95 ms | retrieval p95 ms | shown sentence holds gold | answer holds gold |",
         "|---|---|---|---|---|",
     ]
-    for name, r in (("lexical", lexical), ("reader", reader)):
+    for name, r in (("lexical", lexical), ("reader", reader), ("lead", lead)):
         lines.append(
             f"| {name} | {r['ttft_p50']:.0f} / {r['ttft_p95']:.0f} | {r['retrieval_p95']:.0f} "
             f"| {r['shown_gold']:.2f} | {r['answer_gold']:.2f} |"
@@ -197,8 +200,11 @@ def main() -> None:
             f"F1 {reader['f1_gold_first']:.2f}",
             f"- the reader's verdict (abstention at its threshold): declines {reader['declines_answerable']:.2f} of "
             f"answerable and {reader['declines_unanswerable']:.2f} of unanswerable questions",
+            f"- with the reader's sentence before the question: the answer holds gold {lead['answer_gold']:.2f} "
+            f"against {reader['answer_gold']:.2f}; TTFT p50 {lead['ttft_p50'] / reader['ttft_p50']:.2f}x, "
+            f"p95 {lead['ttft_p95'] / reader['ttft_p95']:.2f}x of the reader row's",
         ]
-    write_results(args.out, "\n".join(lines) + "\n", {"lexical": lexical, "reader": reader})
+    write_results(args.out, "\n".join(lines) + "\n", {"lexical": lexical, "reader": reader, "lead": lead})
 
 
 if __name__ == "__main__":

@@ -109,9 +109,12 @@ def stable_order(passages: list[Passage]) -> list[Passage]:
     return sorted(passages, key=lambda p: (-p.score, p.chunk.chunk_id))
 
 
-def build_prompt(question: str, passages: list[Passage], layout: str = "stable") -> Prompt:
+def build_prompt(
+    question: str, passages: list[Passage], layout: str = "stable", key_sentence: tuple[int, str] | None = None
+) -> Prompt:
     """`layout="naive"` puts the question before the instructions (a baseline for benchmarks only:
-    every prompt then differs from its first tokens and the prefix cache cannot help)."""
+    every prompt then differs from its first tokens and the prefix cache cannot help).
+    `key_sentence`: (passage number, sentence) quoted again right before the question."""
     parts = ["<passages>"]
     for number, passage in enumerate(passages, start=1):
         chunk = passage.chunk
@@ -121,6 +124,9 @@ def build_prompt(question: str, passages: list[Passage], layout: str = "stable")
             f'<passage id="{number}" title="{passage_label(passage)}">\n{_neutralize(chunk.text.strip())}\n</passage>'
         )
     parts.append("</passages>")
+    if key_sentence is not None:
+        number, sentence = key_sentence
+        parts.append(f"Key sentence from passage {number}: {_neutralize(' '.join(sentence.split()))}")
     parts.append(f"Question: {_neutralize(question.strip())}")
     if layout == "naive":
         return Prompt(system=f"Question: {_neutralize(question.strip())}\n\n{SYSTEM_PREFIX}", user="\n".join(parts))

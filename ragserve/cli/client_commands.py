@@ -241,6 +241,9 @@ def retrieve(
     dedupe: Annotated[bool, typer.Option(help="At most one passage (its best chunk) per document")] = False,
     budget_ms: Annotated[int, typer.Option(help="Retrieval+rerank budget; 0: the server's")] = 0,
     batch: Annotated[bool, typer.Option(help="Ask as batch work: yields to interactive requests")] = False,
+    answer_span: Annotated[
+        bool, typer.Option(help="The reader's answer span too, when it fits what is left of the budget")
+    ] = False,
 ) -> None:
     """Retrieval only: passages, scores, stage timings and reranking depth."""
     from ragserve.client import RagClient
@@ -253,6 +256,7 @@ def retrieve(
                 budget_ms=budget_ms,
                 dedupe_documents=dedupe,
                 request_class="batch" if batch else "interactive",
+                answer_span=answer_span,
             )
             if r.cache_hit:
                 print(f"(from the retrieval cache, index v{r.index_version})")
@@ -266,6 +270,11 @@ def retrieve(
             )
             if r.rerank_tiers:
                 print("reranked: " + ", ".join(r.rerank_tiers))
+            if r.HasField("answer"):
+                _print_span(r.answer, list(r.passages), t.reader_ms)
+            for note in r.degraded.notes if answer_span else ():
+                if note.startswith("reader"):
+                    print(f"({note})")
 
     _run_client(run, flags.target)
 

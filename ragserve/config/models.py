@@ -87,6 +87,11 @@ class ReaderSettings(BaseSettings):
     # the lexical highlight stays and the span carries its own sentence (with the shipped reader the
     # lexical highlight holds a gold span as often: BENCHMARKS.md, "The reader through Query").
     highlight: bool = False
+    # true: the sentence holding a span that answers is quoted again right before the question in
+    # the prompt (after the passages, so the template and top passage stay in the prefix cache);
+    # the reader then runs before the engine, so every answer waits for it (off by default:
+    # BENCHMARKS.md, "The reader through Query").
+    lead: bool = False
     # ONNX Runtime intra-op threads per call.
     threads: int = Field(default=2, ge=1)
     onnx_cache_dir: Path = Field(default_factory=lambda: default_home() / "reader-onnx")

@@ -65,6 +65,7 @@ def answer_policy(settings: Settings) -> AnswerPolicy:
         warming.warm_passages,
         warming.warm_kv_share,
         warming.warm_whole_corpus,
+        reader_lead=settings.reader.enabled and settings.reader.lead,
     )
 
 

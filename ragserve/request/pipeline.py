@@ -28,7 +28,7 @@ from ragserve.generate.base import Generator
 from ragserve.generate.host_share import HostSharePace
 from ragserve.index.base import SearchIndex
 from ragserve.request.answer import AnswerStream
-from ragserve.request.caches import PipelineCaches, replay
+from ragserve.request.caches import PipelineCaches
 from ragserve.request.evidence import with_answer, with_evidence
 from ragserve.request.hot import HotPassages
 from ragserve.request.model_threads import CURRENT_CLASS
@@ -43,6 +43,7 @@ from ragserve.request.reply import (
     final_summary,
     fit_and_build,
     record_answer,
+    replay_answer,
     stream_answer,
 )
 from ragserve.request.search import SearchStage, check_client
@@ -295,7 +296,8 @@ class RagPipeline:
         if generator is None:
             raise ConfigError("generation is disabled on this server (RAGSERVE_GENERATION_ENABLED=false); use Retrieve")
         deadline = request.deadline
-        reader_first = self.reading is not None and self.reading.abstain  # its verdict decides the engine call
+        # Its verdict decides the engine call (abstain), or its sentence goes into the prompt (lead).
+        reader_first = self.reading is not None and (self.reading.abstain or self.policy.reader_lead)
         retrieval, key, table = await self._retrieve(params, request, self.serving, "own" if reader_first else "none")
         self._count_top(retrieval)
         timings = request.timings  # the retrieval event has its own copy
@@ -307,11 +309,16 @@ class RagPipeline:
         if answer_key is not None:
             with request.stage("answer_cache"):
                 cached = await self.caches.lookup_answer(answer_key, deadline.client_left_s())
-            if cached is not None:
-                for event in replay(cached, timings, deadline.elapsed_ms):  # the engine is not asked at all
-                    if isinstance(event, RetrievalResult):  # the passages the answer cites, this question's evidence
-                        event = with_evidence(params.query, event, self.policy.low_support_below)
-                    yield event
+            if cached is not None:  # the engine is not asked at all
+                replayed = replay_answer(
+                    cached,
+                    request,
+                    lambda cited: with_evidence(params.query, cited, self.policy.low_support_below),
+                    lambda cited: self._reader_start(params.query, cited),
+                )
+                async with contextlib.aclosing(replayed) as events:
+                    async for event in events:
+                        yield event
                 return
         answering = self._generate(params.query, gen, request, retrieval, table, answer_key)
         async with contextlib.aclosing(answering):  # closed now: a caller gone aborts the engine request
@@ -332,7 +339,9 @@ class RagPipeline:
         assert generator is not None
         budget, policy = gen.context_token_budget, self.policy
         context, prompt = await self._off_loop(
-            lambda: fit_and_build(policy, question, retrieval.passages, table, budget, generator, request)
+            lambda: fit_and_build(
+                policy, question, retrieval.passages, table, budget, generator, request, retrieval.answer
+            )
         )
         alone = generator.unfinished_requests() == 0
         outcome = Outcome(retrieval)

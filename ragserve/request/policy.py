@@ -22,6 +22,8 @@ class AnswerPolicy:
     warm_passages: int = default_of(WarmingSettings, "warm_passages")
     warm_kv_share: float = default_of(WarmingSettings, "warm_kv_share")
     warm_whole_corpus: bool = default_of(WarmingSettings, "warm_whole_corpus")
+    # The reader's sentence quoted before the question (RAGSERVE_READER_LEAD).
+    reader_lead: bool = False
 
     @property
     def whole_first_max_tokens(self) -> int:
@@ -31,6 +33,7 @@ class AnswerPolicy:
     @property
     def prompt_id(self) -> str:
         """What of the policy changes a prompt (the answer cache keys on it)."""
+        lead = "+lead" if self.reader_lead else ""
         if self.prompt_layout == "reusable":
-            return f"reusable:{self.whole_passage_max_tokens}"
-        return self.prompt_layout
+            return f"reusable:{self.whole_passage_max_tokens}{lead}"
+        return self.prompt_layout + lead

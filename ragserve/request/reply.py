@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ragserve.budget import RequestContext
+from ragserve.cache.base import CachedAnswer
 from ragserve.errors import DeadlineExpired, Overloaded, RagError, Unavailable
 from ragserve.generate.base import Generator
 from ragserve.prompt import Prompt, build_prompt
 from ragserve.request.answer import AnswerRun, AnswerStream
+from ragserve.request.caches import replay
 from ragserve.request.context import FittedContext, fit_context
 from ragserve.request.evidence import with_answer
 from ragserve.request.policy import ABSTAIN_ANSWER, AnswerPolicy
@@ -127,14 +129,9 @@ async def stream_answer(
             reading = None  # _reader_instead consumed (or cancelled) it
             return
         if reading is not None:  # done after the last token: still before the final event
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout_at(deadline_at):
-                    await asyncio.wait({reading})
-            if reading.done():
-                for late in _late(reading, outcome):
-                    yield late
-            else:
-                reading.cancel()
+            for late in await finish_reading(reading, deadline_at, outcome):
+                yield late
+            reading = None
     finally:
         if reading is not None and not reading.done():
             reading.cancel()  # the caller left: the reader's work is no one's any more
@@ -171,6 +168,49 @@ async def _reader_instead(
     finally:
         if reading is not None and not reading.done():
             reading.cancel()
+
+
+async def replay_answer(
+    cached: CachedAnswer,
+    request: RequestContext,
+    evidence: Callable[[RetrievalResult], RetrievalResult],
+    reader_for: Callable[[RetrievalResult], ReaderStart],
+) -> AsyncGenerator[QueryEvent, None]:
+    """An answer-cache hit, the engine not asked: the passages the answer cites with this question's
+    evidence, the text, and the reader's span for this question before the final event (it reads
+    once the passages are out, so the text never waits for it)."""
+    reading: Reading | None = None
+    outcome: Outcome | None = None
+    deadline_at = request.deadline.client_end(asyncio.get_running_loop())
+    try:
+        for event in replay(cached, request.timings, request.deadline.elapsed_ms):
+            if isinstance(event, RetrievalResult):
+                event = evidence(event)
+                outcome = Outcome(event)
+                yield event
+                reading = reader_for(event).begin()
+                continue
+            if isinstance(event, FinalSummary) and reading is not None and outcome is not None:
+                for late in await finish_reading(reading, deadline_at, outcome):
+                    yield late
+                reading = None
+                event.timings.reader_ms = outcome.reader_ms or 0.0
+            yield event
+    finally:
+        if reading is not None and not reading.done():
+            reading.cancel()  # the caller left
+
+
+async def finish_reading(reading: Reading, deadline_at: float | None, outcome: Outcome) -> list[LateAnswer]:
+    """A read still running once the text is out: waited for within the deadline (its span goes
+    before the final event), else cancelled."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout_at(deadline_at):
+            await asyncio.wait({reading})
+    if reading.done():
+        return _late(reading, outcome)
+    reading.cancel()
+    return []
 
 
 def fallback_text(span: AnswerSpan, passage_text: str) -> str:
@@ -232,14 +272,26 @@ def fit_and_build(
     budget: int,
     generator: Generator,
     request: RequestContext,
+    span: AnswerSpan | None = None,
 ) -> tuple[FittedContext, Prompt]:
     """The passages fitted to the context budget, and the prompt. Off the event loop: a tokenizer
     call per sentence (and more at a large top_k) would stall every other stream while it runs."""
     with request.stage("context"):
         context = fit_context(question, passages, budget, generator.count_tokens, policy.whole_first_max_tokens, table)
     with request.stage("prompt"):
-        prompt = build_prompt(question, context.passages, policy.prompt_layout)
+        key = key_sentence(span, passages, context.passages) if policy.reader_lead else None
+        prompt = build_prompt(question, context.passages, policy.prompt_layout, key)
     return context, prompt
+
+
+def key_sentence(span: AnswerSpan | None, read: list[Passage], kept: list[Passage]) -> tuple[int, str] | None:
+    """The sentence holding a span that answers, with its passage's number in the prompt (None when
+    there is no such span or its passage did not fit the context)."""
+    if span is None or not span.answers or span.passage >= len(read):
+        return None
+    chunk = read[span.passage].chunk
+    number = next((n for n, p in enumerate(kept, start=1) if p.chunk.chunk_id == chunk.chunk_id), None)
+    return None if number is None else (number, chunk.text[span.sentence_start : span.sentence_end])
 
 
 def record_answer(timings: StageTimings, run: AnswerRun, outcome: Outcome) -> None:

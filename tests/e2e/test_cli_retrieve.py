@@ -44,3 +44,21 @@ def test_retrieve_shows_a_snippet_and_says_when_it_came_from_the_cache(retrieval
     passage = next(i for i, line in enumerate(lines) if _PASSAGE.match(line))
     assert lines[passage + 1].startswith("    ") and len(lines[passage + 1].strip()) > 10  # the passage's start
     assert "from the retrieval cache" not in first.stdout and "from the retrieval cache" in second.stdout
+
+
+def test_retrieve_with_answer_span_prints_the_readers_span_and_its_sentence(retrieval_server: LiveServer) -> None:
+    host, _, port = retrieval_server.target.rpartition(":")
+    command = [sys.executable, "-m", "ragserve.cli", "retrieve", "--host", host, "--port", port]
+    command.append("Who discovered penicillin?")
+    # A budget with room for the reader whatever the machine's load.
+    done = subprocess.run(
+        [*command, "--answer-span", "--budget-ms", "1000"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("reader ("))
+    span = re.match(r'reader \(\d+ ms\): "(.+)" in \[\d+\]', lines[at])
+    assert span is not None, done.stdout  # the span (whatever the small reader picks) and where it is
+    assert span.group(1) in lines[at + 1], done.stdout  # then the sentence holding it
+    plain = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert "reader (" not in plain.stdout  # the reader runs only when asked

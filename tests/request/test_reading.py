@@ -12,14 +12,15 @@ from pathlib import Path
 import pytest
 
 from ragserve.budget import Deadline, RequestContext
-from ragserve.config import ReaderSettings
+from ragserve.cache.base import AnswerCache
+from ragserve.config import CacheSettings, ReaderSettings
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import Unavailable
-from ragserve.factory import assemble_pipeline
+from ragserve.factory import assemble_pipeline, make_answer_cache
 from ragserve.index.hnsw import HnswIndex
 from ragserve.prompt import Prompt
 from ragserve.request.pipeline import RagPipeline
-from ragserve.request.policy import ABSTAIN_ANSWER
+from ragserve.request.policy import ABSTAIN_ANSWER, AnswerPolicy
 from ragserve.types import (
     FinalSummary,
     GenerateParams,
@@ -53,10 +54,25 @@ class FakeDownGenerator(FakeGeneratorBase):
 def make(sample_index: Path, embedder: SentenceTransformerEmbedder):
     executor = ThreadPoolExecutor(2)
 
-    def build(generator: object, reader: FakeReader, **reading: object) -> RagPipeline:
+    def build(
+        generator: object,
+        reader: FakeReader,
+        answers: AnswerCache | None = None,
+        policy: AnswerPolicy | None = None,
+        **reading: object,
+    ) -> RagPipeline:
         index = HnswIndex.load(sample_index)
         settings = ReaderSettings(**reading)  # type: ignore[arg-type]
-        return assemble_pipeline(embedder, index, generator, executor, reader=reader, reading=settings)  # type: ignore[arg-type]
+        return assemble_pipeline(
+            embedder,
+            index,
+            generator,
+            executor,
+            reader=reader,
+            reading=settings,
+            answers=answers,
+            policy=policy,  # type: ignore[arg-type]
+        )
 
     yield build
     executor.shutdown()
@@ -209,3 +225,40 @@ def test_with_no_engine_a_reader_short_of_time_still_reads_the_top_passage(make)
     final = events[-1]
     assert isinstance(final, FinalSummary) and final.finish_reason == "reader"
     assert reader.reads == [(QUESTION, 1)]
+
+
+def test_an_answer_replayed_from_the_cache_still_gets_the_readers_span_for_its_question(make) -> None:
+    generator = FakeGenerator(["Alexander", "Fleming."], usage=Usage(10, 2, 0))
+    reader = FakeReader(ANSWER)
+    pipeline = make(generator, reader, answers=make_answer_cache(CacheSettings(backend="memory")))
+
+    def ask() -> list[QueryEvent]:
+        async def run() -> list[QueryEvent]:
+            params = RetrieveParams(QUESTION, top_k=3, budget_ms=10_000)
+            request = RequestContext(Deadline(10_000, client_timeout_s=30), "r")
+            return [e async for e in pipeline.query(params, GenerateParams(8, 0.0), request)]
+
+        return asyncio.run(run())
+
+    ask()
+    replayed = ask()
+    final = replayed[-1]
+    assert isinstance(final, FinalSummary) and final.answer_cache_hit and len(generator.prompts) == 1
+    late = [e for e in replayed if isinstance(e, LateAnswer)]
+    assert len(late) == 1 and late[0].answer is not None and late[0].answer.text == ANSWER
+    assert isinstance(replayed[-2], LateAnswer)  # after the text, before the final event
+    assert final.timings.reader_ms >= 0 and any(isinstance(e, TokenDelta) for e in replayed)
+
+
+def test_with_lead_the_readers_sentence_is_quoted_before_the_question(make) -> None:
+    led = FakeGenerator(["Fleming."], usage=Usage(10, 1, 0))
+    _ask(make(led, FakeReader(ANSWER)), "Who discovered penicillin?")
+    assert "Key sentence" not in led.prompts[0].user  # off by default
+    events = _ask(make(led, FakeReader(ANSWER), policy=AnswerPolicy(reader_lead=True)))
+    user = led.prompts[1].user
+    rest = user.rpartition("</passages>")[2]
+    key = rest.strip().splitlines()[0]
+    assert key.startswith("Key sentence from passage ") and ANSWER in key
+    assert rest.strip().splitlines()[-1].startswith("Question:")
+    # The reader ran before the engine: its span went with the retrieval event.
+    assert isinstance(events[0], RetrievalResult) and events[0].answer is not None
