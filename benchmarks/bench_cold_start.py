@@ -14,14 +14,19 @@ Each run asks the first --questions answerable questions whose gold paragraphs a
 (one question per paragraph: every one a first visit). Reported: TTFT p50/p95 of each run, the
 warm/cold ratios, time to SERVING and to warm, passages and tokens pre-filled and left cold (from
 Info), and the server's RSS once warm. With --corpus-too-big, the same index is also warmed with
-RAGSERVE_WARM_KV_SHARE small enough that it cannot all fit, to show what is left out. Writes
-results.md and results.json to --out.
+RAGSERVE_WARM_KV_SHARE small enough that it cannot all fit, to show what is left out. With
+--history-corpus DIR (a BEIR folder, e.g. SciFact: a corpus far larger than the KV share), a
+first server answers --history-queries of its queries and saves their retrieval counts; a second
+one starts with those counts and warms what fits, most retrieved first; then the same queries
+(revisits) and as many others (new) are asked: how often each group's top passage was warm, and
+their TTFT. Writes results.md and results.json to --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -121,6 +126,80 @@ def run(args: argparse.Namespace, name: str, env: dict[str, str], questions: lis
     return result
 
 
+def beir_queries(folder: Path) -> list[Question]:
+    """A BEIR folder's queries as questions (no gold answers: only retrieval and warmth count here)."""
+    rows = [json.loads(line) for line in (folder / "queries.jsonl").read_text().splitlines() if line.strip()]
+    return [Question(str(r["_id"]), r["text"], [], False, "") for r in rows]
+
+
+def history_run(args: argparse.Namespace) -> dict[str, Any]:
+    """Warming by history on a corpus larger than its share: counts from a first server, then a
+    fresh one that warms the most retrieved first; revisits against new queries."""
+    index = ensure_index(args.history_index, args.out / "history", args.history_corpus / "corpus.jsonl")
+    queries = beir_queries(args.history_corpus)
+    seen, new = queries[: args.history_queries], queries[args.history_queries : 2 * args.history_queries]
+    counts = args.out / "hot-history.json"
+    counts.unlink(missing_ok=True)
+    env = {"RAGSERVE_CACHE_ANSWERS": "false", "RAGSERVE_HOT_PASSAGES_PATH": str(counts)}
+    process, target = start_server(index, {**env, "RAGSERVE_WARM_PASSAGES": "0"}, args.out / "sidecar-history-1.log")
+    try:
+        asyncio.run(drive(target, seen, 4))
+    finally:
+        stop_server(process)  # the counts are saved on the way out
+    counted = len(json.loads(counts.read_text())["counts"])
+    started = time.perf_counter()
+    env = {**env, "RAGSERVE_WARM_WHOLE_CORPUS": "true"}
+    process, target = start_server(index, env, args.out / "sidecar-history-2.log")
+    try:
+        warming = asyncio.run(settled(target))
+        warm_s = time.perf_counter() - started
+        rows = asyncio.run(drive(target, [WARMUP, *seen, *new], args.max_tokens))[1:]
+    finally:
+        stop_server(process)
+    template = min(r["cached_tokens"] for r in rows if r["ok"])  # a top passage not warm: the template alone
+
+    def group(part: list[dict[str, Any]]) -> dict[str, float]:
+        ok = [r for r in part if r["ok"] and "ttft_ms" in r]
+        return {
+            "top_warm": sum(r["cached_tokens"] > template + 32 for r in ok) / max(1, len(ok)),
+            "ttft_p50": percentile([r["ttft_ms"] for r in ok], 50),
+            "ttft_p95": percentile([r["ttft_ms"] for r in ok], 95),
+        }
+
+    result = {
+        "rows": rows,
+        "counted": counted,
+        "warm_passages": warming.passages,
+        "warm_left_out": warming.left_out,
+        "warm_s": warm_s,
+        "revisits": group(rows[: len(seen)]),
+        "new": group(rows[len(seen) :]),
+    }
+    print(f"[history] {result['revisits']} / {result['new']}, {warming.passages} warm, {warming.left_out} left out")
+    return result
+
+
+def history_lines(args: argparse.Namespace, r: dict[str, Any]) -> list[str]:
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
+    revisits, new = r["revisits"], r["new"]
+    return [
+        f"# Warming by history on a corpus larger than its share ({args.history_corpus.name})",
+        "",
+        f"Host: {read_host_cpu().describe()}. Commit {git.strip()}. {args.history_queries} queries answered by a "
+        f"first server ({r['counted']} top passages counted), then a fresh server with those counts; max_tokens "
+        f"{args.max_tokens}, one at a time, answer cache off.",
+        "",
+        f"- warmed {r['warm_passages']} passages, left {r['warm_left_out']} out; warm {r['warm_s']:.1f} s after start",
+        "",
+        "| queries | top passage warm | TTFT p50 / p95 ms |",
+        "|---|---|---|",
+        *(
+            f"| {name} | {g['top_warm']:.2f} | {g['ttft_p50']:.0f} / {g['ttft_p95']:.0f} |"
+            for name, g in (("revisits (counted)", revisits), ("new", new))
+        ),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "squad2-dev")
@@ -130,8 +209,16 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--corpus-too-big", action="store_true", help="also warm with a share the corpus exceeds")
+    parser.add_argument("--history-corpus", type=Path, help="a BEIR folder larger than the KV share (SciFact)")
+    parser.add_argument("--history-index", type=Path)
+    parser.add_argument("--history-queries", type=int, default=100)
+    parser.add_argument("--history-only", action="store_true", help="only the --history-corpus run")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.history_only:
+        history = history_run(args)
+        write_results(args.out, "\n".join(history_lines(args, history)) + "\n", {"history": history})
+        return
     args.index = ensure_index(args.index, args.out, args.data / "corpus.jsonl")
     questions = first_visits(load_questions(args.data, args.seed), args.questions)
     load_before = load_avg()
