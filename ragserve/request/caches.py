@@ -196,8 +196,9 @@ def replay(cached: CachedAnswer, timings: StageTimings, elapsed_ms: Callable[[],
     # The stored passages replace this request's retrieval, so its degraded flags do not apply;
     # only answers from a retrieval that was not cut short are ever stored.
     degraded = Degraded()
+    sent = dataclasses.replace(timings)  # the event's own copy, as a generated answer's
     yield RetrievalResult(
-        list(cached.passages), timings, degraded, cached.index_version, list(cached.rerank_tiers), cache_hit=True
+        list(cached.passages), sent, degraded, cached.index_version, list(cached.rerank_tiers), cache_hit=True
     )
     ttft_ms = elapsed_ms()
     for start in range(0, len(cached.text), _REPLAY_CHUNK_CHARS):
