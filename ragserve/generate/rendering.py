@@ -4,6 +4,7 @@ ids for a server), so the template prefix is identical wherever it is computed a
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from ragserve.errors import Unavailable
@@ -11,11 +12,17 @@ from ragserve.pretrained import load_options
 from ragserve.prompt import Prompt, break_special_tokens
 
 
+# Token counts kept per text: fitting a Query's context counts every sentence and title of its
+# passages, and the same chunks come back request after request (a few MiB at most).
+_COUNTS_KEPT = 16_384
+
+
 class ChatRenderer:
     def __init__(self, model: str) -> None:
         self._model = model
         self._tokenizer: Any = None
         self._special_tokens: frozenset[str] = frozenset()
+        self._counted = lru_cache(maxsize=_COUNTS_KEPT)(self._count)
 
     def load(self) -> None:
         """The model's tokenizer and every special or added token it knows (what untrusted text must
@@ -25,6 +32,7 @@ class ChatRenderer:
         self._tokenizer = AutoTokenizer.from_pretrained(self._model, **load_options(self._model))
         added = (token.content for token in self._tokenizer.added_tokens_decoder.values())
         self._special_tokens = frozenset([*self._tokenizer.all_special_tokens, *added])
+        self._counted.cache_clear()  # counts belong to the tokenizer that made them
 
     @property
     def tokenizer(self) -> Any:
@@ -48,4 +56,7 @@ class ChatRenderer:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def count_tokens(self, text: str) -> int:
+        return self._counted(text)
+
+    def _count(self, text: str) -> int:
         return len(self.encode(text))

@@ -39,3 +39,21 @@ def test_callers_see_a_local_model_by_its_folder_name_only() -> None:
     assert VllmGenerator(GeneratorSettings(model="HuggingFaceTB/SmolLM2-135M-Instruct")).model_id == (
         "HuggingFaceTB/SmolLM2-135M-Instruct"
     )
+
+
+def test_token_counts_are_the_tokenizers_and_a_text_is_counted_once() -> None:
+    from ragserve.generate.rendering import ChatRenderer
+
+    model = default_generator_path()
+    if not (model / "config.json").is_file():
+        pytest.skip("the generator is not prepared (ragserve prepare-models)")
+    renderer = ChatRenderer(str(model))
+    renderer.load()
+    sentence = "Penicillin was discovered in 1928 by Alexander Fleming."
+    assert renderer.count_tokens(sentence) == len(renderer.tokenizer.encode(sentence, add_special_tokens=False))
+    encoded = []
+    renderer.encode = lambda text: encoded.append(text) or [0]  # type: ignore[method-assign]
+    renderer.count_tokens(sentence)
+    assert encoded == []  # kept from the first count: fitting a context does not tokenize it again
+    renderer.count_tokens("another sentence")
+    assert encoded == ["another sentence"]
