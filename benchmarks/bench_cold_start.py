@@ -107,7 +107,12 @@ def run(args: argparse.Namespace, name: str, env: dict[str, str], questions: lis
         "rows": rows,
         "ttft_p50": percentile([r["ttft_ms"] for r in ok], 50),
         "ttft_p95": percentile([r["ttft_ms"] for r in ok], 95),
+        # Where a first visit's time goes, server-side p50: before the engine, and the engine's part.
+        "retrieval_p50": percentile([r["retrieval_ms"] for r in ok], 50),
+        "context_p50": percentile([r["context_ms"] for r in ok], 50),
+        "engine_p50": percentile([r["server_ttft_ms"] - r["retrieval_ms"] - r["context_ms"] for r in ok], 50),
         "cached_mean": sum(r["cached_tokens"] for r in ok) / max(1, len(ok)),
+        "uncached_mean": sum(r["prompt_tokens"] - r["cached_tokens"] for r in ok) / max(1, len(ok)),
         "errors": len(rows) - len(ok),
         "serving_s": serving_s,
         "warm_s": warm_s,
@@ -255,6 +260,13 @@ def main() -> None:
         f"- asked while warming ran / cold: p95 {during['ttft_p95'] / cold['ttft_p95']:.2f}x "
         f"(p50 {during['ttft_p50'] / cold['ttft_p50']:.2f}x)",
         f"- SERVING with warming / without: {warm['serving_s'] / cold['serving_s']:.2f}x",
+        "- where a first visit's time goes, server-side p50 (retrieval / context fitting / the rest, mostly the "
+        "engine, ms; prompt tokens not cached): "
+        + "; ".join(
+            f"{name} {r['retrieval_p50']:.1f} / {r['context_p50']:.1f} / {r['engine_p50']:.1f}, "
+            f"{r['uncached_mean']:.0f} uncached"
+            for name, r in (("cold", cold), ("warm", warm))
+        ),
     ]
     write_results(args.out, "\n".join(lines) + "\n", results)
 

@@ -132,8 +132,10 @@ async def ask(client: RagClient, q: Question, max_tokens: int) -> dict[str, Any]
             row.setdefault("ttft_ms", (time.perf_counter() - started) * 1000.0)
             parts.append(event.token.text)
         elif kind == "final":
-            usage = event.final.usage
+            usage, timings = event.final.usage, event.final.timings
             row.update(
+                server_ttft_ms=timings.ttft_ms,
+                context_ms=timings.context_ms,
                 prompt_tokens=usage.prompt_tokens,
                 cached_tokens=usage.prefix_cache_hit_tokens,
                 context_tokens=usage.context_tokens,
