@@ -11,7 +11,6 @@ from ragserve.errors import Unavailable
 from ragserve.pretrained import load_options
 from ragserve.prompt import Prompt, break_special_tokens
 
-
 # Token counts kept per text: fitting a Query's context counts every sentence and title of its
 # passages, and the same chunks come back request after request (a few MiB at most).
 _COUNTS_KEPT = 16_384
