@@ -146,8 +146,14 @@ async def _hot_reload_under_load(
     assert versions[0] == "1" and versions[-1] == "2"
     assert "3" not in versions
     assert versions.index("2") > 0 and "1" not in versions[versions.index("2") + 50 :]
-    gc.collect()
-    assert old() is None  # the old version was freed once its in-flight queries finished
+    # The old version is freed once its in-flight work is done: on a loaded machine a model thread
+    # may still be finishing a search it started on it (bounded wait; a leak still fails).
+    for _ in range(50):
+        gc.collect()
+        if old() is None:
+            break
+        await asyncio.sleep(0.1)
+    assert old() is None, gc.get_referrers(old())
 
 
 def test_reloader_refuses_corrupt_manifest(tmp_path: Path, embedder: SentenceTransformerEmbedder) -> None:
