@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,7 +35,15 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.harness import ensure_index, load_avg, percentile, start_server, stop_server, write_results  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    ensure_index,
+    git_head,
+    load_avg,
+    percentile,
+    start_server,
+    stop_server,
+    write_results,
+)
 from benchmarks.workloads import WARMUP, Question, ask, load_questions, wait_warm  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
 from ragserve.generate.host import read_host_cpu  # noqa: E402
@@ -185,12 +192,11 @@ def history_run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def history_lines(args: argparse.Namespace, r: dict[str, Any]) -> list[str]:
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
     revisits, new = r["revisits"], r["new"]
     return [
         f"# Warming by history on a corpus larger than its share ({args.history_corpus.name})",
         "",
-        f"Host: {read_host_cpu().describe()}. Commit {git.strip()}. {args.history_queries} queries answered by a "
+        f"Host: {read_host_cpu().describe()}. Commit {git_head()}. {args.history_queries} queries answered by a "
         f"first server ({r['counted']} top passages counted), then a fresh server with those counts; max_tokens "
         f"{args.max_tokens}, one at a time, answer cache off.",
         "",
@@ -235,11 +241,10 @@ def main() -> None:
     if args.corpus_too_big:
         results["too-big"] = run(args, "too-big", {"RAGSERVE_WARM_KV_SHARE": "0.01"}, questions)
     cold, warm, during = results["cold"], results["warm"], results["during"]
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
     lines = [
         "# Cold start, warm cache (SQuAD v2 dev sample, first visits, through Query)",
         "",
-        f"Host: {read_host_cpu().describe()}. Commit {git.strip()}. Load before: {load_before}. "
+        f"Host: {read_host_cpu().describe()}. Commit {git_head()}. Load before: {load_before}. "
         f"{len(questions)} answerable questions, one per paragraph, max_tokens {args.max_tokens}, one at a "
         "time, answer cache off, a fresh server with no retrieval counts for each row.",
         "",

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,15 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.harness import ensure_index, load_avg, percentile, start_server, stop_server, write_results  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    ensure_index,
+    git_head,
+    load_avg,
+    percentile,
+    start_server,
+    stop_server,
+    write_results,
+)
 from benchmarks.workloads import WARMUP, Question, contains_gold, load_questions, squad_normalize, wait_warm  # noqa: E402
 from indexer.tune.reader_eval import token_f1  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
@@ -171,12 +178,11 @@ def main() -> None:
     lexical = run(args, "lexical", {"RAGSERVE_READER_ENABLED": "false"}, questions)
     reader = run(args, "reader", {}, questions)
     lead = run(args, "lead", {"RAGSERVE_READER_LEAD": "true"}, questions)
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
     answerable = sum(1 for q in questions if not q.impossible)
     lines = [
         "# The reader through Query (SQuAD 2.0 dev sample)",
         "",
-        f"Host: {read_host_cpu().describe()}. Commit {git.strip()}. Load before: {load_before}. "
+        f"Host: {read_host_cpu().describe()}. Commit {git_head()}. Load before: {load_before}. "
         f"{len(questions)} questions ({answerable} answerable), max_tokens {args.max_tokens}, one at a time, "
         "answer cache off, warming settled, a fresh server per row.",
         "",

@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.harness import load_avg, percentile, start_server, stop_server  # noqa: E402
+from benchmarks.harness import git_head, load_avg, percentile, start_server, stop_server  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
 from ragserve.generate.host import read_host_cpu  # noqa: E402
 
@@ -69,11 +69,6 @@ async def timed_query(client: RagClient, question: str, max_tokens: int) -> tupl
         elif kind == "final":
             server_ttft = event.final.timings.ttft_ms
     return client_ttft, server_ttft
-
-
-def git_head(tree: Path) -> str:
-    run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True)
-    return run.stdout.strip()
 
 
 def row(name: str, samples: dict[str, list[float]]) -> list[str]:

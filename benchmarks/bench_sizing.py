@@ -32,7 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.harness import load_avg, start_server, stop_server, write_results  # noqa: E402
+from benchmarks.harness import git_head, load_avg, start_server, stop_server, write_results  # noqa: E402
 from benchmarks.workloads import load_questions, wait_warm  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
 from ragserve.generate.host import read_host_cpu  # noqa: E402
@@ -135,11 +135,10 @@ def main() -> None:
     )
     per_kv_gib = rows["local engine, KV 2 GiB"]["rss_loaded_mib"] - rows["local engine, KV 1 GiB"]["rss_loaded_mib"]
     disk = {"SQuAD sample": version_disk_mib(small), "SciFact subset": version_disk_mib(big)}
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
     lines = [
         "# Sizing one sidecar",
         "",
-        f"Host: {read_host_cpu().describe()}. Commit {git.strip()}. A fresh server per row, one after the other; "
+        f"Host: {read_host_cpu().describe()}. Commit {git_head()}. A fresh server per row, one after the other; "
         f"load: {args.retrieves} Retrieves, then (with a generator) warming settled and {args.queries} Queries "
         "(max_tokens 16).",
         "",

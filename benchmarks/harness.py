@@ -110,6 +110,12 @@ def ensure_index(index: Path | None, out: Path, corpus: Path) -> Path:
     return index
 
 
+def git_head(tree: Path = REPO) -> str:
+    """The short commit `tree` is at (every results.md names the commit it measured)."""
+    run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True)
+    return run.stdout.strip()
+
+
 def write_results(out: Path, text: str, results: object) -> None:
     """results.md (the table, also printed) and results.json (every request) in `out`."""
     import json
