@@ -272,9 +272,9 @@ def retrieve(
                 print("reranked: " + ", ".join(r.rerank_tiers))
             if r.HasField("answer"):
                 _print_span(r.answer, list(r.passages), t.reader_ms)
-            for note in r.degraded.notes if answer_span else ():
-                if note.startswith("reader"):
-                    print(f"({note})")
+            skipped = [note for note in r.degraded.notes if note.startswith("reader")]
+            if answer_span and skipped:
+                print(f"({skipped[0]})")  # the reader did not fit what was left of the budget
 
     _run_client(run, flags.target)
 
