@@ -54,6 +54,10 @@ class Prompt:
     # What this prompt shares with others beyond the template: the top passage's chunk id, whose
     # KV a server that answered about it before still holds (remote generators route by it).
     reuse_key: str = ""
+    # Where in `user` the text every question with this top passage shares ends (the reusable
+    # layout: right after the top passage's element); 0: only the template is shared. The renderer
+    # may pad there so the shared part ends on a KV block (generate/rendering.py).
+    reuse_end: int = 0
 
 
 def canonical(text: str) -> str:
@@ -123,6 +127,8 @@ def build_prompt(
         parts.append(
             f'<passage id="{number}" title="{passage_label(passage)}">\n{_neutralize(chunk.text.strip())}\n</passage>'
         )
+    # "<passages>\n<passage ...>\n...\n</passage>\n": what follows differs from question to question.
+    reuse_end = len(parts[0]) + len(parts[1]) + 2 if layout == "reusable" and passages else 0
     parts.append("</passages>")
     if key_sentence is not None:
         number, sentence = key_sentence
@@ -130,7 +136,7 @@ def build_prompt(
     parts.append(f"Question: {_neutralize(question.strip())}")
     if layout == "naive":
         return Prompt(system=f"Question: {_neutralize(question.strip())}\n\n{SYSTEM_PREFIX}", user="\n".join(parts))
-    return Prompt(SYSTEM_PREFIX, "\n".join(parts), passages[0].chunk.chunk_id if passages else "")
+    return Prompt(SYSTEM_PREFIX, "\n".join(parts), passages[0].chunk.chunk_id if passages else "", reuse_end)
 
 
 @lru_cache(maxsize=8)

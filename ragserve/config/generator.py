@@ -38,8 +38,13 @@ class GeneratorSettings(BaseSettings):
     # pinned, and `threads` sets how many threads the engine runs.
     cpu_omp_threads_bind: str = ""
     # KV cache block size in tokens (0: 32 on CPU, vLLM's default on CUDA). Only full blocks are
-    # prefix-cached; the CPU backend needs a multiple of 16 and is fastest on multiples of 32.
+    # prefix-cached; the CPU backend needs a multiple of 32. With remote servers: the servers'
+    # --block-size (0: 32, a whole number of blocks of vLLM's CUDA default 16 too).
     block_size: int = Field(default=0, ge=0)
+    # Blank lines after the top passage (reusable layout), so that what every question about it
+    # shares ends on a KV block and a warm passage is reused whole, when that takes at most this many
+    # tokens; more would cost a first visit more than a revisit wins back. 0: never (docs/ttft.md).
+    reuse_pad_max_tokens: int = Field(default=16, ge=0, le=1024)
     # Prompt-lookup (n-gram) speculative decoding (drafts copied from the prompt). auto: on for CPU
     # hosts of up to 4 CPUs, with the engine on a server thread, where it was measured to pay
     # (BENCHMARKS.md); off elsewhere (GPU and bigger hosts: not measured). ngram: on; off: off.

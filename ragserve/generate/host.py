@@ -31,6 +31,8 @@ REPORTED_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "
 # for the server: half the machine on two cores). Above it, vLLM's own NUMA-aware binding is kept.
 ALL_CORES_UP_TO = 4
 CPU_BLOCK_SIZE = 32
+# vLLM's KV block size on CUDA when none is set.
+CUDA_BLOCK_SIZE = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,9 +192,10 @@ def resolve_engine(settings: GeneratorSettings, host: HostCpu) -> ResolvedEngine
     choices.append(EngineChoice("omp_threads_bind", bind or ("none" if layout == "thread" else "auto"), why))
 
     if settings.block_size:
-        if settings.block_size % 16:
+        if settings.block_size % CPU_BLOCK_SIZE:
             raise ConfigError(
-                f"RAGSERVE_GENERATOR_BLOCK_SIZE={settings.block_size}: the CPU backend needs a multiple of 16"
+                f"RAGSERVE_GENERATOR_BLOCK_SIZE={settings.block_size}: "
+                f"the CPU backend needs a multiple of {CPU_BLOCK_SIZE}"
             )
         block, why = settings.block_size, "set by RAGSERVE_GENERATOR_BLOCK_SIZE"
     else:
@@ -204,6 +207,18 @@ def resolve_engine(settings: GeneratorSettings, host: HostCpu) -> ResolvedEngine
     if layout == "thread":
         choices.append(resolve_threads(settings, host))
     return ResolvedEngine(dtype, bind, block, tuple(choices), speculative, layout)
+
+
+def resolve_reuse_pad(settings: GeneratorSettings, block_tokens: int) -> EngineChoice:
+    """The blank lines that end a warm passage on a KV block (generate/rendering.py): part of the
+    answer's identity, since they are part of the prompt."""
+    if settings.reuse_pad_max_tokens == 0:
+        return EngineChoice("reuse_pad", "off", "set by RAGSERVE_GENERATOR_REUSE_PAD_MAX_TOKENS")
+    return EngineChoice(
+        "reuse_pad",
+        f"up to {settings.reuse_pad_max_tokens} tokens to a {block_tokens}-token block",
+        "only whole KV blocks are prefix-cached: a warm top passage is then reused to its last token",
+    )
 
 
 def resolve_threads(settings: GeneratorSettings, host: HostCpu) -> EngineChoice:

@@ -22,7 +22,7 @@ from typing import Any
 
 from ragserve.config import GeneratorSettings
 from ragserve.errors import ConfigError, InvalidArgument, Overloaded, Unavailable
-from ragserve.generate.host import read_host_cpu
+from ragserve.generate.host import CPU_BLOCK_SIZE, read_host_cpu, resolve_reuse_pad
 from ragserve.generate.identity import model_digest
 from ragserve.generate.rendering import ChatRenderer
 from ragserve.generate.routing import hedge_after_s, order_servers, routing_key
@@ -52,7 +52,8 @@ class RemoteVllmGenerator:
     def __init__(self, settings: GeneratorSettings, pool_size: int, probe_timeout_s: float) -> None:
         self._settings = settings
         self._model = settings.resolved_model()
-        self._renderer = ChatRenderer(self._model)
+        self._reuse_pad = resolve_reuse_pad(settings, settings.block_size or CPU_BLOCK_SIZE)
+        self._renderer = ChatRenderer(self._model, settings.block_size or CPU_BLOCK_SIZE, settings.reuse_pad_max_tokens)
         self._pool_size = settings.remote_pool_size or pool_size
         self._round_robin = itertools.count()
         self._host = read_host_cpu()
@@ -69,7 +70,9 @@ class RemoteVllmGenerator:
         self.servers = [VllmServer(url, self._pool_size, timeouts, headers) for url in settings.remote_url_list()]
         # The served model and the local tokenizer's files decide an answer's text: both are in the
         # answer cache's key. The server count is not (the pool may grow without emptying it).
-        self._identity = f"{settings.remote_model or model_name(self._model)}@{model_digest(self._model)}"
+        # The pad is part of the prompt.
+        served = settings.remote_model or model_name(self._model)
+        self._identity = f"{served}@{model_digest(self._model)}|{self._reuse_pad.name}={self._reuse_pad.value}"
 
     @property
     def model_id(self) -> str:
@@ -90,6 +93,7 @@ class RemoteVllmGenerator:
             EngineChoice("servers", str(len(self.servers)), "RAGSERVE_GENERATOR_REMOTE_URLS"),
             EngineChoice("routing", routing, "RAGSERVE_GENERATOR_REMOTE_ROUTING"),
             EngineChoice("hedge_after", hedge, "RAGSERVE_GENERATOR_REMOTE_HEDGE_AFTER_MS"),
+            self._reuse_pad,
         )
 
     @property

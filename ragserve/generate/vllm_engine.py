@@ -19,7 +19,14 @@ from typing import Any
 from ragserve.config import GeneratorSettings
 from ragserve.errors import ConfigError, InvalidArgument, Unavailable
 from ragserve.generate.engine_thread import EngineThreadDead, ThreadedEngine, in_process_engine_env
-from ragserve.generate.host import HostCpu, ResolvedEngine, read_host_cpu, resolve_engine
+from ragserve.generate.host import (
+    CUDA_BLOCK_SIZE,
+    HostCpu,
+    ResolvedEngine,
+    read_host_cpu,
+    resolve_engine,
+    resolve_reuse_pad,
+)
 from ragserve.generate.host_share import CpuCounters, EngineThreads, HostShareWatch, NeighbourLoad
 from ragserve.generate.identity import model_digest
 from ragserve.generate.rendering import ChatRenderer
@@ -68,10 +75,12 @@ class VllmGenerator:
         self._settings = settings
         self._model = settings.resolved_model()
         self._engine: Any = None
-        self._renderer = ChatRenderer(self._model)
         self._dead: BaseException | None = None
         self._host: HostCpu = read_host_cpu()
         self._resolved: ResolvedEngine = resolve_engine(settings, self._host)
+        block = self._resolved.block_size or CUDA_BLOCK_SIZE
+        self._renderer = ChatRenderer(self._model, block, settings.reuse_pad_max_tokens)
+        self._choices = (*self._resolved.choices, resolve_reuse_pad(settings, block))
         # Only an engine on a server thread can change its thread count between steps.
         self._host_share: HostShareWatch | None = None
         if self._resolved.engine_layout == "thread" and settings.device == "cpu":
@@ -85,12 +94,12 @@ class VllmGenerator:
     @property
     def answer_identity(self) -> str:
         # Engine settings (dtype, speculation) can change a greedy answer: they are part of it.
-        engine = ",".join(f"{c.name}={c.value}" for c in self._resolved.choices)
+        engine = ",".join(f"{c.name}={c.value}" for c in self._choices)
         return f"{model_name(self._model)}@{model_digest(self._model)}|{engine}"
 
     @property
     def engine_choices(self) -> tuple[EngineChoice, ...]:
-        return self._resolved.choices
+        return self._choices
 
     @property
     def host_cpu(self) -> str:

@@ -280,7 +280,11 @@ def fit_and_build(
         context = fit_context(question, passages, budget, generator.count_tokens, policy.whole_first_max_tokens, table)
     with request.stage("prompt"):
         key = key_sentence(span, passages, context.passages) if policy.reader_lead else None
-        prompt = build_prompt(question, context.passages, policy.prompt_layout, key)
+        layout = policy.prompt_layout
+        whole_top = bool(passages and context.passages) and context.passages[0].chunk == passages[0].chunk
+        if layout == "reusable" and not whole_top:
+            layout = "stable"  # a top passage cut to the question is shared with no other question
+        prompt = build_prompt(question, context.passages, layout, key)
     return context, prompt
 
 

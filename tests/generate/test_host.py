@@ -68,8 +68,8 @@ def test_explicit_settings_win() -> None:
 
 
 def test_block_size_must_suit_the_cpu_backend() -> None:
-    with pytest.raises(ConfigError, match="multiple of 16"):
-        resolve_engine(GeneratorSettings(block_size=40), ZEN3)
+    with pytest.raises(ConfigError, match="multiple of 32"):
+        resolve_engine(GeneratorSettings(block_size=48), ZEN3)
 
 
 def test_gpu_leaves_dtype_and_blocks_to_vllm() -> None:
