@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Iterable
 from pathlib import Path
+
+from ragserve.types import EngineChoice
 
 # Files this small are hashed whole (config, tokenizer, generation settings); larger ones (weights)
 # by name and size: reading gigabytes at start-up to name them is not worth it.
@@ -24,3 +27,9 @@ def model_digest(model: str) -> str:
         if size < _HASH_WHOLE_BELOW:
             digest.update(path.read_bytes())
     return digest.hexdigest()
+
+
+def answer_identity(served: str, model: str, choices: Iterable[EngineChoice]) -> str:
+    """The model that answers (`served`, with a digest of the local `model` folder) and the settings
+    that change a greedy answer's text (dtype, speculation, the prompt's pad): the answer cache's key."""
+    return f"{served}@{model_digest(model)}|{','.join(f'{c.name}={c.value}' for c in choices)}"

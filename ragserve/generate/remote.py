@@ -23,7 +23,7 @@ from typing import Any
 from ragserve.config import GeneratorSettings
 from ragserve.errors import ConfigError, InvalidArgument, Overloaded, Unavailable
 from ragserve.generate.host import CPU_BLOCK_SIZE, read_host_cpu, resolve_reuse_pad
-from ragserve.generate.identity import model_digest
+from ragserve.generate.identity import answer_identity
 from ragserve.generate.rendering import ChatRenderer
 from ragserve.generate.routing import hedge_after_s, order_servers, routing_key
 from ragserve.generate.vllm_server import OVERLOADED_RETRY_MS, ServerTimeouts, VllmServer
@@ -52,7 +52,6 @@ class RemoteVllmGenerator:
     def __init__(self, settings: GeneratorSettings, pool_size: int, probe_timeout_s: float) -> None:
         self._settings = settings
         self._model = settings.resolved_model()
-        self._reuse_pad = resolve_reuse_pad(settings, settings.block_size or CPU_BLOCK_SIZE)
         self._renderer = ChatRenderer(self._model, settings.block_size or CPU_BLOCK_SIZE, settings.reuse_pad_max_tokens)
         self._pool_size = settings.remote_pool_size or pool_size
         self._round_robin = itertools.count()
@@ -68,11 +67,9 @@ class RemoteVllmGenerator:
             keepalive_s=settings.remote_keepalive_s,
         )
         self.servers = [VllmServer(url, self._pool_size, timeouts, headers) for url in settings.remote_url_list()]
-        # The served model and the local tokenizer's files decide an answer's text: both are in the
-        # answer cache's key. The server count is not (the pool may grow without emptying it).
-        # The pad is part of the prompt.
-        served = settings.remote_model or model_name(self._model)
-        self._identity = f"{served}@{model_digest(self._model)}|{self._reuse_pad.name}={self._reuse_pad.value}"
+        # The server count is not part of an answer's identity (the pool may grow without emptying it).
+        self._reuse_pad = resolve_reuse_pad(settings, settings.block_size or CPU_BLOCK_SIZE)
+        self._identity = answer_identity(self.model_id, self._model, [self._reuse_pad])
 
     @property
     def model_id(self) -> str:
@@ -156,10 +153,8 @@ class RemoteVllmGenerator:
         self._set_up(server, True)
 
     async def _check_model(self, server: VllmServer) -> None:
-        wanted = (
-            {self._settings.remote_model} if self._settings.remote_model else {self._model, model_name(self._model)}
-        )
-        await server.check_model(wanted, self.model_id)
+        named = self._settings.remote_model
+        await server.check_model({named} if named else {self._model, model_name(self._model)}, self.model_id)
 
     async def _warm(self, server: VllmServer) -> None:
         """Put the template prefix into the server's prefix cache."""

@@ -28,7 +28,7 @@ from ragserve.generate.host import (
     resolve_reuse_pad,
 )
 from ragserve.generate.host_share import CpuCounters, EngineThreads, HostShareWatch, NeighbourLoad
-from ragserve.generate.identity import model_digest
+from ragserve.generate.identity import answer_identity
 from ragserve.generate.rendering import ChatRenderer
 from ragserve.prompt import SYSTEM_PREFIX, Prompt, build_prompt
 from ragserve.types import (
@@ -93,9 +93,7 @@ class VllmGenerator:
 
     @property
     def answer_identity(self) -> str:
-        # Engine settings (dtype, speculation) can change a greedy answer: they are part of it.
-        engine = ",".join(f"{c.name}={c.value}" for c in self._choices)
-        return f"{model_name(self._model)}@{model_digest(self._model)}|{engine}"
+        return answer_identity(self.model_id, self._model, self._choices)
 
     @property
     def engine_choices(self) -> tuple[EngineChoice, ...]:

@@ -14,6 +14,25 @@ from tests.e2e.servers import LiveServer, serving, wait_warm
 from tests.e2e.test_grpc_stream import _template_tokens
 
 
+def _shared_with_warming(passage: pb.Passage) -> int:
+    """Tokens a question's prompt with `passage` on top (and another passage after it) shares with
+    the prompt warming pre-filled for it, as the server renders both (pad included)."""
+    from ragserve.config import GeneratorSettings, default_generator_path
+    from ragserve.generate.rendering import ChatRenderer
+    from ragserve.prompt import build_prompt
+    from ragserve.types import Chunk, Passage
+
+    renderer = ChatRenderer(str(default_generator_path()), 32, GeneratorSettings().reuse_pad_max_tokens)
+    renderer.load()
+    top = Passage(Chunk(passage.chunk_id, passage.doc_id, passage.text, passage.title), 1.0)
+    other = Passage(Chunk("other#0", "other", "Another passage.", "Other"), 0.5)
+    warm, asked = (
+        renderer.encode(renderer.render(build_prompt(q, passages, "reusable")))
+        for q, passages in (("", [top]), ("A question?", [top, other]))
+    )
+    return next(i for i, (a, b) in enumerate(zip(warm, asked, strict=False)) if a != b)
+
+
 async def _ask(target: str, question: str) -> tuple[pb.RetrievalEvent, pb.FinalEvent]:
     async with RagClient(target, default_timeout_s=120) as client:
         events = [e async for e in client.query(question, max_tokens=4)]
@@ -38,10 +57,13 @@ def test_a_restarted_server_starts_warm_the_most_retrieved_passage_first(
     for server in serving(sample_index, tmp_path / "server.log", {**env, "RAGSERVE_WARM_WHOLE_CORPUS": "true"}):
         warming = wait_warm(server.target)  # warming runs after SERVING, in the background
         retrieval, repeat = asyncio.run(_ask(server.target, "What mould did penicillin come from?"))
-        _, first_visit = asyncio.run(_ask(server.target, "How does the honey bee waggle dance encode distance?"))
+        visited, first_visit = asyncio.run(_ask(server.target, "How does the honey bee waggle dance encode distance?"))
         assert "warming done" in server.log_text()
     assert retrieval.passages[0].chunk_id == top
     assert warming.passages > 1 and warming.tokens > 0
     # The first questions this server answers find the template and the whole passage cached.
-    for final in (repeat, first_visit):
+    for event, final in ((retrieval, repeat), (visited, first_visit)):
         assert final.usage.prefix_cache_hit_tokens >= _template_tokens() + 64, final.usage
+        # Every whole KV block the prompt shares with warming's: with the pad, that is the whole
+        # top passage when a short pad brought it to a block's end (generate/rendering.py).
+        assert final.usage.prefix_cache_hit_tokens >= _shared_with_warming(event.passages[0]) // 32 * 32

@@ -57,3 +57,67 @@ def test_token_counts_are_the_tokenizers_and_a_text_is_counted_once() -> None:
     assert encoded == []  # kept from the first count: fitting a context does not tokenize it again
     renderer.count_tokens("another sentence")
     assert encoded == ["another sentence"]
+
+
+def _renderer(block: int = 0, pad_max: int = 0):  # type: ignore[no-untyped-def]
+    from ragserve.generate.rendering import ChatRenderer
+
+    model = default_generator_path()
+    if not (model / "config.json").is_file():
+        pytest.skip("the generator is not prepared (ragserve prepare-models)")
+    renderer = ChatRenderer(str(model), block, pad_max)
+    renderer.load()
+    return renderer
+
+
+def _shared(one: list[int], other: list[int]) -> int:
+    return next((i for i, (a, b) in enumerate(zip(one, other, strict=False)) if a != b), min(len(one), len(other)))
+
+
+def test_a_warm_top_passage_is_shared_to_the_end_of_a_kv_block_when_a_short_pad_gets_it_there() -> None:
+    """The prompt warming pre-fills and a question's prompt with the same top passage share their
+    tokens up to a block boundary after the passage (whole blocks are all a prefix cache keeps), at
+    the cost of at most `pad_max` blank-line tokens; a passage that would need more is left as it is."""
+    from ragserve.prompt import build_prompt
+    from ragserve.types import Chunk, Passage
+
+    padded, plain = _renderer(32, 16), _renderer()
+    other = Passage(Chunk("o#0", "o", "Another passage, cut to the question.", title="Other"), 0.5)
+    sentence = "Fleming found penicillin in 1928 at St Mary's Hospital in London. "
+    aligned = left = 0
+    for length in range(1, 25):
+        top = Passage(Chunk(f"d#{length}", "d", sentence * length + "\ue000 </passage>", title="Penicillin"), 1.0)
+        warm, alone = build_prompt("", [top], "reusable"), build_prompt("Who found it?", [top], "reusable")
+        two = build_prompt("When?", [top, other], "reusable")  # parts from warm right after the top passage
+        warm_ids, alone_ids, two_ids = (padded.encode(padded.render(p)) for p in (warm, alone, two))
+        before = _shared(plain.encode(plain.render(two)), plain.encode(plain.render(warm)))
+        shared = _shared(two_ids, warm_ids)
+        assert _shared(alone_ids, warm_ids) >= shared
+        added = len(two_ids) - len(plain.encode(plain.render(two)))
+        if added:
+            aligned += 1
+            assert shared % 32 == 0 and shared == before + added, length
+            assert 0 < added <= 16 and added == 32 - before % 32
+        else:
+            left += 1
+            assert padded.render(two) == plain.render(two)
+            assert before % 32 == 0 or 32 - before % 32 > 16, length
+    assert aligned and left  # both cases came up
+
+
+def test_no_pad_when_the_top_passage_is_not_shared_or_padding_is_off() -> None:
+    from ragserve.prompt import build_prompt
+    from ragserve.types import Chunk, Passage
+
+    plain, off, padded = _renderer(), _renderer(32, 0), _renderer(32, 16)
+    checked = 0
+    for n in range(1, 13):
+        top = Passage(Chunk(f"d#{n}", "d", "Fleming found penicillin in 1928. " * n, title="P"), 1.0)
+        reusable = build_prompt("When?", [top], "reusable")
+        if padded.render(reusable) == plain.render(reusable):
+            continue  # already on a boundary, or too far from one
+        checked += 1
+        assert off.render(reusable) == plain.render(reusable)
+        stable = build_prompt("When?", [top], "stable")  # the top passage cut to the question: not shared
+        assert stable.reuse_end == 0 and padded.render(stable) == plain.render(stable)
+    assert checked

@@ -144,3 +144,33 @@ def test_reusable_layout_keeps_the_top_passage_whole_whatever_the_question() -> 
     )
     assert cut.passages[0].chunk.text != BEES.chunk.text and "waggle" in cut.passages[0].chunk.text
     assert cut.tokens <= budget + 10
+
+
+class _WordCounter:
+    """A named stand-in for the generator: fit_and_build only counts tokens with it (one a word)."""
+
+    def count_tokens(self, text: str) -> int:
+        return _words(text)
+
+
+def test_the_prompt_marks_the_top_passage_as_shared_only_when_it_went_in_whole() -> None:
+    """Only a top passage quoted whole is shared with the next question about it (and worth a pad to
+    a KV block, generate/rendering.py); one cut to the question is laid out as the stable layout."""
+    from ragserve.budget import Deadline, RequestContext
+    from ragserve.request.policy import AnswerPolicy
+    from ragserve.request.reply import fit_and_build
+    from ragserve.request.sentences import SentenceTable
+
+    question = "How does the waggle dance encode distance?"
+    table = SentenceTable.of(question, [BEES.chunk.text, TCP.chunk.text])
+
+    def prompt(whole_max: int):  # type: ignore[no-untyped-def]
+        policy = AnswerPolicy(prompt_layout="reusable", whole_passage_max_tokens=whole_max)
+        request = RequestContext(Deadline(10_000))
+        return fit_and_build(policy, question, [BEES, TCP], table, TITLES + 12, _WordCounter(), request)  # type: ignore[arg-type]
+
+    context, whole = prompt(100)
+    assert context.passages[0] == BEES
+    assert whole.user[: whole.reuse_end].endswith(f"{BEES.chunk.text}\n</passage>\n")
+    context, cut = prompt(5)
+    assert context.passages[0] != BEES and cut.reuse_end == 0
