@@ -55,9 +55,11 @@ class Prompt:
     # KV a server that answered about it before still holds (remote generators route by it).
     reuse_key: str = ""
     # Where in `user` the text every question with this top passage shares ends (the reusable
-    # layout: right after the top passage's element); 0: only the template is shared. The renderer
-    # may pad there so the shared part ends on a KV block (generate/rendering.py).
+    # layout: right after the top passage's element); 0: only the template is shared.
     reuse_end: int = 0
+    # Warming pre-fills (or pre-filled) that shared part: the renderer may pad it to end on a KV
+    # block (generate/rendering.py), a cost warming pays once, off the interactive path.
+    warmed: bool = False
 
 
 def canonical(text: str) -> str:
@@ -114,11 +116,16 @@ def stable_order(passages: list[Passage]) -> list[Passage]:
 
 
 def build_prompt(
-    question: str, passages: list[Passage], layout: str = "stable", key_sentence: tuple[int, str] | None = None
+    question: str,
+    passages: list[Passage],
+    layout: str = "stable",
+    key_sentence: tuple[int, str] | None = None,
+    warmed: bool = False,
 ) -> Prompt:
     """`layout="naive"` puts the question before the instructions (a baseline for benchmarks only:
     every prompt then differs from its first tokens and the prefix cache cannot help).
-    `key_sentence`: (passage number, sentence) quoted again right before the question."""
+    `key_sentence`: (passage number, sentence) quoted again right before the question.
+    `warmed`: warming pre-fills the top passage (`Prompt.warmed`)."""
     parts = ["<passages>"]
     for number, passage in enumerate(passages, start=1):
         chunk = passage.chunk
@@ -136,7 +143,8 @@ def build_prompt(
     parts.append(f"Question: {_neutralize(question.strip())}")
     if layout == "naive":
         return Prompt(system=f"Question: {_neutralize(question.strip())}\n\n{SYSTEM_PREFIX}", user="\n".join(parts))
-    return Prompt(SYSTEM_PREFIX, "\n".join(parts), passages[0].chunk.chunk_id if passages else "", reuse_end)
+    top = passages[0].chunk.chunk_id if passages else ""
+    return Prompt(SYSTEM_PREFIX, "\n".join(parts), top, reuse_end, warmed and reuse_end > 0)
 
 
 @lru_cache(maxsize=8)

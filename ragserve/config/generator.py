@@ -41,9 +41,9 @@ class GeneratorSettings(BaseSettings):
     # prefix-cached; the CPU backend needs a multiple of 32. With remote servers: the servers'
     # --block-size (0: 32, a whole number of blocks of vLLM's CUDA default 16 too).
     block_size: int = Field(default=0, ge=0)
-    # Blank lines after the top passage (reusable layout), so that what every question about it
-    # shares ends on a KV block and a warm passage is reused whole, when that takes at most this many
-    # tokens; more would cost a first visit more than a revisit wins back. 0: never (docs/ttft.md).
+    # Blank lines after a top passage warming pre-filled, so that what every question about it
+    # shares ends on a KV block and it is reused whole, when that takes at most this many tokens
+    # (a longer pad takes more KV room from other passages than it saves). 0: never (docs/ttft.md).
     reuse_pad_max_tokens: int = Field(default=16, ge=0, le=1024)
     # Prompt-lookup (n-gram) speculative decoding (drafts copied from the prompt). auto: on for CPU
     # hosts of up to 4 CPUs, with the engine on a server thread, where it was measured to pay

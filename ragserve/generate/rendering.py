@@ -28,8 +28,8 @@ _CLOSED = "text.\n</passage>\n"
 class ChatRenderer:
     """`block_tokens`, `pad_max_tokens`: the KV block size of the engine that reads the prompt, and
     the most blank-line tokens `render` adds so that the text a prompt shares with every question
-    about its top passage ends on a block boundary. Only whole blocks are prefix-cached: without the
-    pad a question about a warm passage computes that passage's last partial block again
+    about its warm top passage ends on a block boundary. Only whole blocks are prefix-cached: without
+    the pad a question about a warm passage computes that passage's last partial block again
     (docs/ttft.md, "Warm passages end on a block")."""
 
     def __init__(self, model: str, block_tokens: int = 0, pad_max_tokens: int = 0) -> None:
@@ -69,7 +69,7 @@ class ChatRenderer:
         system = break_special_tokens(prompt.system, self._special_tokens)
         shared, rest = prompt.user[: prompt.reuse_end], prompt.user[prompt.reuse_end :]
         shared, rest = (break_special_tokens(text, self._special_tokens) for text in (shared, rest))
-        if shared and self._pad_max:
+        if shared and prompt.warmed and self._pad_max:
             shared += self._pads(system, shared)
         return self._template(system, shared + rest)
 

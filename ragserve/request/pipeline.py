@@ -337,10 +337,10 @@ class RagPipeline:
         """The engine's answer, the reader beside it; then the final summary."""
         generator, deadline, timings = self.generator, request.deadline, request.timings
         assert generator is not None
-        budget, policy = gen.context_token_budget, self.policy
+        budget, policy, warm_top = gen.context_token_budget, self.policy, self._top_is_warm(retrieval)
         context, prompt = await self._off_loop(
             lambda: fit_and_build(
-                policy, question, retrieval.passages, table, budget, generator, request, retrieval.answer
+                policy, question, retrieval.passages, table, budget, generator, request, retrieval.answer, warm_top
             )
         )
         alone = generator.unfinished_requests() == 0
@@ -369,10 +369,13 @@ class RagPipeline:
     def _count_top(self, retrieval: RetrievalResult) -> None:
         """The top passage's retrieval count (warming's order), and whether it was warm."""
         if retrieval.passages:
-            top = retrieval.passages[0].chunk.chunk_id
-            self.hot.record(top)
+            self.hot.record(retrieval.passages[0].chunk.chunk_id)
             if self._warmer is not None:
-                metrics.QUERY_TOP_WARM.labels("yes" if self._warmer.is_warm(top) else "no").inc()
+                metrics.QUERY_TOP_WARM.labels("yes" if self._top_is_warm(retrieval) else "no").inc()
+
+    def _top_is_warm(self, retrieval: RetrievalResult) -> bool:
+        top = retrieval.passages[0].chunk.chunk_id if retrieval.passages else None
+        return top is not None and self._warmer is not None and self._warmer.is_warm(top)
 
     def _declines(self, retrieval: RetrievalResult) -> bool:
         """The server answers "the documents do not say" itself: low lexical support, or the reader

@@ -111,7 +111,7 @@ class Warmer:
                 await self._traffic.wait_quiet()
             room -= size
             # The question comes last: every full KV block before it is this passage's, as served.
-            await generator.prefill(build_prompt("", [passage], policy.prompt_layout))
+            await generator.prefill(build_prompt("", [passage], policy.prompt_layout, warmed=True))
             warm.add(chunk.chunk_id)
             tokens += size
             self._warm_ids = frozenset(warm)

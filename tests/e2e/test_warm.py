@@ -27,7 +27,7 @@ def _shared_with_warming(passage: pb.Passage) -> int:
     top = Passage(Chunk(passage.chunk_id, passage.doc_id, passage.text, passage.title), 1.0)
     other = Passage(Chunk("other#0", "other", "Another passage.", "Other"), 0.5)
     warm, asked = (
-        renderer.encode(renderer.render(build_prompt(q, passages, "reusable")))
+        renderer.encode(renderer.render(build_prompt(q, passages, "reusable", warmed=True)))
         for q, passages in (("", [top]), ("A question?", [top, other]))
     )
     return next(i for i, (a, b) in enumerate(zip(warm, asked, strict=False)) if a != b)

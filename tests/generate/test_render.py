@@ -75,9 +75,10 @@ def _shared(one: list[int], other: list[int]) -> int:
 
 
 def test_a_warm_top_passage_is_shared_to_the_end_of_a_kv_block_when_a_short_pad_gets_it_there() -> None:
-    """The prompt warming pre-fills and a question's prompt with the same top passage share their
-    tokens up to a block boundary after the passage (whole blocks are all a prefix cache keeps), at
-    the cost of at most `pad_max` blank-line tokens; a passage that would need more is left as it is."""
+    """The prompt warming pre-fills and a question's prompt with the same warm top passage share
+    their tokens up to a block boundary after the passage (whole blocks are all a prefix cache
+    keeps), at the cost of at most `pad_max` blank-line tokens; a passage that would need more is
+    left as it is."""
     from ragserve.prompt import build_prompt
     from ragserve.types import Chunk, Passage
 
@@ -87,8 +88,9 @@ def test_a_warm_top_passage_is_shared_to_the_end_of_a_kv_block_when_a_short_pad_
     aligned = left = 0
     for length in range(1, 25):
         top = Passage(Chunk(f"d#{length}", "d", sentence * length + "\ue000 </passage>", title="Penicillin"), 1.0)
-        warm, alone = build_prompt("", [top], "reusable"), build_prompt("Who found it?", [top], "reusable")
-        two = build_prompt("When?", [top, other], "reusable")  # parts from warm right after the top passage
+        warm = build_prompt("", [top], "reusable", warmed=True)
+        alone = build_prompt("Who found it?", [top], "reusable", warmed=True)
+        two = build_prompt("When?", [top, other], "reusable", warmed=True)  # parts from warm after the top passage
         warm_ids, alone_ids, two_ids = (padded.encode(padded.render(p)) for p in (warm, alone, two))
         before = _shared(plain.encode(plain.render(two)), plain.encode(plain.render(warm)))
         shared = _shared(two_ids, warm_ids)
@@ -105,7 +107,8 @@ def test_a_warm_top_passage_is_shared_to_the_end_of_a_kv_block_when_a_short_pad_
     assert aligned and left  # both cases came up
 
 
-def test_no_pad_when_the_top_passage_is_not_shared_or_padding_is_off() -> None:
+def test_no_pad_when_the_top_passage_is_not_warm_not_shared_or_padding_is_off() -> None:
+    """A passage warming did not pre-fill costs its first visit nothing extra."""
     from ragserve.prompt import build_prompt
     from ragserve.types import Chunk, Passage
 
@@ -113,11 +116,13 @@ def test_no_pad_when_the_top_passage_is_not_shared_or_padding_is_off() -> None:
     checked = 0
     for n in range(1, 13):
         top = Passage(Chunk(f"d#{n}", "d", "Fleming found penicillin in 1928. " * n, title="P"), 1.0)
-        reusable = build_prompt("When?", [top], "reusable")
+        reusable = build_prompt("When?", [top], "reusable", warmed=True)
         if padded.render(reusable) == plain.render(reusable):
             continue  # already on a boundary, or too far from one
         checked += 1
         assert off.render(reusable) == plain.render(reusable)
-        stable = build_prompt("When?", [top], "stable")  # the top passage cut to the question: not shared
-        assert stable.reuse_end == 0 and padded.render(stable) == plain.render(stable)
+        cold = build_prompt("When?", [top], "reusable")
+        assert padded.render(cold) == plain.render(cold)
+        stable = build_prompt("When?", [top], "stable", warmed=True)  # the top passage cut to the question
+        assert stable.reuse_end == 0 and not stable.warmed and padded.render(stable) == plain.render(stable)
     assert checked

@@ -154,8 +154,8 @@ class _WordCounter:
 
 
 def test_the_prompt_marks_the_top_passage_as_shared_only_when_it_went_in_whole() -> None:
-    """Only a top passage quoted whole is shared with the next question about it (and worth a pad to
-    a KV block, generate/rendering.py); one cut to the question is laid out as the stable layout."""
+    """Only a top passage quoted whole is shared with the next question about it (and, warm, worth a
+    pad to a KV block: generate/rendering.py); one cut to the question is laid out as the stable layout."""
     from ragserve.budget import Deadline, RequestContext
     from ragserve.request.policy import AnswerPolicy
     from ragserve.request.reply import fit_and_build
@@ -167,10 +167,11 @@ def test_the_prompt_marks_the_top_passage_as_shared_only_when_it_went_in_whole()
     def prompt(whole_max: int):  # type: ignore[no-untyped-def]
         policy = AnswerPolicy(prompt_layout="reusable", whole_passage_max_tokens=whole_max)
         request = RequestContext(Deadline(10_000))
-        return fit_and_build(policy, question, [BEES, TCP], table, TITLES + 12, _WordCounter(), request)  # type: ignore[arg-type]
+        counter = _WordCounter()
+        return fit_and_build(policy, question, [BEES, TCP], table, TITLES + 12, counter, request, None, True)  # type: ignore[arg-type]
 
     context, whole = prompt(100)
     assert context.passages[0] == BEES
-    assert whole.user[: whole.reuse_end].endswith(f"{BEES.chunk.text}\n</passage>\n")
+    assert whole.user[: whole.reuse_end].endswith(f"{BEES.chunk.text}\n</passage>\n") and whole.warmed
     context, cut = prompt(5)
-    assert context.passages[0] != BEES and cut.reuse_end == 0
+    assert context.passages[0] != BEES and cut.reuse_end == 0 and not cut.warmed
