@@ -14,7 +14,7 @@ from ragserve.prompt import Prompt, break_special_tokens
 # Token counts kept per text: fitting a Query's context counts every sentence and title of its
 # passages, and the same chunks come back request after request (a few MiB at most).
 _COUNTS_KEPT = 16_384
-# Pads kept per top passage (a passage's is worked out on its first prompt, or when it is warmed).
+# Pads kept per warm top passage (worked out when warming pre-fills it, about 1 ms).
 _PADS_KEPT = 16_384
 # Ends the text the pad is measured on: the template's own text follows it, and rindex finds it even
 # when a passage holds the same character.
