@@ -81,7 +81,7 @@ REPLICA_REQUESTS = Counter(
 )
 REPLICA_HEDGES = Counter("ragserve_generator_hedges_total", "Prompts sent to a second server after the hedge bound")
 WARM_PASSAGES = Gauge("ragserve_warm_passages", "Passages of the serving version pre-filled in the KV cache")
-WARM_TOKENS = Gauge("ragserve_warm_tokens", "Prompt tokens those pre-filled passages take")
+WARM_TOKENS = Gauge("ragserve_warm_tokens", "Prompt tokens those pre-filled passages add to the template's")
 WARM_LEFT_OUT = Gauge(
     "ragserve_warm_left_out_passages", "Passages of the serving version left cold (past RAGSERVE_WARM_KV_SHARE)"
 )

@@ -65,6 +65,9 @@ class FakeGeneratorBase:
     def count_tokens(self, text: str) -> int:
         return len(text.split())
 
+    def prompt_tokens(self, prompt: Prompt) -> int:
+        return len(f"{prompt.system} {prompt.user}".split())
+
     def unfinished_requests(self) -> int:
         return 0
 

@@ -53,6 +53,10 @@ class Generator(Protocol):
         """Tokens `text` takes in a prompt with this model's tokenizer (no special tokens)."""
         ...
 
+    def prompt_tokens(self, prompt: Prompt) -> int:
+        """Tokens of `prompt` as the engine reads it: chat template, markup and pad included."""
+        ...
+
     def unfinished_requests(self) -> int: ...
 
     async def kv_cache_tokens(self) -> int:

@@ -226,9 +226,8 @@ class RemoteVllmGenerator:
 
     def _body(self, prompt: Prompt, params: GenerateParams) -> dict[str, Any]:
         """The request without its per-server fields (model name, request id: see `_for`)."""
-        ids = self._renderer.encode(self._renderer.render(prompt))
         return {
-            "prompt": ids,
+            "prompt": self._renderer.encode(self._renderer.render(prompt)),
             "max_tokens": params.max_tokens,
             "temperature": params.temperature,
             "stream": True,
@@ -380,12 +379,14 @@ class RemoteVllmGenerator:
     def count_tokens(self, text: str) -> int:
         return self._renderer.count_tokens(text)
 
+    def prompt_tokens(self, prompt: Prompt) -> int:
+        return len(self._renderer.encode(self._renderer.render(prompt)))  # the ids the servers are sent
+
     def unfinished_requests(self) -> int:
         return sum(s.in_flight + s.background_in_flight for s in self.servers)
 
     async def kv_cache_tokens(self) -> int:
-        """The KV cache of the servers that are up, summed (warming spreads over them by routing); a
-        server that does not report its cache (a router in front of servers, another engine): 0."""
+        """KV cache tokens of the servers that are up, summed; 0 for one that does not report it (a router)."""
         await self._settle()
         up = [s for s in self.servers if s.up]
         return sum(await asyncio.gather(*(s.reported_kv_cache_tokens() for s in up)))

@@ -250,6 +250,9 @@ class VllmGenerator:
     def count_tokens(self, text: str) -> int:
         return self._renderer.count_tokens(text)
 
+    def prompt_tokens(self, prompt: Prompt) -> int:
+        return len(self._renderer.encode(self.render(prompt)))
+
     def unfinished_requests(self) -> int:
         if self._engine is None:
             return 0

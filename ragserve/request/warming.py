@@ -17,8 +17,7 @@ import time
 
 from ragserve import metrics
 from ragserve.generate.base import Generator
-from ragserve.prompt import build_prompt
-from ragserve.request.context import fit_context
+from ragserve.prompt import Prompt, build_prompt
 from ragserve.request.hot import HotPassages
 from ragserve.request.model_threads import CURRENT_CLASS, ModelThreads
 from ragserve.request.policy import AnswerPolicy
@@ -99,19 +98,21 @@ class Warmer:
         self._publish(WarmState(serving.identity))
         chunks = await self._threads.run(lambda: self._candidates(serving))
         room = int(policy.warm_kv_share * await generator.kv_cache_tokens())
+        # Every prompt shares the template's KV: a passage takes what its prompt adds to it.
+        template = await self._threads.run(lambda: generator.prompt_tokens(build_prompt("", [], policy.prompt_layout)))
         warm: set[str] = set()
         tokens = left_out = 0
         for chunk in chunks:
             passage = Passage(chunk, 1.0, 1)
-            size, whole = await self._threads.run(lambda p=passage: self._sizes(p))  # type: ignore[misc]
-            if whole > policy.whole_passage_max_tokens or size > room:
+            size = await self._threads.run(lambda p=passage, r=room: self._size(p, template, r))  # type: ignore[misc]
+            if size is None:
                 left_out += 1  # served cut to the question (never reused), or past the share
                 continue
             if self._traffic is not None:
                 await self._traffic.wait_quiet()
             room -= size
             # The question comes last: every full KV block before it is this passage's, as served.
-            await generator.prefill(build_prompt("", [passage], policy.prompt_layout, warmed=True))
+            await generator.prefill(self._prompt(passage))
             warm.add(chunk.chunk_id)
             tokens += size
             self._warm_ids = frozenset(warm)
@@ -137,10 +138,18 @@ class Warmer:
             chunks += [c for c in index.chunks_in_order(limit) if c.chunk_id not in seen][: limit - len(chunks)]
         return chunks
 
-    def _sizes(self, passage: Passage) -> tuple[int, int]:
-        """(tokens the passage takes in the prompt with its title, tokens of its text alone)."""
-        count = self._generator.count_tokens
-        return fit_context("", [passage], 0, count).tokens, count(passage.chunk.text.strip())
+    def _prompt(self, passage: Passage) -> Prompt:
+        return build_prompt("", [passage], self._policy.prompt_layout, warmed=True)
+
+    def _size(self, passage: Passage, template: int, room: int) -> int | None:
+        """Tokens its prompt adds to the template's (markup and pad included), or None when it is too
+        long to be reused or past `room` (its text is counted first: the prompt is rendered only for
+        a passage that may fit)."""
+        text = self._generator.count_tokens(passage.chunk.text.strip())
+        if text > self._policy.whole_passage_max_tokens or text > room:
+            return None
+        size = self._generator.prompt_tokens(self._prompt(passage)) - template
+        return size if size <= room else None
 
     def _publish(self, state: WarmState) -> None:
         self.state = state

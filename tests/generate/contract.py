@@ -43,6 +43,8 @@ async def streams_text_then_one_final_chunk(generator: Generator, held: Held) ->
     final = chunks[-1]
     assert final.finish_reason in ("stop", "length") and final.usage is not None
     assert 0 < final.usage.completion_tokens <= 16 and final.usage.prompt_tokens > 0
+    # What warming charges a passage against its share of the KV cache is counted this way.
+    assert final.usage.prompt_tokens == generator.prompt_tokens(contract_prompt())
     await _idle(held, 2.0)
 
 

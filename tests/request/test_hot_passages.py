@@ -18,8 +18,7 @@ from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.factory import assemble_pipeline
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch, IndexReloader
-from ragserve.prompt import Prompt
-from ragserve.request.context import fit_context
+from ragserve.prompt import Prompt, build_prompt
 from ragserve.request.hot import HotPassages
 from ragserve.request.pipeline import RagPipeline
 from ragserve.request.policy import AnswerPolicy
@@ -185,8 +184,10 @@ def test_warming_stays_within_its_share_of_the_kv_cache(make_pipeline) -> None:
         chunks = index.chunks[:8]
         for chunk in chunks:
             hot.record(chunk.chunk_id)
-        # The fake counts words; each warmed passage is charged its title and text.
-        first = fit_context("", [Passage(chunks[0], 1.0, 1)], 0, generator.count_tokens).tokens
+        # The fake counts words; each warmed passage is charged what its prompt adds to the template's.
+        alone = build_prompt("", [Passage(chunks[0], 1.0, 1)], "reusable", warmed=True)
+        first = generator.prompt_tokens(alone) - generator.prompt_tokens(build_prompt("", [], "reusable"))
+        assert first > generator.count_tokens(chunks[0].text) + generator.count_tokens(chunks[0].title)  # markup
         generator.kv_tokens = 4 * first if kv_tokens is None else kv_tokens
         return await pipeline.warm_hot_passages()
 
