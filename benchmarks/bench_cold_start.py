@@ -1,6 +1,6 @@
 """Cold start, warm cache: first visits on a fresh server with no history, with and without warming.
 
-    python benchmarks/bench_cold_start.py --out bench-results/cold-start
+    python benchmarks/bench_cold_start.py --out bench-results/cold-start --rounds 3
     python benchmarks/bench_cold_start.py --out /tmp/cold-smoke --questions 20
 
 Indexes `<data>/corpus.jsonl` (SQuAD v2 dev; not shipped) and starts a fresh server with no
@@ -10,11 +10,14 @@ retrieval counts, three times, answer cache off, one question at a time, tempera
   warm      the default: warming pre-fills what fits once SERVING; asked after it finished
   during    the default, asked from the moment the server is SERVING, while warming runs
 
-Each run asks the first --questions answerable questions whose gold paragraphs are all different
-(one question per paragraph: every one a first visit). Reported: TTFT p50/p95 of each run, the
+Each row asks the answerable questions whose gold paragraphs are all different (one question per
+paragraph: every one a first visit; all of them unless --questions says fewer). With --rounds R
+the three rows run R times, each on fresh servers, and the percentiles pool every round's
+questions (p95 over R times as many first visits, so it is measured rather than drawn from a few
+slow ones); each round's own ratios are listed too. Reported: TTFT p50/p95 of each row, the
 warm/cold ratios, time to SERVING and to warm, passages and tokens pre-filled and left cold (from
-Info), and the server's RSS once warm. With --corpus-too-big, the same index is also warmed with
-RAGSERVE_WARM_KV_SHARE small enough that it cannot all fit, to show what is left out. With
+Info), and the server's RSS once warm. With --corpus-too-big, the same index is also warmed (once)
+with RAGSERVE_WARM_KV_SHARE small enough that it cannot all fit, to show what is left out. With
 --history-corpus DIR (a BEIR folder, e.g. SciFact: a corpus far larger than the KV share), a
 first server answers --history-queries of its queries and saves their retrieval counts; a second
 one starts with those counts and warms what fits, most retrieved first; then the same queries
@@ -50,7 +53,8 @@ from ragserve.generate.host import read_host_cpu  # noqa: E402
 
 
 def first_visits(questions: list[Question], count: int) -> list[Question]:
-    """Answerable questions, one per paragraph: each one's top passage is new to the server."""
+    """Answerable questions, one per paragraph: each one's top passage is new to the server (`count`
+    of them; 0: all)."""
     seen: set[str] = set()
     picked = []
     for q in questions:
@@ -109,18 +113,8 @@ def run(args: argparse.Namespace, name: str, env: dict[str, str], questions: lis
         rss = rss_mib(process.pid)
     finally:
         stop_server(process)
-    ok = [r for r in rows if r["ok"] and "ttft_ms" in r]
     result = {
         "rows": rows,
-        "ttft_p50": percentile([r["ttft_ms"] for r in ok], 50),
-        "ttft_p95": percentile([r["ttft_ms"] for r in ok], 95),
-        # Where a first visit's time goes, server-side p50: before the engine, and the engine's part.
-        "retrieval_p50": percentile([r["retrieval_ms"] for r in ok], 50),
-        "context_p50": percentile([r["context_ms"] for r in ok], 50),
-        "engine_p50": percentile([r["server_ttft_ms"] - r["retrieval_ms"] - r["context_ms"] for r in ok], 50),
-        "cached_mean": sum(r["cached_tokens"] for r in ok) / max(1, len(ok)),
-        "uncached_mean": sum(r["prompt_tokens"] - r["cached_tokens"] for r in ok) / max(1, len(ok)),
-        "errors": len(rows) - len(ok),
         "serving_s": serving_s,
         "warm_s": warm_s,
         "warm_passages": warming.passages,
@@ -128,6 +122,7 @@ def run(args: argparse.Namespace, name: str, env: dict[str, str], questions: lis
         "warm_left_out": warming.left_out,
         "warm_done": warming.done,
         "rss_mib": rss,
+        **summary(rows),
     }
     print(
         f"[{name}] TTFT p50 {result['ttft_p50']:.0f} / p95 {result['ttft_p95']:.0f} ms, cached "
@@ -136,6 +131,27 @@ def run(args: argparse.Namespace, name: str, env: dict[str, str], questions: lis
         flush=True,
     )
     return result
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """TTFT percentiles of the rows that answered, and where their time went (server-side p50)."""
+    ok = [r for r in rows if r["ok"] and "ttft_ms" in r]
+    return {
+        "ttft_p50": percentile([r["ttft_ms"] for r in ok], 50),
+        "ttft_p95": percentile([r["ttft_ms"] for r in ok], 95),
+        "retrieval_p50": percentile([r["retrieval_ms"] for r in ok], 50),
+        "context_p50": percentile([r["context_ms"] for r in ok], 50),
+        "engine_p50": percentile([r["server_ttft_ms"] - r["retrieval_ms"] - r["context_ms"] for r in ok], 50),
+        "cached_mean": sum(r["cached_tokens"] for r in ok) / max(1, len(ok)),
+        "uncached_mean": sum(r["prompt_tokens"] - r["cached_tokens"] for r in ok) / max(1, len(ok)),
+        "errors": len(rows) - len(ok),
+    }
+
+
+def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row's rounds as one: percentiles over every round's questions, the rest its median round's."""
+    middle = sorted(runs, key=lambda r: r["serving_s"])[len(runs) // 2]
+    return {**middle, **summary([row for r in runs for row in r["rows"]]), "rows": []}
 
 
 def beir_queries(folder: Path) -> list[Question]:
@@ -216,7 +232,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "squad2-dev")
     parser.add_argument("--out", type=Path, default=REPO / "bench-results" / "cold-start")
     parser.add_argument("--index", type=Path)
-    parser.add_argument("--questions", type=int, default=60)
+    parser.add_argument("--questions", type=int, default=0, help="first visits per row (0: every paragraph's)")
+    parser.add_argument("--rounds", type=int, default=1, help="times to run the three rows, on fresh servers")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--corpus-too-big", action="store_true", help="also warm with a share the corpus exceeds")
@@ -233,11 +250,15 @@ def main() -> None:
     args.index = ensure_index(args.index, args.out, args.data / "corpus.jsonl")
     questions = first_visits(load_questions(args.data, args.seed), args.questions)
     load_before = load_avg()
-    results = {
-        "cold": run(args, "cold", {"RAGSERVE_WARM_PASSAGES": "0"}, questions),
-        "warm": run(args, "warm", {}, questions),
-        "during": run(args, "during", {}, questions),
-    }
+    rounds = [
+        {
+            "cold": run(args, "cold", {"RAGSERVE_WARM_PASSAGES": "0"}, questions),
+            "warm": run(args, "warm", {}, questions),
+            "during": run(args, "during", {}, questions),
+        }
+        for _ in range(args.rounds)
+    ]
+    results = {name: pooled([r[name] for r in rounds]) for name in ("cold", "warm", "during")}
     if args.corpus_too_big:
         results["too-big"] = run(args, "too-big", {"RAGSERVE_WARM_KV_SHARE": "0.01"}, questions)
     cold, warm, during = results["cold"], results["warm"], results["during"]
@@ -246,7 +267,8 @@ def main() -> None:
         "",
         f"Host: {read_host_cpu().describe()}. Commit {git_head()}. Load before: {load_before}. "
         f"{len(questions)} answerable questions, one per paragraph, max_tokens {args.max_tokens}, one at a "
-        "time, answer cache off, a fresh server with no retrieval counts for each row.",
+        f"time, answer cache off, a fresh server with no retrieval counts for each row; {args.rounds} round(s), "
+        "percentiles over all of them (the other columns: the median round's).",
         "",
         "| run | TTFT p50 / p95 ms | cached tokens / request | to SERVING s | to warm s | passages warm / cold "
         "| warm tokens | RSS MiB |",
@@ -262,6 +284,11 @@ def main() -> None:
         "",
         f"- warm / cold TTFT: p50 {warm['ttft_p50'] / cold['ttft_p50']:.2f}x, "
         f"p95 {warm['ttft_p95'] / cold['ttft_p95']:.2f}x",
+        "- each round's warm / cold TTFT (p50, p95): "
+        + "; ".join(
+            f"{w['ttft_p50'] / c['ttft_p50']:.2f}x, {w['ttft_p95'] / c['ttft_p95']:.2f}x"
+            for c, w in ((r["cold"], r["warm"]) for r in rounds)
+        ),
         f"- asked while warming ran / cold: p95 {during['ttft_p95'] / cold['ttft_p95']:.2f}x "
         f"(p50 {during['ttft_p50'] / cold['ttft_p50']:.2f}x)",
         f"- SERVING with warming / without: {warm['serving_s'] / cold['serving_s']:.2f}x",
@@ -273,6 +300,7 @@ def main() -> None:
             for name, r in (("cold", cold), ("warm", warm))
         ),
     ]
+    results["rounds"] = rounds
     write_results(args.out, "\n".join(lines) + "\n", results)
 
 
