@@ -22,6 +22,7 @@ from ragserve.client import ClientSettings, RagClient, is_local_target
 from ragserve.errors import ConfigError
 from ragserve.server.app import RETRIEVE_HEALTH_NAME
 from ragserve.server.auth import BearerTokenInterceptor
+from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 from tests.certs import Pki, make_pki
 from tests.fakes import FakeRagService
@@ -248,3 +249,44 @@ def test_health_probe_over_mtls_with_a_token_file(pki: Pki, tmp_path: Path) -> N
 def test_health_reports_an_unreadable_tls_file_clearly(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["health", "--tls-ca-file", str(tmp_path / "missing.pem")])
     assert result.exit_code == 2 and "cannot read the client's TLS CA file" in result.output
+
+
+class _WarmingService(pb_grpc.RagServiceServicer):
+    """A fake server whose warming finishes after `polls` Info calls (never, when negative)."""
+
+    def __init__(self, polls: int) -> None:
+        self.polls = polls
+        self.calls = 0
+
+    async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
+        self.calls += 1
+        done = 0 <= self.polls < self.calls
+        warming = pb.Warming(passages=12 if done else 3, tokens=1800 if done else 450, done=done, seconds=2.5 * done)
+        return pb.InfoResponse(warming=warming)
+
+
+def test_health_warm_waits_until_warming_has_finished(tmp_path: Path) -> None:
+    """`--warm`: SERVING, then Info until warming is done (a rollout routes traffic once warm); past
+    --wait it says how far warming got and exits 1."""
+    sock = tmp_path / "rag.sock"
+
+    async def run(service: _WarmingService, wait: str) -> Result:
+        server = grpc.aio.server()
+        pb_grpc.add_RagServiceServicer_to_server(service, server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        server.add_insecure_port(f"unix:{sock}")
+        await server.start()
+        try:
+            return await asyncio.to_thread(_health(["--uds", str(sock), "--warm", "--wait", wait]))
+        finally:
+            await server.stop(None)
+
+    finishing = _WarmingService(polls=2)
+    warmed = asyncio.run(run(finishing, "30"))
+    assert warmed.exit_code == 0, warmed.output
+    assert warmed.output.splitlines() == ["SERVING", "warm: 12 passages (1800 tokens) in 2.5 s, 0 left cold"]
+    assert finishing.calls == 3
+    still = asyncio.run(run(_WarmingService(polls=-1), "1"))
+    assert still.exit_code == 1 and "still warming: 3 passages (450 tokens) so far" in still.output, still.output

@@ -18,7 +18,8 @@ ragserve serve > var/server.log 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
 echo "starting ragserve (pid $server, log in var/server.log); loading models..."
-if ! ragserve health --uds "$RAGSERVE_UDS_PATH" --wait 300; then
+# SERVING comes first; then warming pre-fills the sample's passages in the KV cache (seconds).
+if ! ragserve health --uds "$RAGSERVE_UDS_PATH" --warm --wait 300; then
   tail -n 40 var/server.log
   exit 1
 fi

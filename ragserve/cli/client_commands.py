@@ -291,6 +291,13 @@ def health(
             "ragserve.v1.RagService/Retrieve for retrieval alone, which a generator outage leaves SERVING"
         ),
     ] = "",
+    warm: Annotated[
+        bool,
+        typer.Option(
+            help="Once SERVING, also wait (within --wait) until warming has pre-filled the KV cache, so "
+            "that traffic routed next finds its passages warm; says what it warmed"
+        ),
+    ] = False,
 ) -> None:
     """Exit 0 when the service (or the --service name) reports SERVING; usable as a probe, with auth on too."""
     from ragserve.client import call_metadata, channel_credentials
@@ -302,9 +309,12 @@ def health(
         credentials = channel_credentials(access)
     except RagError as exc:
         _fail(exc)
+    give_up = time.monotonic() + wait
     status, details = _probe(target, access, credentials, metadata, wait, service)
     if status == "SERVING":
         typer.echo(status)
+        if warm:
+            _wait_warm(target, access, give_up)
         return
     from ragserve.client import explain_status
 
@@ -317,6 +327,36 @@ def health(
 
         typer.echo(f"{status}: {explain_status(grpc.StatusCode[status], details, target)}", err=True)
     raise typer.Exit(1)
+
+
+def _wait_warm(target: str, access: ClientSettings, give_up: float) -> None:
+    """Poll Info until warming has finished for the serving version; exit 1 when `give_up` passes
+    first. A server that reports no warming has none to wait for."""
+    from ragserve.client import RagClient
+
+    warming: Any = None
+
+    async def poll() -> None:
+        nonlocal warming
+        async with RagClient(target, access=access) as client:
+            while True:
+                reply = await client.info()
+                warming = reply.warming if reply.HasField("warming") else None
+                if warming is None or warming.done or time.monotonic() >= give_up:
+                    return
+                await asyncio.sleep(0.5)
+
+    _run_client(poll, target)
+    if warming is None:
+        typer.echo("warm: this server does not report warming")
+    elif warming.done:
+        typer.echo(
+            f"warm: {warming.passages} passages ({warming.tokens} tokens) in {warming.seconds:.1f} s, "
+            f"{warming.left_out} left cold"
+        )
+    else:
+        typer.echo(f"still warming: {warming.passages} passages ({warming.tokens} tokens) so far", err=True)
+        raise typer.Exit(1)
 
 
 def _probe(
