@@ -73,9 +73,26 @@ def stack(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         sidecar = spawn_server(sample_index, logs / "sidecar.log", _remote_env([s.url for s in servers]))
         wait_serving(sidecar)
         wait_serving(local)
+        # SERVING needs one server up; routing by document needs both (a server whose bring-up ran
+        # past its bound, on a loaded host, joins at its next probe and takes its keys back).
+        _wait_all_up(sidecar, [s.url for s in servers])
         yield RemoteStack(servers, sidecar, local)
     finally:
         _stop(sidecar, local, *servers)
+
+
+def _wait_all_up(sidecar: LiveServer, urls: list[str], timeout_s: float = 60.0) -> None:
+    async def up() -> list[str]:
+        async with RagClient(sidecar.target) as client:
+            return [s.url for s in (await client.info()).generator_servers if s.up]
+
+    give_up = time.monotonic() + timeout_s
+    while sorted(asyncio.run(up())) != sorted(urls):
+        if time.monotonic() > give_up:
+            raise AssertionError(
+                f"not every generation server came up within {timeout_s:g} s: {sidecar.log_text()[-2000:]}"
+            )
+        time.sleep(0.2)
 
 
 def _remote_env(urls: list[str], **extra: str) -> dict[str, str]:
@@ -217,6 +234,7 @@ def test_the_most_retrieved_passage_is_prefilled_on_the_server_its_questions_go_
     )
     try:
         wait_serving(sidecar)
+        _wait_all_up(sidecar, [s.url for s in stack.servers])
         assert wait_warm(sidecar.target).passages == 1
         retrieval, _, final = asyncio.run(
             _ask(sidecar.target, "In which year was penicillin discovered, and by whom?", max_tokens=4)
