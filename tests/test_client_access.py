@@ -251,7 +251,7 @@ def test_health_reports_an_unreadable_tls_file_clearly(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "cannot read the client's TLS CA file" in result.output
 
 
-class _WarmingService(pb_grpc.RagServiceServicer):
+class _FakeWarmingService(pb_grpc.RagServiceServicer):
     """A fake server whose warming finishes after `polls` Info calls (never, when negative)."""
 
     def __init__(self, polls: int) -> None:
@@ -270,7 +270,7 @@ def test_health_warm_waits_until_warming_has_finished(tmp_path: Path) -> None:
     --wait it says how far warming got and exits 1."""
     sock = tmp_path / "rag.sock"
 
-    async def run(service: _WarmingService, wait: str) -> Result:
+    async def run(service: _FakeWarmingService, wait: str) -> Result:
         server = grpc.aio.server()
         pb_grpc.add_RagServiceServicer_to_server(service, server)
         health_servicer = health.aio.HealthServicer()
@@ -283,10 +283,10 @@ def test_health_warm_waits_until_warming_has_finished(tmp_path: Path) -> None:
         finally:
             await server.stop(None)
 
-    finishing = _WarmingService(polls=2)
+    finishing = _FakeWarmingService(polls=2)
     warmed = asyncio.run(run(finishing, "30"))
     assert warmed.exit_code == 0, warmed.output
     assert warmed.output.splitlines() == ["SERVING", "warm: 12 passages (1800 tokens) in 2.5 s, 0 left cold"]
     assert finishing.calls == 3
-    still = asyncio.run(run(_WarmingService(polls=-1), "1"))
+    still = asyncio.run(run(_FakeWarmingService(polls=-1), "1"))
     assert still.exit_code == 1 and "still warming: 3 passages (450 tokens) so far" in still.output, still.output
