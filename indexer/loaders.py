@@ -17,6 +17,15 @@ from typing import Any, BinaryIO, cast
 
 import orjson
 
+from indexer.metadata import (
+    SIDECAR_SUFFIX,
+    MetadataError,
+    check_names,
+    derived_fields,
+    sidecar_metadata,
+    split_front_matter,
+)
+
 TEXT_SUFFIXES = {".txt", ".md"}
 HTML_SUFFIXES = {".html", ".htm"}
 PDF_SUFFIXES = {".pdf"}
@@ -35,6 +44,8 @@ class Document:
     source: str
     # Identity of the content: an incremental build re-embeds a document only when it changes.
     content_hash: str = field(default="")
+    # Its metadata as read (indexer/metadata.py): front matter, sidecar, BEIR `metadata`, derived.
+    metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.content_hash:
@@ -290,6 +301,8 @@ def iter_folder_files(
                 else:
                     yield Skipped(relative, "symbolic link: its target is indexed under its own path", ignored=True)
                 continue
+            if path.name.endswith(SIDECAR_SUFFIX):
+                continue  # another file's metadata, read with that file
             reader = readers.get(path.suffix.lower())
             if reader is None:
                 yield Skipped(
@@ -318,10 +331,19 @@ def iter_folder_files(
             except Exception as exc:  # a malformed PDF/HTML raises library-specific errors: skip the file
                 yield Skipped(relative, f"cannot extract text: {type(exc).__name__}: {exc}")
                 continue
+            try:
+                front, text = split_front_matter(text) if path.suffix.lower() == ".md" else ({}, text)
+                supplied = {**check_names(front), **check_names(sidecar_metadata(path))}
+            except MetadataError as exc:
+                yield Skipped(relative, f"unreadable metadata: {exc}")
+                continue
             if not text.strip():
                 yield Skipped(relative, "no text")
                 continue
-            yield Document(relative, _capped_title(title) or _title_of(text, display_name(path.stem)), text, relative)
+            given_title = supplied.get("title") if isinstance(supplied.get("title"), str) else ""
+            title = _capped_title(given_title or title) or _title_of(text, display_name(path.stem))
+            metadata = {**derived_fields(relative, path, title), **supplied}
+            yield Document(relative, title, text, relative, metadata=metadata)
     finally:
         parser.close()
 
@@ -350,15 +372,22 @@ def _beir_record(line: bytes, where: str, limits: LoadLimits) -> Document | Skip
         doc_id = str(record["_id"])
         text = str(record.get("text") or "")
         title = str(record.get("title") or "")
+        supplied = record.get("metadata") or {}
+        if not isinstance(supplied, dict):
+            return Skipped(where, "bad record: metadata is not an object")
+        supplied = check_names(supplied)
     except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
         return Skipped(where, f"bad record: {exc}")
+    except MetadataError as exc:
+        return Skipped(where, f"unreadable metadata: {exc}")
     try:
         _check_text_size(len(text), limits)  # a record is one document: a file's text cap
     except FileRejected as exc:
         return Skipped(where, f"too large: {exc}")
     if not text.strip() and not title.strip():
         return Skipped(where, "empty")
-    return Document(doc_id, _capped_title(title), text, where)
+    title = _capped_title(title)
+    return Document(doc_id, title, text, where, metadata={**derived_fields(doc_id, None, title), **supplied})
 
 
 def iter_beir(corpus: Path, limits: LoadLimits | None = None) -> Iterator[Document | Skipped]:
