@@ -5,10 +5,10 @@ so its selectivity is known): filters `bucket < 500, 100, 10, 1` pass about 50%,
 of the chunks. Two measurements, each beside unfiltered in the same run:
 
 1. Index level (the product's HnswIndex, in process), over SciFact's queries: recall@10 of the
-   filtered dense search against an exact (numpy) search of the chunks that pass, as served (an
-   exact scan below RAGSERVE_FILTER_EXACT_SCAN_MAX_CHUNKS) and with the filtered HNSW walk forced.
-2. Server level: a retrieval-only `ragserve serve` on loopback, Retrieve (hybrid, no reranker)
-   p50/p95/p99 in ms as the client sees it, per filter.
+   filtered dense search against an exact (numpy) search of the chunks that pass, as served (the
+   index chooses an exact scan or a filtered HNSW walk by their cost) and with the walk forced.
+2. Server level: a retrieval-only `ragserve serve` on loopback (no reranker, no retrieval cache),
+   Retrieve (hybrid) p50/p95/p99 in ms as the client sees it, per filter.
 
     python benchmarks/bench_filters.py --data ../shared/data/scifact --work /tmp/bench-filters
 """
@@ -62,7 +62,7 @@ def index_level(root: Path, queries: list[str]) -> list[str]:
     from ragserve.embed.torch_backend import SentenceTransformerEmbedder
     from ragserve.filters import matches, parse_filter
     from ragserve.index.format import VECTORS_FILE, resolve_current
-    from ragserve.index.hnsw import HnswIndex
+    from ragserve.index.hnsw import DEFAULT_EXACT_SCAN_MAX, HnswIndex
 
     index = HnswIndex.load(root)
     vectors = np.load(resolve_current(root) / VECTORS_FILE)
@@ -78,7 +78,7 @@ def index_level(root: Path, queries: list[str]) -> list[str]:
         rows = np.asarray([i for i, c in enumerate(index.chunks) if matches(flt, c.metadata, index.fields)])
         cells = [name, f"{rows.size} ({rows.size / index.count:.2%})"]
         for forced in (False, True):
-            index.exact_scan_max = 0 if forced else 20_000
+            index.exact_scan_max = 0 if forced else DEFAULT_EXACT_SCAN_MAX
             recalls, times = [], []
             for q in embedded:
                 scores = vectors[rows] @ q
@@ -150,7 +150,13 @@ def main() -> None:
     )
     print(f"host: {cpu}, load {load_avg()}; {len(queries)} SciFact queries, top_k 10\n")
     print("\n".join(index_level(root, queries)))
-    env = {**SERVER_DEFAULTS, "RAGSERVE_GENERATION_ENABLED": "false", "RAGSERVE_RERANK_MODE": "off"}
+    # Every Retrieve a search: no retrieval cache (each query is asked `rounds` times).
+    env = {
+        **SERVER_DEFAULTS,
+        "RAGSERVE_GENERATION_ENABLED": "false",
+        "RAGSERVE_RERANK_MODE": "off",
+        "RAGSERVE_CACHE_BACKEND": "off",
+    }
     process, target = start_server(root, env, args.work / "server.log")
     try:
         print()

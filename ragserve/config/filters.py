@@ -20,8 +20,8 @@ class FilterSettings(BaseSettings):
     max_depth: int = Field(default=4, ge=1, le=32)
     # Values in one `match.any`.
     max_values: int = Field(default=256, ge=1, le=65536)
-    # Local index: a filter passing at most this many chunks is an exact scan of their vectors;
-    # above it, a filtered HNSW walk (BENCHMARKS.md, "Filters").
+    # Local index: the most vectors a filtered search scans exactly; below it the index picks a scan
+    # or a filtered HNSW walk by their cost (docs/filters.md), above it always the walk.
     exact_scan_max_chunks: int = Field(default=20_000, ge=0)
 
 

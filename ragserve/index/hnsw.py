@@ -33,10 +33,13 @@ from ragserve.types import Chunk
 # breadth (ef) comes from settings per request.
 DEFAULT_M = 32
 DEFAULT_EF_CONSTRUCTION = 200
-# A filter passing at most this many chunks is answered by an exact scan of their vectors (exact,
-# and cheaper than a graph walk that must skip most of what it visits: BENCHMARKS.md, "Filters");
-# above it, HNSW searches with the filter and an ef widened by the filter's selectivity.
+# A filtered search scans the passing chunks' vectors exactly, or walks the graph skipping the others
+# with ef widened by the filter's selectivity, whichever costs less: a scan costs about its n passing
+# vectors, a walk about ef / selectivity visits, each some 32 times a vector's dot product (the
+# filter is a Python call per visit; measured on SciFact: BENCHMARKS.md, "Filters"). So scan when
+# n^2 <= 32 * ef * count, and never more than the setting's cap of vectors.
 DEFAULT_EXACT_SCAN_MAX = 20_000
+_WALK_VISIT_COST_IN_DOTS = 32
 # The widest a filtered HNSW search may look, as a multiple of its unfiltered ef.
 _FILTERED_EF_GROWTH_MAX = 16
 
@@ -198,11 +201,11 @@ class HnswIndex:
         if flt is None:
             return self._walk(query_vector, k, max(ef, k))
         mask = self._columns.mask(flt)
-        allowed = int(np.count_nonzero(mask))
-        if allowed <= self.exact_scan_max:
+        allowed, ef = int(np.count_nonzero(mask)), max(ef, k)
+        if allowed <= self.exact_scan_max and allowed * allowed <= _WALK_VISIT_COST_IN_DOTS * ef * self.count:
             return self._scan(query_vector, k, np.flatnonzero(mask))
         # The walk visits about ef / selectivity nodes to find ef that pass.
-        widened = min(int(max(ef, k) * self.count / allowed) + 1, max(ef, k) * _FILTERED_EF_GROWTH_MAX)
+        widened = min(int(ef * self.count / allowed) + 1, ef * _FILTERED_EF_GROWTH_MAX)
         try:
             return self._walk(query_vector, min(k, allowed), widened, lambda label: bool(mask[label]))
         except RuntimeError:  # hnswlib found fewer than k that pass: the exact scan finds them all

@@ -101,9 +101,7 @@ def request_parts(params: RetrieveParams) -> list[object]:
         if item.name in NOT_IN_SCOPE:
             continue
         value = getattr(params, item.name)
-        if isinstance(value, Filter) or (value is None and item.name in ("filter", "grant")):
-            value = canonical(value)
-        parts.append([item.name, value])
+        parts.append([item.name, canonical(value) if isinstance(value, Filter) else value])
     return parts
 
 
