@@ -201,7 +201,7 @@ class RetrievalResult:
     # Served from the retrieval cache: embedding, search and rerank were skipped.
     cache_hit: bool = False
     # The identity of the index version the passages came from (SearchIndex.identity): an answer is
-    # keyed on it. Empty when replayed from the answer cache (nothing is keyed on that result).
+    # keyed on it, and so is a reading of its passages.
     index_identity: str = ""
     # Set per request with the passages' highlights (request/evidence.py).
     support: Support | None = None

@@ -312,6 +312,7 @@ class RagPipeline:
             if cached is not None:  # the engine is not asked at all
                 replayed = replay_answer(
                     cached,
+                    retrieval.index_identity,
                     request,
                     lambda cited: with_evidence(params.query, cited, self.policy.low_support_below),
                     lambda cited: self._reader_start(params.query, cited),

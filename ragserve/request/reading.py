@@ -5,11 +5,13 @@ as its cost model says fit (at most `max_passages`). A Query starts it beside th
 prefill and never holds the first token for it: its span goes with the retrieval event when it is
 done by then, else as one later event between the tokens (request/pipeline.py). A result belongs
 to its question, its passages and their index version: readings are kept per process, keyed on
-all three, never in a shared cache.
+all three (the passages by their text, not only their ids: a chunk id survives an edit of its
+document), never in a shared cache.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Hashable
@@ -73,7 +75,7 @@ class ReadingStage:
         if count == 0:
             return None, 0.0, False
         texts = [p.chunk.text for p in passages[:count]]
-        key = (question, index_identity, tuple(p.chunk.chunk_id for p in passages[:count]))
+        key = (question, index_identity, tuple(p.chunk.chunk_id for p in passages[:count]), _digest(texts))
         if key in self._kept:
             self._kept.move_to_end(key)
             return self._kept[key], (time.perf_counter() - started) * 1000.0, True
@@ -101,6 +103,15 @@ class ReadingStage:
             sentence_start=sentence_start,
             sentence_end=sentence_end,
         )
+
+
+def _digest(texts: list[str]) -> bytes:
+    """The passages' content, short: a reading keyed on it is never given for edited text."""
+    digest = hashlib.blake2b(digest_size=16)
+    for text in texts:
+        digest.update(len(text).to_bytes(8, "little"))
+        digest.update(text.encode("utf-8", "surrogatepass"))
+    return digest.digest()
 
 
 def _sentence_around(text: str, start: int, end: int) -> tuple[int, int]:

@@ -172,18 +172,20 @@ async def _reader_instead(
 
 async def replay_answer(
     cached: CachedAnswer,
+    index_identity: str,
     request: RequestContext,
     evidence: Callable[[RetrievalResult], RetrievalResult],
     reader_for: Callable[[RetrievalResult], ReaderStart],
 ) -> AsyncGenerator[QueryEvent, None]:
     """An answer-cache hit, the engine not asked: the passages the answer cites with this question's
     evidence, the text, and the reader's span for this question before the final event (it reads
-    once the passages are out, so the text never waits for it)."""
+    once the passages are out, so the text never waits for it). `index_identity`: the serving index
+    the hit was found under, which its reading is kept under."""
     reading: Reading | None = None
     outcome: Outcome | None = None
     deadline_at = request.deadline.client_end(asyncio.get_running_loop())
     try:
-        for event in replay(cached, request.timings, request.deadline.elapsed_ms):
+        for event in replay(cached, request.timings, request.deadline.elapsed_ms, index_identity):
             if isinstance(event, RetrievalResult):
                 event = evidence(event)
                 outcome = Outcome(event)
