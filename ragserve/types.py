@@ -168,6 +168,10 @@ class RequestClass(StrEnum):
         return 0 if self is RequestClass.INTERACTIVE else 1
 
 
+# Warming's prefills run after every Query's work, batch included, where the engine schedules by priority.
+WARMING_ENGINE_PRIORITY = 2
+
+
 @dataclass(frozen=True, slots=True)
 class RetrieveParams:
     """A validated retrieval request."""
@@ -290,6 +294,8 @@ class GeneratorStatus:
     servers: tuple[ReplicaState, ...] = ()
     # The local engine's share of its CPUs (None: not watched, or not on this host).
     host_share: HostShareState | None = None
+    # The engine orders its waiting requests by priority (warming's then go after every Query's).
+    by_priority: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,7 @@ from ragserve.request.reply import (
 from ragserve.request.search import SearchStage, check_client
 from ragserve.request.sentences import SentenceTable
 from ragserve.request.serving import ServingVersion, VersionSource
-from ragserve.request.warming import InteractiveTraffic, Warmer
+from ragserve.request.warming import QueryTraffic, Warmer
 from ragserve.rerank.base import Reranker
 from ragserve.types import (
     GenerateParams,
@@ -94,7 +94,7 @@ class RagPipeline:
         self.reading = reading
         self.pace = HostSharePace()  # is the engine running at this host's pace (a busy neighbour)?
         self._batch_share = BatchShare(batch_engine_seqs)
-        self._traffic = InteractiveTraffic()  # warming gives way to it
+        self._traffic = QueryTraffic()  # warming gives way to it
         self._warmer = Warmer(generator, policy, hot, search.threads, self._traffic) if generator else None
 
     @property
@@ -139,8 +139,8 @@ class RagPipeline:
         await self.caches.start()
 
     def warm_state(self) -> WarmState:
-        """What warming did for the serving version (empty without a generator)."""
-        return self._warmer.state if self._warmer is not None else WarmState()
+        """What warming did for the serving version (done, nothing warmed, without a generator)."""
+        return self._warmer.state if self._warmer is not None else WarmState(self.serving.identity, done=True)
 
     def info(self) -> PipelineInfo:
         """What this pipeline serves with now (Info)."""
@@ -277,17 +277,11 @@ class RagPipeline:
     async def query(
         self, params: RetrieveParams, gen: GenerateParams, request: RequestContext
     ) -> AsyncIterator[QueryEvent]:
-        """`_query`'s events; while an interactive one runs, warming waits."""
-        interactive = request.interactive
-        if interactive:
-            self._traffic.begin()
-        try:
+        """`_query`'s events; while an interactive one runs, warming waits (and paces itself beside batch ones)."""
+        with self._traffic.running(request.interactive):
             async with contextlib.aclosing(self._query(params, gen, request)) as events:
                 async for event in events:
                     yield event
-        finally:
-            if interactive:
-                self._traffic.end()
 
     async def _query(
         self, params: RetrieveParams, gen: GenerateParams, request: RequestContext
