@@ -51,8 +51,9 @@ def shipped_model(folder: Path, manifest: Manifest, entry: str) -> ShippedModel 
         value = spec.get(key)
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             raise IndexLoadError(f"index at {folder}: {entry}.{key} is missing or of the wrong type ({value!r})")
-        low, high = _RANGES.get((entry, key), (value, value))
-        if not low <= value <= high:
+        bounds = _RANGES.get((entry, key))
+        if bounds is not None and not bounds[0] <= value <= bounds[1]:
+            low, high = bounds
             raise IndexLoadError(f"index at {folder}: {entry}.{key} {value!r} is not a whole number in {low}..{high}")
     try:
         check_file_name(spec["dir"])
