@@ -52,7 +52,7 @@ def shipped_model(folder: Path, manifest: Manifest, entry: str) -> ShippedModel 
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             raise IndexLoadError(f"index at {folder}: {entry}.{key} is missing or of the wrong type ({value!r})")
         bounds = _RANGES.get((entry, key))
-        if bounds is not None and not bounds[0] <= value <= bounds[1]:
+        if bounds is not None and isinstance(value, int) and not bounds[0] <= value <= bounds[1]:
             low, high = bounds
             raise IndexLoadError(f"index at {folder}: {entry}.{key} {value!r} is not a whole number in {low}..{high}")
     try:
