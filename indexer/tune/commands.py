@@ -16,6 +16,7 @@ from indexer.tune.reranker_model import RerankTrainOptions
 from ragserve.config import IndexSettings
 from ragserve.errors import RagError
 from ragserve.logs import setup_cli_logging
+from ragserve.read.folder import MIN_MAX_LENGTH
 
 if TYPE_CHECKING:
     from indexer.tune.embedder import TuneReport
@@ -159,7 +160,7 @@ def tune_reader(
     train_length: Annotated[
         int, typer.Option(min=32, max=512, help="Tokens per training pair")
     ] = _READER_TRAIN.max_length,
-    max_length: Annotated[int, typer.Option(min=32, max=512, help="Tokens per pair when serving")] = 256,
+    max_length: Annotated[int, typer.Option(min=MIN_MAX_LENGTH, max=512, help="Tokens per pair when serving")] = 256,
     negative_share: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="Answerable questions also asked of another paragraph")
     ] = 0.3,

@@ -224,13 +224,13 @@ class RagPipeline:
             )
         if read != "none" and self.reading is not None and result.passages:
             budget_ms = deadline.budget_left_ms() if read == "retrieval" else self.reading.budget_ms
-            span, request.timings.reader_ms, ran = await self.reading.read(
+            span, request.timings.reader_ms, not_read = await self.reading.read(
                 params.query, result.passages, result.index_identity, budget_ms
             )
-            if ran:
-                result = with_answer(params.query, result, span, self.reading.highlight, table)
+            if not_read:  # skipped for time, or failed: the passages go out as retrieved
+                result.degraded = result.degraded.remarked(not_read)
             else:
-                result.degraded = result.degraded.remarked("reader skipped: no passage fits the time left for it")
+                result = with_answer(params.query, result, span, self.reading.highlight, table)
         request.timings.retrieval_total_ms = deadline.elapsed_ms()
         result.timings = request.timings_so_far()
         return result, key, table

@@ -5,7 +5,7 @@ the degraded answer when the engine cannot answer, and what is kept between requ
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from ragserve.errors import Unavailable
 from ragserve.factory import assemble_pipeline, make_answer_cache
 from ragserve.index.hnsw import HnswIndex
 from ragserve.prompt import Prompt
+from ragserve.read.base import ReadSpan
 from ragserve.request.pipeline import RagPipeline
 from ragserve.request.policy import ABSTAIN_ANSWER, AnswerPolicy
 from ragserve.types import (
@@ -277,8 +278,8 @@ def test_a_reading_is_never_given_for_passages_whose_text_changed(make) -> None:
     after = Passage(Chunk("c1", "d1", "The discoverer's name was redacted.", "Penicillin"), 1.0, 1)
 
     async def read(passage: Passage) -> object:
-        span, _, ran = await stage.read(QUESTION, [passage], "same-identity", 10_000)
-        assert ran
+        span, _, not_read = await stage.read(QUESTION, [passage], "same-identity", 10_000)
+        assert not not_read
         return span
 
     assert asyncio.run(read(before)).text == ANSWER  # type: ignore[attr-defined]
@@ -301,3 +302,28 @@ def test_a_replayed_answer_carries_the_index_identity_it_was_found_under(make) -
     assert isinstance(final, FinalSummary) and final.answer_cache_hit
     # Its reading is kept under this index, not under an empty identity shared by every version.
     assert isinstance(first, RetrievalResult) and first.index_identity == pipeline.index.identity != ""
+
+
+class FakeBrokenReader(FakeReader):
+    """A reader whose every read raises (a model that cannot take the question, say)."""
+
+    def read(self, question: str, passages: Sequence[str]) -> list[ReadSpan]:
+        self.reads.append((question, len(passages)))
+        raise RuntimeError("fake reader failure")
+
+
+def test_a_failing_reader_is_a_note_on_retrieve_never_the_calls_failure(make) -> None:
+    reader = FakeBrokenReader(ANSWER)
+    pipeline = make(None, reader, budget_ms=500.0)
+    params = RetrieveParams(QUESTION, 3, 10_000)
+    result = asyncio.run(pipeline.retrieve(params, RequestContext(Deadline(10_000)), answer_span=True))
+    assert reader.reads and result.passages and result.answer is None
+    assert any(note.startswith("reader failed") for note in result.degraded.remarks)
+
+
+def test_a_failing_reader_that_may_abstain_leaves_the_answer_to_the_engine(make) -> None:
+    generator = FakeGenerator(["Fleming."], usage=Usage(10, 1, 0))
+    events = _ask(make(generator, FakeBrokenReader(ANSWER), abstain=True))
+    final = events[-1]
+    assert isinstance(final, FinalSummary) and final.finish_reason == "stop" and len(generator.prompts) == 1
+    assert any(isinstance(e, TokenDelta) and e.text == "Fleming." for e in events)
