@@ -146,7 +146,9 @@ def tune_reader(
     base: Annotated[
         str, typer.Option(help="Base weights: an HF id or local folder of a BERT model; default: all-MiniLM-L6-v2")
     ],
-    out: Annotated[Path, typer.Option(help="Reader folder to write (replaced if it exists)")],
+    out: Annotated[
+        Path, typer.Option(help="Reader folder to write (a reader folder there is replaced; any other files: refused)")
+    ],
     dev: Annotated[
         Path | None, typer.Option(help="Held-out SQuAD-format folder: figures and the no-answer threshold")
     ] = None,
