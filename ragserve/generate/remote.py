@@ -249,7 +249,7 @@ class RemoteVllmGenerator:
 
     async def stream(self, prompt: Prompt, params: GenerateParams, trace_id: str) -> AsyncIterator[GenerationChunk]:
         body = await asyncio.to_thread(self._body, prompt, params)  # the chat template takes ms: off the loop
-        limits = StreamLimits.for_tokens(params.max_tokens)
+        limits = StreamLimits.for_tokens(params.max_tokens, self._renderer.longest_token_chars)
         log.debug("request %s to the generation servers", trace_id)
         headers = self._headers(prompt)
         order = [s for s in self._order(routing_key(prompt)) if s.has_room]
