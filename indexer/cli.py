@@ -120,9 +120,7 @@ def build(
 ) -> None:
     """Index SOURCE and publish a new version atomically (incremental over the published one)."""
     setup_cli_logging(verbose, log_file, own_default="WARNING")
-    if backend not in ("torch", "onnx"):
-        typer.echo(f"error: --backend must be torch or onnx, got {backend!r}", err=True)
-        raise typer.Exit(2)
+    _check_build_flags(backend, encoding)
     job = _BuildJob(
         source=source,
         target=out or IndexSettings().path,
@@ -138,11 +136,6 @@ def build(
         limits=LoadLimits(int(max_file_mb * 1024 * 1024), max_text_chars, parse_timeout_s, encoding, parse_memory_mb),
     )
     try:
-        "".encode(encoding)
-    except LookupError:
-        typer.echo(f"error: --encoding {encoding!r} is not an encoding Python knows", err=True)
-        raise typer.Exit(2) from None
-    try:
         report, qdrant_line = _run_build(job, _QdrantTarget(qdrant_url, qdrant_collection, qdrant_api_key))
     except (SourceError, RagError, ValueError, OSError, IndexRootLocked) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -150,6 +143,18 @@ def build(
     if qdrant_line:
         typer.echo(qdrant_line)
     typer.echo(_summary(report))
+
+
+def _check_build_flags(backend: str, encoding: str) -> None:
+    """`build`'s flags that typer cannot check alone; a bad one exits 2 with one line."""
+    if backend not in ("torch", "onnx"):
+        typer.echo(f"error: --backend must be torch or onnx, got {backend!r}", err=True)
+        raise typer.Exit(2)
+    try:
+        "".encode(encoding)
+    except LookupError:
+        typer.echo(f"error: --encoding {encoding!r} is not an encoding Python knows", err=True)
+        raise typer.Exit(2) from None
 
 
 @dataclass(frozen=True)

@@ -193,18 +193,25 @@ def tune_reader(
         decline_answerable=decline_answerable,
         max_length=max_length,
         progress=progress,
-        training=ReaderTrainOptions(
-            epochs=epochs,
-            batch_size=batch_size,
-            lr=lr,
-            max_length=train_length,
-            max_seconds=max_seconds,
-            max_steps=max_steps,
-            seed=seed,
-        ),
+        training=_reader_training(epochs, batch_size, lr, train_length, max_seconds, max_steps, seed),
     )
     report = _run_tuner(lambda: run_tune_reader(job, say=typer.echo))
     typer.echo(_reader_summary(report))
+
+
+def _reader_training(
+    epochs: int, batch_size: int, lr: float, length: int, max_seconds: float | None, max_steps: int | None, seed: int
+) -> ReaderTrainOptions:
+    """`tune-reader`'s training flags as the trainer takes them."""
+    return ReaderTrainOptions(
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        max_length=length,
+        max_seconds=max_seconds,
+        max_steps=max_steps,
+        seed=seed,
+    )
 
 
 def _check_tune_flags(queries: Path | None, qrels: Path | None, positive: str, pairs: str) -> None:
