@@ -154,7 +154,7 @@ class Warmer:
         self._warm_ids = frozenset()
         self._publish(WarmState(serving.identity))
         chunks = await self._threads.run(lambda: self._candidates(serving))
-        run = _Run(int(policy.warm_kv_share * await generator.kv_cache_tokens()))
+        run = _Run(int(policy.warm_kv_share * await self._kv_cache_tokens()))
         # Every prompt shares the template's KV: a passage takes what its prompt adds to it.
         template = await self._threads.run(lambda: generator.prompt_tokens(build_prompt("", [], policy.prompt_layout)))
         paced = not generator.status().by_priority
@@ -176,6 +176,14 @@ class Warmer:
             serving.version, state.passages, state.tokens, state.seconds, state.left_out, run.failed,
         )  # fmt: skip
         return state.passages
+
+    async def _kv_cache_tokens(self) -> int:
+        """The engine's KV cache size; 0 (nothing fits, the run still ends done) when it cannot say."""
+        try:
+            return await self._generator.kv_cache_tokens()
+        except Exception as exc:
+            log.warning("warming: the engine's KV cache size is not known (%r); nothing is pre-filled", exc)
+            return 0
 
     async def _warm_one(self, passage: Passage, template: int, run: _Run, identity: str, paced: bool) -> None:
         """One passage: sized, then pre-filled when it fits, once no interactive Query runs."""

@@ -122,6 +122,17 @@ def test_with_no_server_up_warming_stops_soon_and_ends_done(make_pipeline, quick
     assert len(generator.prefills) == warming.GIVE_UP_AFTER_FAILURES
 
 
+def test_an_engine_that_cannot_say_its_cache_size_leaves_everything_cold_and_done(make_pipeline) -> None:
+    class FakeSilentCacheGenerator(FakeFaultyPrefillGenerator):
+        async def kv_cache_tokens(self) -> int:
+            raise Unavailable("no generation server is up")
+
+    generator = FakeSilentCacheGenerator()
+    pipeline = make_pipeline(generator)
+    warmed, state = _warm(pipeline)
+    assert state.done and warmed == 0 and state.left_out == pipeline.index.count and not generator.prefills
+
+
 def test_a_stalled_prefill_is_bounded(make_pipeline, quick_failures, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(warming, "PREFILL_LIMIT_S", 0.05)
     generator = FakeFaultyPrefillGenerator()
