@@ -130,14 +130,13 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 
 def _reranked_rows(
-    index: object, lists: object, dev: dict[str, str], qrels: dict[str, dict[str, int]], weight: float, base: dict
+    index: HnswIndex, lists: object, dev: dict[str, str], qrels: dict[str, dict[str, int]], weight: float, base: dict
 ) -> list[dict]:
     """With the version's tuned cross-encoder: DEV nDCG@10 at fixed depths 5/10/20, blended with
     the fused score at its fitted weight (and the cross-encoder alone), as the server orders them."""
     from indexer.tune.reranker import FIT_DEPTHS, score_blends
     from ragserve.factory import load_tuned_reranker
 
-    assert isinstance(index, HnswIndex)
     tuned = load_tuned_reranker(index.folder, index.manifest, threads=0)
     if tuned is None:
         return []

@@ -80,6 +80,14 @@ _ParseMemoryOption = Annotated[
         help="Skip HTML/PDF files whose parsing needs more memory (the parse worker's address space)",
     ),
 ]
+_FieldOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--field",
+        help="A filterable metadata field and its type, name:keyword|integer|float|bool|datetime "
+        "(repeatable; undeclared fields whose values share one type are filterable too)",
+    ),
+]
 _VerboseOption = Annotated[
     bool, typer.Option("--verbose", "-v", help="Also show third-party libraries' INFO lines on the console")
 ]
@@ -116,22 +124,13 @@ def build(
     parse_timeout_s: _ParseTimeoutOption = DEFAULT_PARSE_TIMEOUT_S,
     parse_memory_mb: _ParseMemoryOption = DEFAULT_PARSE_MEMORY_MB,
     encoding: Annotated[str, typer.Option(help="Encoding of plain-text and Markdown files")] = "utf-8",
-    field: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--field",
-            help="A filterable metadata field and its type, name:keyword|integer|float|bool|datetime "
-            "(repeatable; undeclared fields whose values share one type are filterable too)",
-        ),
-    ] = None,
+    field: _FieldOption = None,
     verbose: _VerboseOption = False,
     log_file: _LogFileOption = None,
 ) -> None:
     """Index SOURCE and publish a new version atomically (incremental over the published one)."""
     setup_cli_logging(verbose, log_file, own_default="WARNING")
-    if backend not in ("torch", "onnx"):
-        typer.echo(f"error: --backend must be torch or onnx, got {backend!r}", err=True)
-        raise typer.Exit(2)
+    _check_build_flags(backend, encoding)
     job = _BuildJob(
         source=source,
         target=out or IndexSettings().path,
@@ -148,11 +147,6 @@ def build(
         fields=tuple(field or ()),
     )
     try:
-        "".encode(encoding)
-    except LookupError:
-        typer.echo(f"error: --encoding {encoding!r} is not an encoding Python knows", err=True)
-        raise typer.Exit(2) from None
-    try:
         report, qdrant_line = _run_build(job, _QdrantTarget(qdrant_url, qdrant_collection, qdrant_api_key))
     except (SourceError, RagError, ValueError, OSError, IndexRootLocked) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -160,6 +154,18 @@ def build(
     if qdrant_line:
         typer.echo(qdrant_line)
     typer.echo(_summary(report))
+
+
+def _check_build_flags(backend: str, encoding: str) -> None:
+    """`build`'s flags that typer cannot check alone; a bad one exits 2 with one line."""
+    if backend not in ("torch", "onnx"):
+        typer.echo(f"error: --backend must be torch or onnx, got {backend!r}", err=True)
+        raise typer.Exit(2)
+    try:
+        "".encode(encoding)
+    except LookupError:
+        typer.echo(f"error: --encoding {encoding!r} is not an encoding Python knows", err=True)
+        raise typer.Exit(2) from None
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import hashlib
 import io
 import logging
 import multiprocessing
@@ -11,12 +10,25 @@ import multiprocessing.pool
 import os
 import stat
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, cast
 
-import orjson
-
+from indexer.beir import iter_beir
+from indexer.documents import (
+    DEFAULT_MAX_FILE_MB,
+    DEFAULT_MAX_TEXT_CHARS,
+    DEFAULT_PARSE_MEMORY_MB,
+    DEFAULT_PARSE_TIMEOUT_S,
+    MAX_TITLE_CHARS,
+    Document,
+    FileRejected,
+    LoadLimits,
+    Skipped,
+    SourceError,
+    capped_title,
+    check_text_size,
+    title_of,
+)
 from indexer.metadata import (
     SIDECAR_SUFFIX,
     MetadataError,
@@ -26,94 +38,35 @@ from indexer.metadata import (
     split_front_matter,
 )
 
+# What callers import from here; the values themselves live in indexer/documents.py and indexer/beir.py.
+__all__ = [
+    "DEFAULT_MAX_FILE_MB",
+    "DEFAULT_MAX_TEXT_CHARS",
+    "DEFAULT_PARSE_MEMORY_MB",
+    "DEFAULT_PARSE_TIMEOUT_S",
+    "MAX_TITLE_CHARS",
+    "SUPPORTED_SUFFIXES",
+    "Document",
+    "FileRejected",
+    "LoadLimits",
+    "Skipped",
+    "SourceError",
+    "display_name",
+    "iter_beir",
+    "iter_folder",
+    "iter_folder_files",
+    "iter_source",
+]
+
 TEXT_SUFFIXES = {".txt", ".md"}
 HTML_SUFFIXES = {".html", ".htm"}
 PDF_SUFFIXES = {".pdf"}
 SUPPORTED_SUFFIXES = TEXT_SUFFIXES | HTML_SUFFIXES | PDF_SUFFIXES
 
 
-class SourceError(Exception):
-    """A source that cannot be read at all (missing, empty, wrong type)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Document:
-    doc_id: str
-    title: str
-    text: str
-    source: str
-    # Identity of the content: an incremental build re-embeds a document only when it changes.
-    content_hash: str = field(default="")
-    # Its metadata as read (indexer/metadata.py): front matter, sidecar, BEIR `metadata`, derived.
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not self.content_hash:
-            digest = hashlib.sha256(self.title.encode() + b"\x00" + self.text.encode()).hexdigest()
-            object.__setattr__(self, "content_hash", digest)
-
-
-@dataclass(frozen=True, slots=True)
-class Skipped:
-    source: str
-    reason: str
-    # True for files that are not documents at all (images, LICENSE): counted, not warned about.
-    ignored: bool = False
-
-
-MAX_TITLE_CHARS = 200
-
-
-def _capped_title(title: str) -> str:
-    # A title goes into every chunk of its document and every prompt passage: a document's own
-    # (HTML <title>, PDF metadata, BEIR field) is as untrusted as its text.
-    return title[:MAX_TITLE_CHARS]
-
-
-def _title_of(text: str, fallback: str) -> str:
-    for line in text.splitlines():
-        stripped = line.strip().lstrip("#").strip()
-        if stripped:
-            return _capped_title(stripped)
-    return fallback
-
-
-DEFAULT_MAX_FILE_MB = 20.0
-DEFAULT_MAX_TEXT_CHARS = 5_000_000  # about 2,500 pages of prose
-DEFAULT_PARSE_TIMEOUT_S = 60.0
-# The parse worker's address space. About 64 MB is the worker itself; html.parser builds a tree
-# of about 130 times the file (a 20 MB file of tiny tags would take some 2.7 GB).
-DEFAULT_PARSE_MEMORY_MB = 2048
-
-
-@dataclass(frozen=True, slots=True)
-class LoadLimits:
-    """Per-file caps, so one hostile file (a PDF or HTML bomb, a huge dump) cannot stall a build."""
-
-    max_file_bytes: int = int(DEFAULT_MAX_FILE_MB * 1024 * 1024)
-    # Extracted text; checked page by page while a PDF is read.
-    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
-    # HTML and PDF are parsed in a worker process that is killed when a file takes longer.
-    parse_timeout_s: float = DEFAULT_PARSE_TIMEOUT_S
-    # How plain-text and Markdown files are decoded (`build --encoding`); HTML and PDF say their own.
-    encoding: str = "utf-8"
-    # The worker's memory: a file that needs more is skipped, instead of the host's OOM killer
-    # picking a process (on a shared host, perhaps the serving sidecar).
-    parse_memory_mb: int = DEFAULT_PARSE_MEMORY_MB
-
-
-class FileRejected(Exception):
-    """A file over one of the LoadLimits; the message is the reason reported for it."""
-
-
-def _check_text_size(chars: int, limits: LoadLimits) -> None:
-    if chars > limits.max_text_chars:
-        raise FileRejected(f"extracted text is over the limit of {limits.max_text_chars:,} characters")
-
-
 def _read_text(data: bytes, limits: LoadLimits) -> tuple[str, str]:
     text = data.decode(limits.encoding)
-    _check_text_size(len(text), limits)
+    check_text_size(len(text), limits)
     return "", text
 
 
@@ -128,7 +81,7 @@ def _read_html(data: bytes, limits: LoadLimits) -> tuple[str, str]:
     # One block per line keeps paragraph boundaries visible to the chunker and BM25.
     lines = (line.strip() for line in body.get_text("\n").splitlines())
     text = "\n".join(line for line in lines if line)
-    _check_text_size(len(text), limits)
+    check_text_size(len(text), limits)
     return title, text
 
 
@@ -143,7 +96,7 @@ def _read_pdf(data: bytes, limits: LoadLimits) -> tuple[str, str]:
     for page in reader.pages:
         text = (page.extract_text() or "").strip()
         chars += len(text)
-        _check_text_size(chars, limits)  # stop at the cap, not after extracting everything
+        check_text_size(chars, limits)  # stop at the cap, not after extracting everything
         if text:
             pages.append(text)
     meta_title = ""
@@ -331,78 +284,24 @@ def iter_folder_files(
             except Exception as exc:  # a malformed PDF/HTML raises library-specific errors: skip the file
                 yield Skipped(relative, f"cannot extract text: {type(exc).__name__}: {exc}")
                 continue
-            try:
-                front, text = split_front_matter(text) if path.suffix.lower() == ".md" else ({}, text)
-                supplied = {**check_names(front), **check_names(sidecar_metadata(path))}
-            except MetadataError as exc:
-                yield Skipped(relative, f"unreadable metadata: {exc}")
-                continue
-            if not text.strip():
-                yield Skipped(relative, "no text")
-                continue
-            given_title = supplied.get("title") if isinstance(supplied.get("title"), str) else ""
-            title = _capped_title(given_title or title) or _title_of(text, display_name(path.stem))
-            metadata = {**derived_fields(relative, path, title), **supplied}
-            yield Document(relative, title, text, relative, metadata=metadata)
+            yield _with_metadata(path, relative, title, text)
     finally:
         parser.close()
 
 
-_DRAIN_BYTES = 1 << 20
-
-
-def _bounded_lines(handle: BinaryIO, cap: int) -> Iterator[bytes | None]:
-    """Each line of at most `cap` bytes (newline excluded), or None for a longer one: that one is
-    read past in bounded pieces, never held whole."""
-    while line := handle.readline(cap + 1):
-        if line.endswith(b"\n") or len(line) <= cap:
-            yield line
-            continue
-        while (rest := handle.readline(_DRAIN_BYTES)) and not rest.endswith(b"\n"):
-            pass
-        yield None
-
-
-def _beir_record(line: bytes, where: str, limits: LoadLimits) -> Document | Skipped | None:
-    """One corpus line as a document, a reported skip, or None for a blank line."""
-    if not line.strip():
-        return None
+def _with_metadata(path: Path, relative: str, title: str, text: str) -> Document | Skipped:
+    """The file as a document with its metadata: front matter (taken out of a Markdown file's
+    text), its sidecar, the derived fields; a title given in the metadata wins."""
     try:
-        record = orjson.loads(line)
-        doc_id = str(record["_id"])
-        text = str(record.get("text") or "")
-        title = str(record.get("title") or "")
-        supplied = record.get("metadata") or {}
-        if not isinstance(supplied, dict):
-            return Skipped(where, "bad record: metadata is not an object")
-        supplied = check_names(supplied)
-    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-        return Skipped(where, f"bad record: {exc}")
+        front, text = split_front_matter(text) if path.suffix.lower() == ".md" else ({}, text)
+        supplied = {**check_names(front), **check_names(sidecar_metadata(path))}
     except MetadataError as exc:
-        return Skipped(where, f"unreadable metadata: {exc}")
-    try:
-        _check_text_size(len(text), limits)  # a record is one document: a file's text cap
-    except FileRejected as exc:
-        return Skipped(where, f"too large: {exc}")
-    if not text.strip() and not title.strip():
-        return Skipped(where, "empty")
-    title = _capped_title(title)
-    return Document(doc_id, title, text, where, metadata={**derived_fields(doc_id, None, title), **supplied})
-
-
-def iter_beir(corpus: Path, limits: LoadLimits | None = None) -> Iterator[Document | Skipped]:
-    """BEIR corpus.jsonl: one {"_id", "title", "text"} object per line. A line is read with a
-    file's byte cap (`max_file_bytes`): one huge line must not take the indexer's memory."""
-    limits = limits or LoadLimits()
-    with corpus.open("rb") as handle:
-        for line_no, line in enumerate(_bounded_lines(handle, limits.max_file_bytes), start=1):
-            where = f"{corpus.name}:{line_no}"
-            if line is None:
-                yield Skipped(where, f"too large: line is over the limit of {limits.max_file_bytes:,} bytes")
-                continue
-            item = _beir_record(line, where, limits)
-            if item is not None:
-                yield item
+        return Skipped(relative, f"unreadable metadata: {exc}")
+    if not text.strip():
+        return Skipped(relative, "no text")
+    given_title = supplied.get("title") if isinstance(supplied.get("title"), str) else ""
+    title = capped_title(given_title or title) or title_of(text, display_name(path.stem))
+    return Document(relative, title, text, relative, metadata={**derived_fields(relative, path, title), **supplied})
 
 
 def iter_source(source: Path, limits: LoadLimits | None = None) -> Iterator[Document | Skipped]:

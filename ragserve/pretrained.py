@@ -20,6 +20,11 @@ def load_options(source: str | Path) -> dict[str, Any]:
 MAX_MODEL_FILE_BYTES = 1 << 30
 
 
+# The most token positions a shipped MiniLM-sized model takes (BERT's 512): a stated sequence
+# length past it is a crafted or wrong manifest, refused before anything is built from it.
+MAX_SEQ_POSITIONS = 512
+
+
 def check_model_file_size(path: Path) -> None:
     size = path.stat().st_size
     if size > MAX_MODEL_FILE_BYTES:

@@ -173,6 +173,10 @@ class RequestClass(StrEnum):
         return 0 if self is RequestClass.INTERACTIVE else 1
 
 
+# Warming's prefills run after every Query's work, batch included, where the engine schedules by priority.
+WARMING_ENGINE_PRIORITY = 2
+
+
 @dataclass(frozen=True, slots=True)
 class RetrieveParams:
     """A validated retrieval request."""
@@ -216,7 +220,7 @@ class RetrievalResult:
     # Served from the retrieval cache: embedding, search and rerank were skipped.
     cache_hit: bool = False
     # The identity of the index version the passages came from (SearchIndex.identity): an answer is
-    # keyed on it. Empty when replayed from the answer cache (nothing is keyed on that result).
+    # keyed on it, and so is a reading of its passages.
     index_identity: str = ""
     # Set per request with the passages' highlights (request/evidence.py).
     support: Support | None = None
@@ -305,6 +309,8 @@ class GeneratorStatus:
     servers: tuple[ReplicaState, ...] = ()
     # The local engine's share of its CPUs (None: not watched, or not on this host).
     host_share: HostShareState | None = None
+    # The engine orders its waiting requests by priority (warming's then go after every Query's).
+    by_priority: bool = False
 
 
 @dataclass(frozen=True, slots=True)

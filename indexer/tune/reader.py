@@ -9,6 +9,7 @@ index they came from, so its folder stands alone (the project ships one in ragse
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import time
@@ -24,6 +25,7 @@ from ragserve.config import DEFAULT_EMBEDDER
 from ragserve.digests import sha256_file
 from ragserve.embed.base import resolve_embedder_path
 from ragserve.read.export import export_span_model, write_manifest
+from ragserve.read.folder import FORMAT, MANIFEST
 from ragserve.read.onnx_reader import OnnxReader
 from ragserve.read.spans import MAX_ANSWER_TOKENS
 
@@ -76,8 +78,28 @@ def _base(base: str) -> tuple[str, str, str]:
     return path, shown, digest.hexdigest() if found else ""
 
 
+def check_replaceable(out: Path) -> None:
+    """`--out` is replaced whole: only nothing, an empty folder or a reader folder may be there
+    (a mistyped path must never cost a folder of other files). ValueError otherwise."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if out.is_symlink() or not out.is_dir():
+        raise ValueError(f"--out {out} is not a folder; refusing to replace it")
+    if not any(out.iterdir()):
+        return
+    try:
+        manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        manifest = None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ValueError(
+            f"--out {out} holds files but no reader {MANIFEST}; refusing to replace it (give a new folder)"
+        )
+
+
 def run_tune_reader(job: ReaderTuneJob, say: Callable[[str], None] = print) -> ReaderTuneReport:
     started = time.monotonic()
+    check_replaceable(job.out)  # before the training, not after it
     train = load_squad(job.train)
     dev = load_squad(job.dev) if job.dev is not None else None
     examples = training_examples(train, job.negative_share, job.training.seed)

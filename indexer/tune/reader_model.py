@@ -135,6 +135,31 @@ def span_model(base: str) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+def _optimizer(model: Any, opts: ReaderTrainOptions, plan: dict[str, int]) -> tuple[Any, Any]:
+    """AdamW with a linear warm-up, then a linear decay to zero at `plan["total"]` (read at every
+    step: a time-bounded run moves it)."""
+    import torch
+
+    warmup = max(1, math.ceil(plan["total"] * opts.warmup))
+
+    def schedule(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (plan["total"] - step) / max(1, plan["total"] - warmup))
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=0.01)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+def _fit_plan_to_time(plan: dict[str, int], planned: int, step: int, elapsed_s: float, max_seconds: float) -> None:
+    """Fit the schedule to the time allowed at the pace so far (a shared host's pace changes), so
+    the learning rate still decays to zero when the time is up; past it, the run ends."""
+    if step % 10 == 0:
+        plan["total"] = max(step + 1, min(planned, int(max_seconds / (elapsed_s / step))))
+    if elapsed_s > max_seconds:
+        plan["total"] = step
+
+
 def train_span_model(
     base: str,
     examples: list[SpanExample],
@@ -158,15 +183,7 @@ def train_span_model(
         "total": per_epoch * opts.epochs if opts.max_steps is None else min(opts.max_steps, per_epoch * opts.epochs)
     }
     planned = plan["total"]
-    warmup = max(1, math.ceil(planned * opts.warmup))
-
-    def schedule(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return max(0.0, (plan["total"] - step) / max(1, plan["total"] - warmup))
-
-    optimizer = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=0.01)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    optimizer, scheduler = _optimizer(model, opts, plan)
     model.train()
     started = time.monotonic()
     step, loss_value = 0, float("nan")
@@ -187,14 +204,9 @@ def train_span_model(
             bar.set_postfix(loss=f"{loss_value:.3f}")
             if on_step is not None:
                 on_step(step, loss_value)
-            if opts.max_seconds is not None and step % 10 == 0:
-                # Fit the schedule to the time allowed at the pace so far (a shared host's pace
-                # changes), so the learning rate still decays to zero when the time is up.
-                per_step = (time.monotonic() - started) / step
-                plan["total"] = max(step + 1, min(planned, int(opts.max_seconds / per_step)))
+            if opts.max_seconds is not None:
+                _fit_plan_to_time(plan, planned, step, time.monotonic() - started, opts.max_seconds)
                 bar.total = plan["total"]
-            if opts.max_seconds is not None and time.monotonic() - started > opts.max_seconds:
-                plan["total"] = step
     bar.close()
     model.eval()
     stats = TrainStats(

@@ -250,7 +250,8 @@ class LimitsSettings(BaseSettings):
     # Per caller (the name on its mTLS client certificate, CN or SAN): the highest request class it
     # may use and its calls in flight, as `name=class:cap` pairs, e.g.
     # `reports-job=batch:4,web=interactive:48,*=batch:8` (`*`: every caller no other pair names, a
-    # caller without a certificate too). A caller asking above its class is served at its class.
+    # caller without a certificate too, all in one shared cap). A caller asking above its class is
+    # served at its class; a certificate with several named names gets the most restrictive pair.
     # Empty: the class is the caller's word (docs/api.md).
     caller_limits: str = ""
 
@@ -261,7 +262,8 @@ class LimitsSettings(BaseSettings):
 
 
 def parse_caller_limits(text: str) -> dict[str, tuple[str, int]]:
-    """`name=class:cap,...` -> {name: (class, cap)}; ValueError naming the bad pair."""
+    """`name=class:cap,...` -> {name: (class, cap)}; ValueError naming the bad pair (a name given
+    twice too: which of the two was meant cannot be guessed)."""
     limits: dict[str, tuple[str, int]] = {}
     for pair in filter(None, (p.strip() for p in text.split(","))):
         name, _, rule = pair.partition("=")
@@ -270,6 +272,8 @@ def parse_caller_limits(text: str) -> dict[str, tuple[str, int]]:
             raise ValueError(f"RAGSERVE_CALLER_LIMITS: {pair!r} is not name=interactive|batch:cap")
         if int(cap) < 1:
             raise ValueError(f"RAGSERVE_CALLER_LIMITS: {pair!r}: the cap must be at least 1")
+        if name.strip() in limits:
+            raise ValueError(f"RAGSERVE_CALLER_LIMITS: {name.strip()!r} is named twice")
         limits[name.strip()] = (level.strip(), int(cap))
     return limits
 

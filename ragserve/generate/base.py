@@ -42,7 +42,8 @@ class Generator(Protocol):
         ...
 
     async def prefill(self, prompt: Prompt) -> None:
-        """Put `prompt` into the prefix cache (warming): batch priority, no text kept, bounded in time."""
+        """Put `prompt` into the prefix cache (warming): after every Query's work where the engine
+        schedules by priority (WARMING_ENGINE_PRIORITY), no text kept, bounded in time."""
         ...
 
     async def check_health(self) -> None:

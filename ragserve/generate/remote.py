@@ -31,12 +31,12 @@ from ragserve.generate.vllm_wire import ServerFailed, ServerRejected, ServerUnre
 from ragserve.metrics import REPLICA_HEDGES, REPLICA_REQUESTS, REPLICA_UP
 from ragserve.prompt import Prompt, build_prompt
 from ragserve.types import (
+    WARMING_ENGINE_PRIORITY,
     EngineChoice,
     GenerateParams,
     GenerationChunk,
     GeneratorStatus,
     ReplicaState,
-    RequestClass,
     model_name,
 )
 
@@ -101,7 +101,7 @@ class RemoteVllmGenerator:
         return [server.state() for server in self.servers]
 
     def status(self) -> GeneratorStatus:
-        return GeneratorStatus(on_this_host=False, servers=tuple(self.replica_states()))
+        return GeneratorStatus(False, tuple(self.replica_states()), by_priority=self._settings.remote_priority)
 
     # -- start and health --------------------------------------------------------------------------
 
@@ -249,7 +249,7 @@ class RemoteVllmGenerator:
 
     async def stream(self, prompt: Prompt, params: GenerateParams, trace_id: str) -> AsyncIterator[GenerationChunk]:
         body = await asyncio.to_thread(self._body, prompt, params)  # the chat template takes ms: off the loop
-        limits = StreamLimits.for_tokens(params.max_tokens)
+        limits = StreamLimits.for_tokens(params.max_tokens, self._renderer.longest_token_chars)
         log.debug("request %s to the generation servers", trace_id)
         headers = self._headers(prompt)
         order = [s for s in self._order(routing_key(prompt)) if s.has_room]
@@ -355,7 +355,7 @@ class RemoteVllmGenerator:
 
     async def prefill(self, prompt: Prompt) -> None:
         """Put `prompt` into the prefix cache of the server its questions go to, on that server's
-        background connections, at batch priority where the servers schedule by priority. Each
+        background connections, after every Query where the servers schedule by priority. Each
         stream is bounded by the stall limit; a failure is logged by the caller and costs no call."""
         await self._settle()
         await self._prefill_on(self._order(routing_key(prompt))[0], prompt, self._headers(prompt))
@@ -367,7 +367,7 @@ class RemoteVllmGenerator:
             await asyncio.wait(self._bringing_up)
 
     async def _prefill_on(self, server: VllmServer, prompt: Prompt, headers: dict[str, str]) -> None:
-        params = GenerateParams(max_tokens=1, temperature=0.0, priority=RequestClass.BATCH.engine_priority)
+        params = GenerateParams(max_tokens=1, temperature=0.0, priority=WARMING_ENGINE_PRIORITY)
         body = self._for(server, await asyncio.to_thread(self._body, prompt, params))
         async with asyncio.timeout(self._settings.remote_stall_s):
             async with contextlib.aclosing(server.events(body, headers, StreamLimits.for_tokens(1), True)) as events:

@@ -41,6 +41,7 @@ class ChatRenderer:
         self._pad_max = pad_max_tokens if block_tokens > 0 else 0
         self._pads = lru_cache(maxsize=_PADS_KEPT)(self._pad_for)
         self._pad_table: list[int] | None = None
+        self.longest_token_chars = 0  # known once loaded
 
     def load(self) -> None:
         """The model's tokenizer and every special or added token it knows (what untrusted text must
@@ -50,6 +51,9 @@ class ChatRenderer:
         self._tokenizer = AutoTokenizer.from_pretrained(self._model, **load_options(self._model))
         added = (token.content for token in self._tokenizer.added_tokens_decoder.values())
         self._special_tokens = frozenset([*self._tokenizer.all_special_tokens, *added])
+        # A byte-level or SentencePiece token spells its text one character a byte or a character,
+        # so its written length bounds what it decodes to (a streamed answer's length: vllm_wire.py).
+        self.longest_token_chars = max((len(token) for token in self._tokenizer.get_vocab()), default=0)
         self._counted.cache_clear()  # counts belong to the tokenizer that made them
         self._pads.cache_clear()
         self._pad_table = None

@@ -32,11 +32,11 @@ from ragserve.generate.identity import answer_identity
 from ragserve.generate.rendering import ChatRenderer
 from ragserve.prompt import SYSTEM_PREFIX, Prompt, build_prompt
 from ragserve.types import (
+    WARMING_ENGINE_PRIORITY,
     EngineChoice,
     GenerateParams,
     GenerationChunk,
     GeneratorStatus,
-    RequestClass,
     Usage,
     model_name,
 )
@@ -105,7 +105,7 @@ class VllmGenerator:
 
     def status(self) -> GeneratorStatus:
         share = self._host_share.state() if self._host_share is not None else None
-        return GeneratorStatus(on_this_host=True, host_share=share)
+        return GeneratorStatus(True, host_share=share, by_priority=self._settings.scheduling_policy == "priority")
 
     def _set_threads_before_step(self) -> None:
         """On the engine thread: the thread count the host share watch wants, before every step.
@@ -243,7 +243,7 @@ class VllmGenerator:
             raise GenerationFailed("generation failed") from exc
 
     async def prefill(self, prompt: Prompt) -> None:
-        params = GenerateParams(max_tokens=1, temperature=0.0, priority=RequestClass.BATCH.engine_priority)
+        params = GenerateParams(max_tokens=1, temperature=0.0, priority=WARMING_ENGINE_PRIORITY)
         async for _ in self.stream(prompt, params, "prefill"):
             pass
 

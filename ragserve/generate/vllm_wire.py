@@ -17,7 +17,8 @@ from ragserve.types import Usage
 # Caps on what a server's answers may hold (docs/remote.md, "What a server may send").
 MODELS_MAX_BYTES = 1 << 20
 METRICS_MAX_BYTES = 8 << 20
-# A token's text is at most a few dozen characters in common vocabularies; this bound is generous.
+# A token's text is at most a few dozen characters in common vocabularies: a stream is bounded by
+# the served model's own longest token (generate/rendering.py), and never past this.
 CHARS_PER_TOKEN_MAX = 256
 # Events beyond one per token: the finish chunk, the usage chunk, a little slack.
 EXTRA_EVENTS = 8
@@ -54,8 +55,10 @@ class StreamLimits:
     chars: int
 
     @classmethod
-    def for_tokens(cls, max_tokens: int) -> StreamLimits:
-        return cls(max_tokens + EXTRA_EVENTS, max(1, max_tokens) * CHARS_PER_TOKEN_MAX)
+    def for_tokens(cls, max_tokens: int, longest_token_chars: int = CHARS_PER_TOKEN_MAX) -> StreamLimits:
+        """`longest_token_chars`: the most text one token of the served model decodes to (0: not known)."""
+        per_token = min(longest_token_chars, CHARS_PER_TOKEN_MAX) if longest_token_chars > 0 else CHARS_PER_TOKEN_MAX
+        return cls(max_tokens + EXTRA_EVENTS, max(1, max_tokens) * per_token)
 
 
 async def read_capped(response: aiohttp.ClientResponse, path: str, max_bytes: int) -> bytes:

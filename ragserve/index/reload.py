@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -27,6 +28,14 @@ from ragserve.index.format import CURRENT, manifest_identity, read_manifest_byte
 from ragserve.index.hnsw import DEFAULT_EXACT_SCAN_MAX, HnswIndex
 
 log = logging.getLogger(__name__)
+
+# An absolute path in an error message (a word that starts with "/"): Info shows why a version was
+# refused without the server's paths; the log line keeps them.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.])/[^\s:'\"]*")
+
+
+def without_paths(reason: str) -> str:
+    return _ABSOLUTE_PATH.sub("<path>", reason)
 
 
 def version_marker(name: str, identity: str) -> str:
@@ -152,7 +161,7 @@ class IndexReloader:
         except RagError as exc:
             self._seen = marker
             self.refused += 1
-            self._target.refused(f"{marker}: {exc}")
+            self._target.refused(f"{marker}: {without_paths(str(exc))}")
             log.error("refusing newly published index %s: %s; still serving version %s", marker, exc, old.version)
             return False
         except Exception as exc:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ragserve.errors import IndexLoadError
 from ragserve.index.format import MANIFEST, Manifest, check_file_name, require_all_listed
-from ragserve.pretrained import check_model_file_size
+from ragserve.pretrained import MAX_SEQ_POSITIONS, check_model_file_size
 from ragserve.types import ShippedModel
 
 EMBEDDER_ENTRY = "tuned_embedder"
@@ -34,6 +34,11 @@ ENTRY_KEYS: dict[str, dict[str, type | tuple[type, ...]]] = {
         "beats_fused": bool,
     },
 }
+# Whole-number keys that size what the loader builds, and their ranges (checked when the version is read).
+_RANGES: dict[tuple[str, str], tuple[int, int]] = {
+    (EMBEDDER_ENTRY, "max_seq_length"): (1, MAX_SEQ_POSITIONS),
+    (RERANKER_ENTRY, "max_seq_len"): (16, MAX_SEQ_POSITIONS),
+}
 
 
 def shipped_model(folder: Path, manifest: Manifest, entry: str) -> ShippedModel | None:
@@ -46,6 +51,10 @@ def shipped_model(folder: Path, manifest: Manifest, entry: str) -> ShippedModel 
         value = spec.get(key)
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             raise IndexLoadError(f"index at {folder}: {entry}.{key} is missing or of the wrong type ({value!r})")
+        bounds = _RANGES.get((entry, key))
+        if bounds is not None and isinstance(value, int) and not bounds[0] <= value <= bounds[1]:
+            low, high = bounds
+            raise IndexLoadError(f"index at {folder}: {entry}.{key} {value!r} is not a whole number in {low}..{high}")
     try:
         check_file_name(spec["dir"])
         check_file_name(spec["onnx"])

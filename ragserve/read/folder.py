@@ -29,6 +29,11 @@ FORMAT = "ragserve-reader"
 FORMAT_VERSION = 1
 OUTPUT = "span_logits"
 DEFAULT_READER_DIR = Path(__file__).resolve().parent / "default"
+# A question longer than this (in tokens) is cut: the passage needs the room.
+MAX_QUESTION_TOKENS = 64
+# The shortest pair a reader may take: the longest question, [CLS] and two [SEP], and one passage
+# token (shorter, every long question would fail to tokenize).
+MIN_MAX_LENGTH = MAX_QUESTION_TOKENS + 4
 
 
 class ReaderLoadError(ConfigError):
@@ -69,8 +74,8 @@ def read_spec(folder: Path, verify_files: bool = True) -> ReaderSpec:
     if manifest.get("output") != OUTPUT:
         raise _fail(folder, f"output {manifest.get('output')!r}, expected {OUTPUT!r}")
     max_length, max_answer = manifest.get("max_length"), manifest.get("max_answer_tokens")
-    if not (isinstance(max_length, int) and 32 <= max_length <= 512):
-        raise _fail(folder, f"max_length {max_length!r} is not a whole number in 32..512")
+    if not (isinstance(max_length, int) and MIN_MAX_LENGTH <= max_length <= 512):
+        raise _fail(folder, f"max_length {max_length!r} is not a whole number in {MIN_MAX_LENGTH}..512")
     if not (isinstance(max_answer, int) and 1 <= max_answer <= max_length):
         raise _fail(folder, f"max_answer_tokens {max_answer!r} is not a whole number in 1..max_length")
     threshold = manifest.get("no_answer_threshold")

@@ -20,11 +20,16 @@ from ragserve.onnx_export import BERT_INPUTS
 from ragserve.pretrained import check_model_file_size, load_options
 from ragserve.read.base import ReadSpan
 from ragserve.read.cost import CostSample, ReadCost
-from ragserve.read.folder import DEFAULT_READER_DIR, OUTPUT, ReaderLoadError, ReaderSpec, read_spec
+from ragserve.read.folder import (
+    DEFAULT_READER_DIR,
+    MAX_QUESTION_TOKENS,
+    OUTPUT,
+    ReaderLoadError,
+    ReaderSpec,
+    read_spec,
+)
 from ragserve.read.spans import best_token_span
 
-# A question longer than this (in tokens) is cut: the passage needs the room.
-MAX_QUESTION_TOKENS = 64
 # Passages per ONNX Runtime call.
 BATCH_SIZE = 4
 # The load-time cost measurement: a passage of about one chunk, read alone and four at a time.

@@ -210,16 +210,26 @@ class PipelineCaches:
 _REPLAY_CHUNK_CHARS = 4096
 
 
-def replay(cached: CachedAnswer, timings: StageTimings, elapsed_ms: Callable[[], float]) -> Iterator[QueryEvent]:
+def replay(
+    cached: CachedAnswer, timings: StageTimings, elapsed_ms: Callable[[], float], index_identity: str
+) -> Iterator[QueryEvent]:
     """An answer-cache hit's events, as a generated answer's: the stored passages, the text, a final
     summary. `timings` are this request's (retrieval so far, answer cache lookup), completed in a
-    copy; `elapsed_ms` counts from the request's start (TTFT is taken at the first token event)."""
+    copy; `elapsed_ms` counts from the request's start (TTFT is taken at the first token event).
+    `index_identity`: the index the hit was found under (its key holds it); what is read of the
+    replayed passages is kept under it."""
     # The stored passages replace this request's retrieval, so its degraded flags do not apply;
     # only answers from a retrieval that was not cut short are ever stored.
     degraded = Degraded()
     sent = dataclasses.replace(timings)  # the event's own copy, as a generated answer's
     yield RetrievalResult(
-        list(cached.passages), sent, degraded, cached.index_version, list(cached.rerank_tiers), cache_hit=True
+        list(cached.passages),
+        sent,
+        degraded,
+        cached.index_version,
+        list(cached.rerank_tiers),
+        cache_hit=True,
+        index_identity=index_identity,
     )
     ttft_ms = elapsed_ms()
     for start in range(0, len(cached.text), _REPLAY_CHUNK_CHARS):

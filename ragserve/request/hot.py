@@ -69,9 +69,10 @@ class HotPassages:
         self._counts = Counter(dict(Counter(counts).most_common(self.max_tracked)))
 
     def save(self) -> None:
-        """Write the counts if they changed (atomically: a reader never sees half a file). A read-only
-        place is reported once and then left alone; the counts stay in memory."""
-        if self.path is None or not self._dirty or self._save_failed:
+        """Write the counts if they changed (atomically: a reader never sees half a file). A place that
+        cannot be written is reported once and tried again at the next save (a full disk, a volume
+        mounted late); the counts stay in memory meanwhile."""
+        if self.path is None or not self._dirty:
             return
         payload = json.dumps({"format": _FORMAT, "counts": dict(self._counts)}).encode()
         try:
@@ -84,13 +85,18 @@ class HotPassages:
                 Path(tmp).unlink(missing_ok=True)
                 raise
         except OSError as exc:
+            if not self._save_failed:
+                log.warning(
+                    "cannot save retrieval counts to %s (%s); set RAGSERVE_HOT_PASSAGES_PATH to a writable file "
+                    "(tried again at each save)",
+                    self.path,
+                    exc,
+                )
             self._save_failed = True
-            log.warning(
-                "cannot save retrieval counts to %s (%s); set RAGSERVE_HOT_PASSAGES_PATH to a writable file",
-                self.path,
-                exc,
-            )
             return
+        if self._save_failed:
+            log.info("retrieval counts saved to %s again", self.path)
+        self._save_failed = False
         self._dirty = False
 
 

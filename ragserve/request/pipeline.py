@@ -49,7 +49,7 @@ from ragserve.request.reply import (
 from ragserve.request.search import SearchStage, check_client
 from ragserve.request.sentences import SentenceTable
 from ragserve.request.serving import ServingVersion, VersionSource
-from ragserve.request.warming import InteractiveTraffic, Warmer
+from ragserve.request.warming import QueryTraffic, Warmer
 from ragserve.rerank.base import Reranker
 from ragserve.types import (
     GenerateParams,
@@ -94,7 +94,7 @@ class RagPipeline:
         self.reading = reading
         self.pace = HostSharePace()  # is the engine running at this host's pace (a busy neighbour)?
         self._batch_share = BatchShare(batch_engine_seqs)
-        self._traffic = InteractiveTraffic()  # warming gives way to it
+        self._traffic = QueryTraffic()  # warming gives way to it
         self._warmer = Warmer(generator, policy, hot, search.threads, self._traffic) if generator else None
 
     @property
@@ -139,8 +139,8 @@ class RagPipeline:
         await self.caches.start()
 
     def warm_state(self) -> WarmState:
-        """What warming did for the serving version (empty without a generator)."""
-        return self._warmer.state if self._warmer is not None else WarmState()
+        """What warming did for the serving version (done, nothing warmed, without a generator)."""
+        return self._warmer.state if self._warmer is not None else WarmState(self.serving.identity, done=True)
 
     def info(self, grant: Filter | None = None) -> PipelineInfo:
         """What this pipeline serves with now (Info); its chunk count is of those `grant` may read."""
@@ -224,13 +224,13 @@ class RagPipeline:
             )
         if read != "none" and self.reading is not None and result.passages:
             budget_ms = deadline.budget_left_ms() if read == "retrieval" else self.reading.budget_ms
-            span, request.timings.reader_ms, ran = await self.reading.read(
+            span, request.timings.reader_ms, not_read = await self.reading.read(
                 params.query, result.passages, result.index_identity, budget_ms
             )
-            if ran:
-                result = with_answer(params.query, result, span, self.reading.highlight, table)
+            if not_read:  # skipped for time, or failed: the passages go out as retrieved
+                result.degraded = result.degraded.remarked(not_read)
             else:
-                result.degraded = result.degraded.remarked("reader skipped: no passage fits the time left for it")
+                result = with_answer(params.query, result, span, self.reading.highlight, table)
         request.timings.retrieval_total_ms = deadline.elapsed_ms()
         result.timings = request.timings_so_far()
         return result, key, table
@@ -278,17 +278,11 @@ class RagPipeline:
     async def query(
         self, params: RetrieveParams, gen: GenerateParams, request: RequestContext
     ) -> AsyncIterator[QueryEvent]:
-        """`_query`'s events; while an interactive one runs, warming waits."""
-        interactive = request.interactive
-        if interactive:
-            self._traffic.begin()
-        try:
+        """`_query`'s events; while an interactive one runs, warming waits (and paces itself beside batch ones)."""
+        with self._traffic.running(request.interactive):
             async with contextlib.aclosing(self._query(params, gen, request)) as events:
                 async for event in events:
                     yield event
-        finally:
-            if interactive:
-                self._traffic.end()
 
     async def _query(
         self, params: RetrieveParams, gen: GenerateParams, request: RequestContext
@@ -313,6 +307,7 @@ class RagPipeline:
             if cached is not None:  # the engine is not asked at all
                 replayed = replay_answer(
                     cached,
+                    retrieval.index_identity,
                     request,
                     lambda cited: with_evidence(params.query, cited, self.policy.low_support_below),
                     lambda cited: self._reader_start(params.query, cited),

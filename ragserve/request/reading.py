@@ -5,11 +5,14 @@ as its cost model says fit (at most `max_passages`). A Query starts it beside th
 prefill and never holds the first token for it: its span goes with the retrieval event when it is
 done by then, else as one later event between the tokens (request/pipeline.py). A result belongs
 to its question, its passages and their index version: readings are kept per process, keyed on
-all three, never in a shared cache.
+all three (the passages by their text, not only their ids: a chunk id survives an edit of its
+document), never in a shared cache.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Hashable
@@ -24,8 +27,14 @@ from ragserve.types import AnswerSpan, Passage
 # budget (Retrieve), within the reader's own budget (Query, when the reader may abstain), or not.
 ReadWithin = Literal["retrieval", "own", "none"]
 
+log = logging.getLogger(__name__)
+
 # Readings kept for questions asked again (the same passages of the same version).
 _KEPT_READINGS = 1024
+
+# Why a read gave no span ("" when it ran): the request's degraded notes say so.
+SKIPPED = "reader skipped: no passage fits the time left for it"
+FAILED = "reader failed (the server log says why): the passages are as retrieved"
 
 
 class ReadingStage:
@@ -64,25 +73,30 @@ class ReadingStage:
 
     async def read(
         self, question: str, passages: list[Passage], index_identity: str, budget_ms: float, at_least_one: bool = False
-    ) -> tuple[AnswerSpan | None, float, bool]:
-        """(the best span of the passages read, or None; the ms it took; whether it ran at all: no
-        passage fits `budget_ms`, or there are none, and it is skipped). `at_least_one`: the top
-        passage is read whatever the budget (the span is then the only answer there is)."""
+    ) -> tuple[AnswerSpan | None, float, str]:
+        """(the best span of the passages read, or None; the ms it took; why it did not run, "" when
+        it did: no passage fits `budget_ms` or there are none (SKIPPED), or the reader failed
+        (FAILED: logged, never the request's failure)). `at_least_one`: the top passage is read
+        whatever the budget (the span is then the only answer there is)."""
         started = time.perf_counter()
         count = min(len(passages), max(int(at_least_one), self.passages_within(budget_ms)))
         if count == 0:
-            return None, 0.0, False
+            return None, 0.0, SKIPPED
         texts = [p.chunk.text for p in passages[:count]]
-        key = (question, index_identity, tuple(p.chunk.chunk_id for p in passages[:count]))
+        key = (question, index_identity, tuple(p.chunk.chunk_id for p in passages[:count]), _digest(texts))
         if key in self._kept:
             self._kept.move_to_end(key)
-            return self._kept[key], (time.perf_counter() - started) * 1000.0, True
-        spans = await self._threads.run(lambda: self.reader.read(question, texts))
-        answer = self._best(spans, texts)
+            return self._kept[key], (time.perf_counter() - started) * 1000.0, ""
+        try:
+            spans = await self._threads.run(lambda: self.reader.read(question, texts))
+            answer = self._best(spans, texts)
+        except Exception:
+            log.exception("the reader failed on a question over %d passages; answering without its span", count)
+            return None, (time.perf_counter() - started) * 1000.0, FAILED
         self._kept[key] = answer
         if len(self._kept) > _KEPT_READINGS:
             self._kept.popitem(last=False)
-        return answer, (time.perf_counter() - started) * 1000.0, True
+        return answer, (time.perf_counter() - started) * 1000.0, ""
 
     def _best(self, spans: list[ReadSpan], texts: list[str]) -> AnswerSpan | None:
         """The span the reader believes most, with the sentence that holds it."""
@@ -101,6 +115,15 @@ class ReadingStage:
             sentence_start=sentence_start,
             sentence_end=sentence_end,
         )
+
+
+def _digest(texts: list[str]) -> bytes:
+    """The passages' content, short: a reading keyed on it is never given for edited text."""
+    digest = hashlib.blake2b(digest_size=16)
+    for text in texts:
+        digest.update(len(text).to_bytes(8, "little"))
+        digest.update(text.encode("utf-8", "surrogatepass"))
+    return digest.digest()
 
 
 def _sentence_around(text: str, start: int, end: int) -> tuple[int, int]:

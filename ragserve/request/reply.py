@@ -35,8 +35,8 @@ from ragserve.types import (
     Usage,
 )
 
-# What the reader's task gives: its span (or None), its ms, whether it ran.
-Reading = asyncio.Task[tuple[AnswerSpan | None, float, bool]]
+# What the reader's task gives: its span (or None), its ms, why it did not run ("" when it did).
+Reading = asyncio.Task[tuple[AnswerSpan | None, float, str]]
 
 
 @dataclass(slots=True)
@@ -172,18 +172,20 @@ async def _reader_instead(
 
 async def replay_answer(
     cached: CachedAnswer,
+    index_identity: str,
     request: RequestContext,
     evidence: Callable[[RetrievalResult], RetrievalResult],
     reader_for: Callable[[RetrievalResult], ReaderStart],
 ) -> AsyncGenerator[QueryEvent, None]:
     """An answer-cache hit, the engine not asked: the passages the answer cites with this question's
     evidence, the text, and the reader's span for this question before the final event (it reads
-    once the passages are out, so the text never waits for it)."""
+    once the passages are out, so the text never waits for it). `index_identity`: the serving index
+    the hit was found under, which its reading is kept under."""
     reading: Reading | None = None
     outcome: Outcome | None = None
     deadline_at = request.deadline.client_end(asyncio.get_running_loop())
     try:
-        for event in replay(cached, request.timings, request.deadline.elapsed_ms):
+        for event in replay(cached, request.timings, request.deadline.elapsed_ms, index_identity):
             if isinstance(event, RetrievalResult):
                 event = evidence(event)
                 outcome = Outcome(event)
@@ -222,23 +224,23 @@ def fallback_text(span: AnswerSpan, passage_text: str) -> str:
 def _read_into(
     question: str, retrieval: RetrievalResult, reading: Reading, outcome: Outcome, highlight: bool
 ) -> RetrievalResult:
-    span, ms, ran = _result(reading)
+    span, ms, not_read = _result(reading)
     retrieval.timings.reader_ms = outcome.reader_ms = ms
-    if not ran:
+    if not_read:
         return retrieval
     return with_answer(question, retrieval, span, highlight)
 
 
 def _late(reading: Reading, outcome: Outcome) -> list[LateAnswer]:
     """The reader's late event, when it ran (a read skipped for lack of time sends none)."""
-    span, ms, ran = _result(reading)
+    span, ms, not_read = _result(reading)
     outcome.reader_ms = ms
-    return [LateAnswer(span, ms)] if ran else []
+    return [] if not_read else [LateAnswer(span, ms)]
 
 
-def _result(reading: Reading) -> tuple[AnswerSpan | None, float, bool]:
+def _result(reading: Reading) -> tuple[AnswerSpan | None, float, str]:
     if reading.cancelled() or reading.exception() is not None:
-        return None, 0.0, False
+        return None, 0.0, "reader cancelled"
     return reading.result()
 
 

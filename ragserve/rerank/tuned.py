@@ -23,6 +23,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ragserve.errors import IndexLoadError
+from ragserve.pretrained import MAX_SEQ_POSITIONS
 from ragserve.rerank.base import TunedCrossEncoder
 from ragserve.types import ShippedModel
 
@@ -46,7 +47,7 @@ def _check_values(model: ShippedModel) -> None:
     spec = model.spec
     if not (math.isfinite(spec["ce_weight"]) and 0.0 <= spec["ce_weight"] <= 1.0):
         raise _fail(model, f"ce_weight {spec['ce_weight']!r} is not a number in 0..1")
-    if spec["layers"] < 1 or spec["max_seq_len"] < 16:
+    if spec["layers"] < 1 or not 16 <= spec["max_seq_len"] <= MAX_SEQ_POSITIONS:
         raise _fail(model, f"layers {spec['layers']} or max_seq_len {spec['max_seq_len']} is out of range")
 
 

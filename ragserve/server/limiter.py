@@ -70,7 +70,10 @@ class InFlightLimiter:
 
 class CallerLimits:
     """RAGSERVE_CALLER_LIMITS: the highest class each named caller may use and its calls in flight.
-    A caller is named by its mTLS client certificate; `*` stands for every caller no pair names."""
+    A caller is named by its mTLS client certificate (its CN or any SAN); `*` stands for every caller
+    no pair names, and they all share its one cap. A certificate whose names match several pairs
+    gets the most restrictive (batch before interactive, then the smallest cap): adding a name to
+    a certificate never loosens its limits."""
 
     def __init__(self, limits: dict[str, tuple[str, int]], retry_after_ms: int) -> None:
         self._limits = {name: (RequestClass(level), cap) for name, (level, cap) in limits.items()}
@@ -82,10 +85,14 @@ class CallerLimits:
         return cls(parse_caller_limits(limits.caller_limits), limits.overload_retry_after_ms)
 
     def _rule_of(self, names: set[str]) -> str | None:
-        named = sorted(name for name in names if name in self._limits)
+        named = [name for name in names if name in self._limits]
         if named:
-            return named[0]
+            return min(named, key=self._restrictiveness)
         return "*" if "*" in self._limits else None
+
+    def _restrictiveness(self, name: str) -> tuple[int, int, str]:
+        level, cap = self._limits[name]
+        return (0 if level is RequestClass.BATCH else 1, cap, name)
 
     @contextmanager
     def admit(self, names: set[str], asked: RequestClass) -> Iterator[RequestClass]:

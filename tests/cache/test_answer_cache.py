@@ -481,7 +481,7 @@ def test_oversized_and_empty_answers_are_not_stored() -> None:
 
 def test_long_answers_replay_in_a_few_events() -> None:
     entry = _answer("y" * 10_000)
-    events = list(replay(entry, StageTimings(), lambda: 0.0))
+    events = list(replay(entry, StageTimings(), lambda: 0.0, "identity"))
     tokens = [e for e in events if isinstance(e, TokenDelta)]
     assert 1 < len(tokens) <= 4 and "".join(t.text for t in tokens) == entry.text
 

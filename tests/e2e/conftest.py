@@ -7,16 +7,37 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.servers import LIVE_ENV, LiveServer, serving
+from tests.e2e.servers import FLOAT32_ENV, LIVE_ENV, LiveServer, SessionServers
+
+RETRIEVAL_ENV = {"RAGSERVE_GENERATION_ENABLED": "false"}
 
 
 @pytest.fixture(scope="session")
-def live_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    yield from serving(sample_index, tmp_path_factory.mktemp("server") / "server.log", LIVE_ENV)
+def session_servers(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionServers]:
+    """The shared full server and the retrieval-only one start together, on first use of either;
+    the float32 server, used late in the run, on its own first use."""
+    servers = SessionServers(
+        sample_index,
+        tmp_path_factory.mktemp("session-servers"),
+        [{"live": LIVE_ENV, "retrieval": RETRIEVAL_ENV}, {"float32": FLOAT32_ENV}],
+    )
+    yield servers
+    codes = servers.stop_all()
+    assert all(code == 0 for code in codes.values()), f"a shared server exited badly on SIGTERM: {codes}"
 
 
 @pytest.fixture(scope="session")
-def retrieval_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def live_server(session_servers: SessionServers) -> LiveServer:
+    return session_servers.get("live")
+
+
+@pytest.fixture(scope="session")
+def retrieval_server(session_servers: SessionServers) -> LiveServer:
     """Retrieval-only (no generator): starts in seconds; for input, auth and transport tests."""
-    log = tmp_path_factory.mktemp("retrieval-server") / "server.log"
-    yield from serving(sample_index, log, {"RAGSERVE_GENERATION_ENABLED": "false"})
+    return session_servers.get("retrieval")
+
+
+@pytest.fixture(scope="session")
+def float32_server(session_servers: SessionServers) -> LiveServer:
+    """Greedy answers token-exact across engines (FLOAT32_ENV): test_speculation, test_remote."""
+    return session_servers.get("float32")

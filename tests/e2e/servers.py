@@ -117,6 +117,48 @@ LIVE_ENV = {
 }
 
 
+# A full server that decodes in float32, speculates (n-gram, the engine on a server thread) and
+# keeps no answer cache: greedy answers are then token-exact between engines (test_speculation
+# compares it with plain decoding, test_remote with vLLM servers). One server serves both modules.
+FLOAT32_ENV = {
+    "RAGSERVE_GENERATOR_SPECULATIVE": "ngram",
+    "RAGSERVE_CACHE_ANSWERS": "false",
+    "RAGSERVE_GENERATOR_DTYPE": "float32",
+}
+
+
+class SessionServers:
+    """The servers end-to-end modules share for the whole session. A server is started on first
+    use, together with the rest of its group (their start-ups overlap: on two cores, two start-ups
+    at once take about as long as the longer one), and every one must exit 0 on SIGTERM at the end."""
+
+    def __init__(self, index: Path, folder: Path, groups: list[dict[str, dict[str, str]]]) -> None:
+        self._index = index
+        self._folder = folder
+        self._groups = groups
+        self._started: dict[str, LiveServer] = {}
+        self._ready: set[str] = set()
+
+    def get(self, name: str) -> LiveServer:
+        if name not in self._started:
+            group = next(g for g in self._groups if name in g)
+            for member, env in group.items():
+                if member not in self._started:
+                    self._started[member] = spawn_server(self._index, self._folder / f"{member}.log", env)
+        server = self._started[name]
+        if name not in self._ready:
+            wait_serving(server)
+            self._ready.add(name)
+        return server
+
+    def stop_all(self) -> dict[str, int]:
+        """Each server's exit code; they drain at once."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max(1, len(self._started))) as pool:
+            return dict(zip(self._started, pool.map(LiveServer.stop, self._started.values()), strict=True))
+
+
 def serving(index: Path, log: Path, env: dict[str, str], credentials: object = None) -> Iterator[LiveServer]:
     """A fixture's body: a server until the fixture ends, which must then exit 0 on SIGTERM."""
     server = spawn_server(index, log, env)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -26,14 +27,39 @@ TOKEN = "s3cret-token-that-must-never-be-logged"
 
 
 @pytest.fixture(scope="module")
-def uds_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    folder = tmp_path_factory.mktemp("uds")
-    server = spawn_server(sample_index, folder / "server.log", RETRIEVAL_ONLY, uds=str(folder / "ragserve.sock"))
+def access_servers(
+    sample_index: Path, tmp_path_factory: pytest.TempPathFactory, pki: Pki
+) -> Iterator[dict[str, LiveServer]]:
+    """This module's four retrieval-only servers, started at once on first use (their start-ups
+    overlap); each test waits for its own. All must exit 0 on SIGTERM."""
+    folder = tmp_path_factory.mktemp("access")
+    envs = {
+        "uds": RETRIEVAL_ONLY,
+        "token": {**RETRIEVAL_ONLY, "RAGSERVE_AUTH_TOKEN": TOKEN},
+        "mtls": _mtls_env(pki, "another app, ragserve test client"),
+        # mTLS that admits only a certificate named "another app": the test client's CA-signed one is not.
+        "pinned": _mtls_env(pki, "another app"),
+    }
+    started = {
+        name: spawn_server(
+            sample_index, folder / f"{name}.log", env, uds=str(folder / "ragserve.sock") if name == "uds" else ""
+        )
+        for name, env in envs.items()
+    }
     try:
-        wait_serving(server)
-        yield server
+        yield started
     finally:
-        assert server.stop() == 0, server.log_tail()
+        with ThreadPoolExecutor(len(started)) as pool:
+            codes = dict(zip(started, pool.map(LiveServer.stop, started.values()), strict=True))
+    assert all(code == 0 for code in codes.values()), {
+        name: started[name].log_tail() for name in started if codes[name]
+    }
+
+
+@pytest.fixture(scope="module")
+def uds_server(access_servers: dict[str, LiveServer]) -> LiveServer:
+    wait_serving(access_servers["uds"])
+    return access_servers["uds"]
 
 
 def test_unix_socket_is_private_to_its_user(uds_server: LiveServer) -> None:
@@ -70,14 +96,9 @@ def test_opt_in_without_tls_or_token_is_still_refused(sample_index: Path) -> Non
 
 
 @pytest.fixture(scope="module")
-def token_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    folder = tmp_path_factory.mktemp("token")
-    server = spawn_server(sample_index, folder / "server.log", {**RETRIEVAL_ONLY, "RAGSERVE_AUTH_TOKEN": TOKEN})
-    try:
-        wait_serving(server)
-        yield server
-    finally:
-        assert server.stop() == 0, server.log_tail()
+def token_server(access_servers: dict[str, LiveServer]) -> LiveServer:
+    wait_serving(access_servers["token"])
+    return access_servers["token"]
 
 
 @pytest.mark.parametrize("presented", [None, "Bearer wrong", f"Bearer {TOKEN}x", TOKEN])
@@ -140,14 +161,9 @@ def _mtls_env(pki: Pki, allowed_client_ids: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def mtls_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[LiveServer]:
-    folder = tmp_path_factory.mktemp("mtls")
-    server = spawn_server(sample_index, folder / "server.log", _mtls_env(pki, "another app, ragserve test client"))
-    try:
-        wait_serving(server, credentials=_client_credentials(pki, with_client_cert=True))
-        yield server
-    finally:
-        assert server.stop() == 0, server.log_tail()
+def mtls_server(access_servers: dict[str, LiveServer], pki: Pki) -> LiveServer:
+    wait_serving(access_servers["mtls"], credentials=_client_credentials(pki, with_client_cert=True))
+    return access_servers["mtls"]
 
 
 def _client_credentials(pki: Pki, with_client_cert: bool) -> grpc.ChannelCredentials:
@@ -180,19 +196,14 @@ def test_mtls_refuses_other_clients(mtls_server: LiveServer, pki: Pki, mode: str
 
 
 @pytest.fixture(scope="module")
-def pinned_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[LiveServer]:
-    """mTLS that admits only a certificate named "another app": the test client's CA-signed one is not."""
-    folder = tmp_path_factory.mktemp("pinned")
-    server = spawn_server(sample_index, folder / "server.log", _mtls_env(pki, "another app"))
-    try:
-        # Health is pinned too, so readiness is read from the log.
-        give_up = time.monotonic() + 300
-        while "serving on" not in server.log_text():
-            assert server.process.poll() is None and time.monotonic() < give_up, server.log_tail()
-            time.sleep(0.5)
-        yield server
-    finally:
-        assert server.stop() == 0, server.log_tail()
+def pinned_server(access_servers: dict[str, LiveServer]) -> LiveServer:
+    server = access_servers["pinned"]
+    # Health is pinned too, so readiness is read from the log.
+    give_up = time.monotonic() + 300
+    while "serving on" not in server.log_text():
+        assert server.process.poll() is None and time.monotonic() < give_up, server.log_tail()
+        time.sleep(0.2)
+    return server
 
 
 def test_mtls_pinning_refuses_a_certificate_of_another_name(pinned_server: LiveServer, pki: Pki) -> None:

@@ -163,16 +163,38 @@ def test_logs_carry_ids_not_text(live_server: LiveServer) -> None:
         assert snippet and snippet not in log
 
 
-@pytest.fixture
-def disposable_server(sample_index: Path, tmp_path: Path) -> Iterator[LiveServer]:
-    """A full server of its own, for tests that kill its engine or stop it."""
-    env = {"RAGSERVE_HEALTH_PROBE_INTERVAL_S": "0.5", "RAGSERVE_HOT_PASSAGES_PATH": str(tmp_path / "hot.json")}
-    server = spawn_server(sample_index, tmp_path / "server.log", env)
+@pytest.fixture(scope="module")
+def own_servers(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, LiveServer]]:
+    """The two full servers of their own the tests below stop or break, started at once on first
+    use (the second start-up overlaps the first test)."""
+    folder = tmp_path_factory.mktemp("own-servers")
+    envs = {
+        # For the graceful-shutdown test: it stops this one.
+        "disposable": {
+            "RAGSERVE_HEALTH_PROBE_INTERVAL_S": "0.5",
+            "RAGSERVE_HOT_PASSAGES_PATH": str(folder / "hot.json"),
+        },
+        # The engine core in a process of its own (what the engine-failure test kills; with the
+        # engine on a server thread, tests/generate covers a failing engine).
+        "process-layout": {
+            "RAGSERVE_HEALTH_PROBE_INTERVAL_S": "0.5",
+            "RAGSERVE_GENERATOR_ENGINE_LAYOUT": "process",
+            "RAGSERVE_GENERATOR_SPECULATIVE": "off",
+        },
+    }
+    started = {name: spawn_server(sample_index, folder / f"{name}.log", env) for name, env in envs.items()}
     try:
-        wait_serving(server)
-        yield server
+        yield started
     finally:
-        server.stop()
+        for server in started.values():
+            server.stop()
+
+
+@pytest.fixture
+def disposable_server(own_servers: dict[str, LiveServer]) -> LiveServer:
+    """A full server of its own, for a test that stops it."""
+    wait_serving(own_servers["disposable"])
+    return own_servers["disposable"]
 
 
 # 5. Graceful shutdown (the retrieval counts are saved on the way out, for the next server's warming)
@@ -210,20 +232,10 @@ def test_sigterm_drains_in_flight_streams_and_exits_zero(disposable_server: Live
 
 
 @pytest.fixture
-def process_layout_server(sample_index: Path, tmp_path: Path) -> Iterator[LiveServer]:
-    """A full server whose engine core runs in a process of its own (what the engine-failure test
-    kills; with the engine on a server thread, tests/generate covers a failing engine)."""
-    env = {
-        "RAGSERVE_HEALTH_PROBE_INTERVAL_S": "0.5",
-        "RAGSERVE_GENERATOR_ENGINE_LAYOUT": "process",
-        "RAGSERVE_GENERATOR_SPECULATIVE": "off",
-    }
-    server = spawn_server(sample_index, tmp_path / "server.log", env)
-    try:
-        wait_serving(server)
-        yield server
-    finally:
-        server.stop()
+def process_layout_server(own_servers: dict[str, LiveServer]) -> LiveServer:
+    """A full server whose engine core runs in a process of its own, for a test that kills it."""
+    wait_serving(own_servers["process-layout"])
+    return own_servers["process-layout"]
 
 
 def _engine_core(server: LiveServer) -> psutil.Process:

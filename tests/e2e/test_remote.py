@@ -23,7 +23,7 @@ from ragserve.config import GeneratorSettings, default_generator_path
 from ragserve.generate.remote import RemoteVllmGenerator
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc
-from tests.e2e.servers import LiveServer, running_requests, spawn_server, wait_serving, wait_warm
+from tests.e2e.servers import LiveServer, SessionServers, running_requests, spawn_server, wait_serving, wait_warm
 from tests.e2e.test_grpc_stream import _template_tokens
 from tests.generate import contract
 
@@ -59,26 +59,28 @@ def _stop(*things: object) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RemoteStack]:
+def stack(
+    sample_index: Path, tmp_path_factory: pytest.TempPathFactory, session_servers: SessionServers
+) -> Iterator[RemoteStack]:
     logs = tmp_path_factory.mktemp("remote")
     model = default_generator_path()
     servers = [spawn_vllm_server(model, logs / f"vllm-{i}.log", cpus=str(i % 2), dtype=DTYPE) for i in range(2)]
-    local = spawn_server(
-        sample_index, logs / "local.log", {"RAGSERVE_GENERATOR_DTYPE": DTYPE, "RAGSERVE_CACHE_ANSWERS": "false"}
-    )
     sidecar: LiveServer | None = None
     try:
+        # The in-process engine to compare with: the session's float32 server (no answer cache),
+        # which also serves test_speculation; its start-up overlaps the vLLM servers'.
+        local = session_servers.get("float32")
+        assert local.env["RAGSERVE_GENERATOR_DTYPE"] == DTYPE and local.env["RAGSERVE_CACHE_ANSWERS"] == "false"
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(wait_http_ok, servers))
         sidecar = spawn_server(sample_index, logs / "sidecar.log", _remote_env([s.url for s in servers]))
         wait_serving(sidecar)
-        wait_serving(local)
         # SERVING needs one server up; routing by document needs both (a server whose bring-up ran
         # past its bound, on a loaded host, joins at its next probe and takes its keys back).
         _wait_all_up(sidecar, [s.url for s in servers])
         yield RemoteStack(servers, sidecar, local)
     finally:
-        _stop(sidecar, local, *servers)
+        _stop(sidecar, *servers)
 
 
 def _wait_all_up(sidecar: LiveServer, urls: list[str], timeout_s: float = 60.0) -> None:

@@ -1,9 +1,10 @@
 """Prompt-lookup speculation with the engine on a server thread, over real gRPC with the real engine.
 
-This module starts two servers with speculation set explicitly (the default depends on the host):
-one decoding plainly with vLLM's engine-core process, and one with RAGSERVE_GENERATOR_SPECULATIVE=ngram,
-which (layout "auto") puts the engine on a server thread. Greedy answers must match token for
-token, and streaming, cancellation and deadlines must behave as they do without speculation.
+Two servers with speculation set explicitly (the default depends on the host): one this module
+starts, decoding plainly with vLLM's engine-core process, and the session's float32 server with
+RAGSERVE_GENERATOR_SPECULATIVE=ngram, which (layout "auto") puts the engine on a server thread.
+Greedy answers must match token for token, and streaming, cancellation and deadlines must behave as
+they do without speculation.
 """
 
 from __future__ import annotations
@@ -44,28 +45,21 @@ def _env(speculative: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def servers(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, LiveServer]]:
-    """Both layouts' servers, started at once (their start-ups overlap) and stopped at the module's end."""
-    folder = tmp_path_factory.mktemp("speculation")
-    started = {name: spawn_server(sample_index, folder / f"{name}.log", _env(mode)) for name, mode in MODES.items()}
+def speculating_server(float32_server: LiveServer) -> LiveServer:
+    """The session's float32 server: it is this module's speculating configuration."""
+    assert _env(MODES["speculating"]).items() <= float32_server.env.items()
+    return float32_server
+
+
+@pytest.fixture(scope="module")
+def plain_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    server = spawn_server(sample_index, tmp_path_factory.mktemp("speculation") / "plain.log", _env(MODES["plain"]))
     try:
-        for server in started.values():
-            wait_serving(server)
-        yield started
+        wait_serving(server)
+        yield server
     finally:
-        with ThreadPoolExecutor(len(started)) as pool:  # both drain at once
-            codes = dict(zip(started, pool.map(LiveServer.stop, started.values()), strict=True))
-    assert all(code == 0 for code in codes.values()), f"a server exited badly on SIGTERM: {codes}"
-
-
-@pytest.fixture(scope="module")
-def speculating_server(servers: dict[str, LiveServer]) -> LiveServer:
-    return servers["speculating"]
-
-
-@pytest.fixture(scope="module")
-def plain_server(servers: dict[str, LiveServer]) -> LiveServer:
-    return servers["plain"]
+        code = server.stop()
+    assert code == 0, f"the plain server exited with {code} on SIGTERM:\n{server.log_tail()}"
 
 
 def _answer(

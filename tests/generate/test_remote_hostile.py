@@ -163,6 +163,21 @@ def test_text_past_the_character_cap_is_cut_off() -> None:
     run(test, servers=1)
 
 
+def test_a_stream_is_bounded_by_the_models_longest_token_not_a_generic_cap() -> None:
+    """16 tokens of SmolLM2 decode to at most 16 x its longest token (81 characters), far below
+    16 x CHARS_PER_TOKEN_MAX: a server sending 1,400 characters for them is cut off."""
+
+    async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
+        longest = generator._renderer.longest_token_chars
+        assert 0 < longest < CHARS_PER_TOKEN_MAX
+        fakes[0].words = ["y" * 100] * 14
+        assert 16 * longest < 14 * 100
+        with pytest.raises(Unavailable):
+            await collect(generator.stream(bees_prompt(), GenerateParams(max_tokens=16, temperature=0.0), "t"))
+
+    run(test, servers=1)
+
+
 # -- 3. Probes and busy connections -----------------------------------------------------------------
 
 

@@ -170,10 +170,21 @@ def test_reloader_refuses_corrupt_manifest(tmp_path: Path, embedder: SentenceTra
     assert reloader.check_once() is False
     assert reloader.refused == 1 and holder.index.version == "1"
     assert len(holder.refusals) == 1 and "corrupt" in holder.refusals[0]
+    assert str(tmp_path) not in holder.refusals[0]  # Info shows no server path (the log line does)
     (docs / "newer.txt").write_text("Newer\nAnother document, about glaciers.")
     build_index(docs, root, embedder, progress=False)
     assert reloader.check_once() is True
     assert holder.index.version == "3" and reloader.reloads == 1
+
+
+def test_a_refusal_reason_loses_only_its_absolute_paths() -> None:
+    from ragserve.index.reload import without_paths
+
+    reason = "index at /var/lib/ragserve/index/v000004: reranker/config.json fails its checksum"
+    assert without_paths(reason) == "index at <path>: reranker/config.json fails its checksum"
+    assert without_paths("max_seq_len 8 is not a whole number in 16..512") == (
+        "max_seq_len 8 is not a whole number in 16..512"
+    )
 
 
 def test_qdrant_alias_flip_is_picked_up(sample_index: Path) -> None:

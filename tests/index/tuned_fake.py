@@ -41,7 +41,7 @@ def save_fake_tuned_model(folder: Path, hidden: int = 32, seed: int = 0) -> Path
 
 
 def save_fake_tuned_reranker(
-    folder: Path, layers: int = 2, hidden: int = 32, seed: int = 0, random_head: bool = False
+    folder: Path, layers: int = 2, hidden: int = 32, seed: int = 0, random_head: bool = False, positions: int = 512
 ) -> Path:
     """A tiny random BertForSequenceClassification (one label) exported as a version ships a tuned
     cross-encoder: `folder` holds model.int8.onnx (export_bert + quantize_int8, the ONNX
@@ -61,7 +61,7 @@ def save_fake_tuned_reranker(
         num_hidden_layers=layers,
         num_attention_heads=2,
         intermediate_size=hidden * 2,
-        max_position_embeddings=512,
+        max_position_embeddings=positions,
         num_labels=1,
         attn_implementation="eager",  # as the ONNX cross-encoder exports
         # At BERT's usual 0.02 every pair gets the same logit to 3 decimals: nothing would move.

@@ -125,6 +125,21 @@ def test_tune_reader_writes_a_reader_folder_that_loads(tmp_path: Path) -> None:
     assert span.text == passage[span.start : span.end]
 
 
+def test_tune_reader_never_replaces_a_folder_that_is_not_a_reader(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from indexer.cli import app
+
+    squad = write_squad(tmp_path / "squad")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.txt").write_text("precious")
+    args = ["tune-reader", "--train", str(squad), "--base", "x", "--out", str(home), "--no-progress"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "no reader manifest.json" in result.output
+    assert (home / "notes.txt").read_text() == "precious"
+
+
 def test_a_missing_training_folder_exits_with_one_line(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

@@ -100,6 +100,11 @@ def test_a_folder_that_does_not_match_its_manifest_is_refused(tmp_path: Path) ->
     with pytest.raises(ReaderLoadError, match="max_length"):
         OnnxReader.from_folder(folder, measure_cost=False)
 
+    # No room for the longest question: every long question would fail, so the folder is refused.
+    (folder / MANIFEST).write_text(json.dumps({**manifest, "max_length": 40}))
+    with pytest.raises(ReaderLoadError, match=r"max_length 40 is not a whole number in 68\.\.512"):
+        OnnxReader.from_folder(folder, measure_cost=False)
+
     (folder / MANIFEST).write_text(json.dumps(manifest))
     with (folder / "tokenizer_config.json").open("a") as handle:
         handle.write(" ")

@@ -39,7 +39,8 @@ def test_a_span_answers_when_its_margin_reaches_the_threshold() -> None:
 
 
 def test_cost_is_fitted_per_passage_and_plans_what_fits_a_budget() -> None:
-    cost = ReadCost.fit([CostSample(1, 12.0), CostSample(4, 42.0), CostSample(1, 12.0), CostSample(4, 42.0)])
+    samples = [CostSample(1, 12.0), CostSample(4, 42.0), CostSample(1, 12.0), CostSample(4, 42.0)]
+    cost = ReadCost.fit(samples, clock=lambda: 0.0)  # time stands still: no ageing here
     assert cost.ms_per_passage == pytest.approx(10.0)
     assert cost.overhead_ms == pytest.approx(2.0)
     assert cost.predict(3) == pytest.approx(32.0)
@@ -51,3 +52,15 @@ def test_cost_is_fitted_per_passage_and_plans_what_fits_a_budget() -> None:
     assert cost.ms_per_passage > 10.0
     with pytest.raises(ValueError):
         ReadCost(0.0)
+
+
+def test_one_slow_read_does_not_turn_the_reader_off_for_good() -> None:
+    """A throttled CPU's one slow read lifts the estimate past the budget, so no read runs and no
+    live timing can lower it again: the estimate ages back to the load-time figure by itself."""
+    now = [0.0]
+    cost = ReadCost(10.0, clock=lambda: now[0])
+    assert cost.passages_within(100.0) == 10
+    cost.observe(1, 5_000.0)
+    assert cost.passages_within(100.0) == 0  # skipped while the CPU may still be slow
+    now[0] += 300.0  # no read ran meanwhile
+    assert cost.passages_within(100.0) >= 9 and cost.ms_per_passage == pytest.approx(10.0, rel=0.01)

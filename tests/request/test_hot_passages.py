@@ -97,6 +97,10 @@ def test_a_read_only_place_is_reported_once(tmp_path: Path, caplog: pytest.LogCa
         hot.save()
     assert caplog.text.count("cannot save retrieval counts") == 1
     assert hot.top(2) == ["a", "b"]  # still counted in memory
+    # The place becomes writable (a volume mounted late, space freed): the next save writes.
+    (tmp_path / "missing-folder").mkdir()
+    hot.save()
+    assert json.loads((tmp_path / "missing-folder" / "hot.json").read_text())["counts"] == {"a": 1, "b": 1}
 
 
 def test_tracking_is_bounded(tmp_path: Path) -> None:

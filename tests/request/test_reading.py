@@ -5,7 +5,7 @@ the degraded answer when the engine cannot answer, and what is kept between requ
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from ragserve.errors import Unavailable
 from ragserve.factory import assemble_pipeline, make_answer_cache
 from ragserve.index.hnsw import HnswIndex
 from ragserve.prompt import Prompt
+from ragserve.read.base import ReadSpan
 from ragserve.request.pipeline import RagPipeline
 from ragserve.request.policy import ABSTAIN_ANSWER, AnswerPolicy
 from ragserve.types import (
@@ -262,3 +263,67 @@ def test_with_lead_the_readers_sentence_is_quoted_before_the_question(make) -> N
     assert rest.strip().splitlines()[-1].startswith("Question:")
     # The reader ran before the engine: its span went with the retrieval event.
     assert isinstance(events[0], RetrievalResult) and events[0].answer is not None
+
+
+def test_a_reading_is_never_given_for_passages_whose_text_changed(make) -> None:
+    """A chunk id survives an edit of its document: a reading is kept per passage text, so the
+    edited passage is read again instead of getting the old text's span."""
+    from ragserve.request.reading import ReadingStage
+    from ragserve.types import Chunk, Passage
+
+    reader = FakeReader(ANSWER)
+    pipeline = make(None, reader)
+    stage = ReadingStage(reader, pipeline.search.threads, max_passages=3, budget_ms=10_000)
+    before = Passage(Chunk("c1", "d1", f"It was {ANSWER} in 1928.", "Penicillin"), 1.0, 1)
+    after = Passage(Chunk("c1", "d1", "The discoverer's name was redacted.", "Penicillin"), 1.0, 1)
+
+    async def read(passage: Passage) -> object:
+        span, _, not_read = await stage.read(QUESTION, [passage], "same-identity", 10_000)
+        assert not not_read
+        return span
+
+    assert asyncio.run(read(before)).text == ANSWER  # type: ignore[attr-defined]
+    edited = asyncio.run(read(after))
+    assert len(reader.reads) == 2 and edited.text != ANSWER  # type: ignore[attr-defined]
+
+
+def test_a_replayed_answer_carries_the_index_identity_it_was_found_under(make) -> None:
+    generator = FakeGenerator(["Alexander", "Fleming."], usage=Usage(10, 2, 0))
+    pipeline = make(generator, FakeReader(ANSWER), answers=make_answer_cache(CacheSettings(backend="memory")))
+
+    async def ask() -> list[QueryEvent]:
+        params = RetrieveParams(QUESTION, top_k=3, budget_ms=10_000)
+        request = RequestContext(Deadline(10_000, client_timeout_s=30), "r")
+        return [e async for e in pipeline.query(params, GenerateParams(8, 0.0), request)]
+
+    asyncio.run(ask())
+    replayed = asyncio.run(ask())
+    final, first = replayed[-1], replayed[0]
+    assert isinstance(final, FinalSummary) and final.answer_cache_hit
+    # Its reading is kept under this index, not under an empty identity shared by every version.
+    assert isinstance(first, RetrievalResult) and first.index_identity == pipeline.index.identity != ""
+
+
+class FakeBrokenReader(FakeReader):
+    """A reader whose every read raises (a model that cannot take the question, say)."""
+
+    def read(self, question: str, passages: Sequence[str]) -> list[ReadSpan]:
+        self.reads.append((question, len(passages)))
+        raise RuntimeError("fake reader failure")
+
+
+def test_a_failing_reader_is_a_note_on_retrieve_never_the_calls_failure(make) -> None:
+    reader = FakeBrokenReader(ANSWER)
+    pipeline = make(None, reader, budget_ms=500.0)
+    params = RetrieveParams(QUESTION, 3, 10_000)
+    result = asyncio.run(pipeline.retrieve(params, RequestContext(Deadline(10_000)), answer_span=True))
+    assert reader.reads and result.passages and result.answer is None
+    assert any(note.startswith("reader failed") for note in result.degraded.remarks)
+
+
+def test_a_failing_reader_that_may_abstain_leaves_the_answer_to_the_engine(make) -> None:
+    generator = FakeGenerator(["Fleming."], usage=Usage(10, 1, 0))
+    events = _ask(make(generator, FakeBrokenReader(ANSWER), abstain=True))
+    final = events[-1]
+    assert isinstance(final, FinalSummary) and final.finish_reason == "stop" and len(generator.prompts) == 1
+    assert any(isinstance(e, TokenDelta) and e.text == "Fleming." for e in events)

@@ -220,6 +220,10 @@ def _entry(**change: object) -> Any:
         (_entry(ce_weight=math.nan), "ce_weight"),
         (_entry(beats_fused=1), "beats_fused"),
         (_entry(layers=3), "layers"),
+        # Past any MiniLM's positions: refused as the version is read, before a probe of that
+        # length is built (10^9 would take ~16 GB at load).
+        (_entry(max_seq_len=100_000), "max_seq_len 100000 is not a whole number in 16..512"),
+        (_entry(max_seq_len=8), "max_seq_len"),
         (_entry(dir="../reranker", onnx="../reranker/model.int8.onnx"), "not a plain path"),
         (_entry(onnx="reranker/other.onnx"), "not listed"),
     ],
@@ -306,13 +310,13 @@ def test_auto_needs_a_model_that_beat_the_fused_order_tuned_does_not(
     assert source.cache_tags() == ("t",)
 
 
-def test_a_stated_max_length_the_graph_cannot_take_is_refused_at_load(tmp_path: Path, models: dict[str, Path]) -> None:
-    """The version says 1,024 tokens a pair (and its config.json agrees); the exported graph has
-    512 positions. One full-length pair at load finds it, not the first long passage as INTERNAL."""
+def test_a_stated_max_length_the_graph_cannot_take_is_refused_at_load(tmp_path: Path) -> None:
+    """The version says 512 tokens a pair (and its config.json agrees); the exported graph has
+    256 positions. One full-length pair at load finds it, not the first long passage as INTERNAL."""
     root = tmp_path / "idx"
-    publish(root, models["plain"], max_seq_len=1024)
+    publish(root, save_fake_tuned_reranker(tmp_path / "short", positions=256), max_seq_len=512)
     config = resolve_current(root) / TUNED_DIR / "config.json"
-    config.write_text(json.dumps({**json.loads(config.read_text()), "max_position_embeddings": 4096}))
+    config.write_text(json.dumps({**json.loads(config.read_text()), "max_position_embeddings": 512}))
     refresh_checksum(root, f"{TUNED_DIR}/config.json")
     with pytest.raises(IndexLoadError, match="cannot be loaded"):
         load_version(root)

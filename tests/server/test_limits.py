@@ -309,9 +309,22 @@ def test_caller_limits_cap_a_callers_class_and_calls() -> None:
         assert granted is RequestClass.BATCH
     with CallerLimits({}, 100).admit(set(), RequestClass.INTERACTIVE) as granted:
         assert granted is RequestClass.INTERACTIVE
-    for bad in ("web=urgent:2", "web=batch", "=batch:1", "web=batch:0"):
+    for bad in ("web=urgent:2", "web=batch", "=batch:1", "web=batch:0", "web=batch:2,web=interactive:9"):
         with pytest.raises(ValidationError, match="RAGSERVE_CALLER_LIMITS"):
             LimitsSettings(caller_limits=bad)
+
+
+def test_a_certificate_with_several_named_names_gets_the_most_restrictive_pair() -> None:
+    limits = CallerLimits(parse_caller_limits("a-web=interactive:48,b-job=batch:4,c-job=batch:1"), 100)
+    with limits.admit({"a-web", "b-job"}, RequestClass.INTERACTIVE) as granted:
+        assert granted is RequestClass.BATCH  # not the alphabetically first name's class
+    # c-job's cap of 1 binds, not b-job's 4.
+    with (
+        limits.admit({"b-job", "c-job"}, RequestClass.BATCH),
+        pytest.raises(Overloaded, match="c-job"),
+        limits.admit({"c-job"}, RequestClass.BATCH),
+    ):
+        pass
 
 
 def test_a_caller_past_its_cap_is_refused_over_grpc(embedder, sample_index) -> None:
