@@ -8,11 +8,10 @@ result (seconds, against minutes of embedding).
 
 from __future__ import annotations
 
-import fcntl
-import os
+import dataclasses
+import hashlib
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +23,8 @@ from tqdm import tqdm
 
 from indexer.chunking import ChunkingConfig, chunk_document, embedding_text
 from indexer.loaders import Document, LoadLimits, Skipped, SourceError, iter_source
+from indexer.metadata import Fields, MetadataError, choose_fields, normalized
+from indexer.root_lock import index_root_lock
 from ragserve.digests import sha256_file
 from ragserve.errors import IndexLoadError
 from ragserve.index.bm25 import build_bm25
@@ -41,49 +42,6 @@ from ragserve.index.format import (
 )
 from ragserve.index.hnsw import DEFAULT_EF_CONSTRUCTION, DEFAULT_M, HnswIndex, build_hnsw, read_chunks, write_chunks
 from ragserve.types import Chunk
-
-LOCK_FILE = ".indexer.lock"
-
-
-class IndexRootLocked(Exception):
-    """Another indexer is building into the same index root."""
-
-
-_held_roots: dict[Path, int] = {}
-
-
-@contextmanager
-def index_root_lock(root: Path) -> Iterator[None]:
-    """Hold the index root for one indexer at a time; a second one fails at once, not after embedding.
-
-    flock is released by the kernel when the holder exits, even by kill -9, so a crash leaves no
-    stale lock. Re-entrant within a process (the CLI holds it across build and Qdrant publish).
-    """
-    root.mkdir(parents=True, exist_ok=True)
-    key = root.resolve()
-    if key in _held_roots:
-        _held_roots[key] += 1
-        try:
-            yield
-        finally:
-            _held_roots[key] -= 1
-        return
-    fd = os.open(key / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise IndexRootLocked(
-                f"another indexer is building into {root} (it holds {key / LOCK_FILE}); "
-                "wait for it to finish, then run again"
-            ) from None
-        _held_roots[key] = 1
-        try:
-            yield
-        finally:
-            del _held_roots[key]
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
 
 
 class IndexingEmbedder(Protocol):
@@ -110,6 +68,9 @@ class BuildReport:
     embedded: int = 0  # documents (re-)embedded in this run
     reused: int = 0  # unchanged documents whose vectors were kept
     removed: int = 0  # documents of the previous version no longer in the source
+    relabeled: int = 0  # unchanged text, changed metadata: kept vectors, new metadata
+    # Metadata fields left out of filters, with why (mixed types, objects).
+    fields_left_out: dict[str, str] = field(default_factory=dict)
     chunks: int = 0
     skipped: list[Skipped] = field(default_factory=list)
     seconds: float = 0.0
@@ -127,6 +88,9 @@ class _Previous:
     hashes: dict[str, str]
     chunks: dict[str, list[Chunk]]
     vectors: dict[str, np.ndarray]
+    # Each document's metadata hash (a metadata-only change republishes without re-embedding).
+    meta_hashes: dict[str, str] = field(default_factory=dict)
+    fields: dict[str, str] = field(default_factory=dict)
 
 
 def _load_previous(out: Path, embedder_id: str, chunking: ChunkingConfig) -> _Previous | None:
@@ -141,6 +105,7 @@ def _load_previous(out: Path, embedder_id: str, chunking: ChunkingConfig) -> _Pr
     chunks = read_chunks(folder / CHUNKS_FILE)
     matrix = np.load(folder / VECTORS_FILE, allow_pickle=False)
     hashes: dict[str, str] = {}
+    meta_hashes: dict[str, str] = {}
     by_doc: dict[str, list[Chunk]] = {}
     vectors: dict[str, np.ndarray] = {}
     with (folder / DOCUMENTS_FILE).open("rb") as handle:
@@ -148,9 +113,10 @@ def _load_previous(out: Path, embedder_id: str, chunking: ChunkingConfig) -> _Pr
             rec = orjson.loads(line)
             first, n = int(rec["first_row"]), int(rec["chunks"])
             hashes[rec["doc_id"]] = rec["hash"]
+            meta_hashes[rec["doc_id"]] = str(rec.get("meta", ""))
             by_doc[rec["doc_id"]] = chunks[first : first + n]
             vectors[rec["doc_id"]] = matrix[first : first + n]
-    return _Previous(hashes, by_doc, vectors)
+    return _Previous(hashes, by_doc, vectors, meta_hashes, dict(manifest.fields))
 
 
 def _chunking_dict(chunking: ChunkingConfig) -> dict[str, Any]:
@@ -193,10 +159,23 @@ def build_index(
     incremental: bool = True,
     embedder_backend: str = "torch",
     limits: LoadLimits | None = None,
+    declared_fields: dict[str, str] | None = None,
 ) -> BuildReport:
+    """`declared_fields`: filterable fields with their types, as `--field name:type` gives them
+    (others are chosen from the values: indexer/metadata.py)."""
     with index_root_lock(out):
         return _build_locked(
-            source, out, embedder, chunking, batch_size, progress, on_skip, incremental, embedder_backend, limits
+            source,
+            out,
+            embedder,
+            chunking,
+            batch_size,
+            progress,
+            on_skip,
+            incremental,
+            embedder_backend,
+            limits,
+            declared_fields,
         )
 
 
@@ -211,15 +190,18 @@ def _build_locked(
     incremental: bool,
     embedder_backend: str,
     limits: LoadLimits | None,
+    declared_fields: dict[str, str] | None = None,
 ) -> BuildReport:
     started = time.perf_counter()
     chunking = chunking or ChunkingConfig()
     report = BuildReport()
     documents = load_documents(source, report, on_skip, limits)
+    documents, fields = _checked_metadata(documents, declared_fields or {}, report, on_skip)
     previous = _load_previous(out, embedder.model_id, chunking) if incremental else None
     work = _diff_documents(documents, previous, report)
 
-    if previous is not None and not work.todo and not report.removed:
+    unchanged_fields = previous is not None and previous.fields == dict(fields.schema)
+    if previous is not None and not work.todo and not report.removed and unchanged_fields and not report.relabeled:
         # Nothing changed: keep serving the published version instead of minting an identical one.
         report.version = latest_version(out)
         report.folder = resolve_current(out)
@@ -238,12 +220,41 @@ def _build_locked(
     manifest = _manifest(
         version, build, names, len(content.chunks), embedder, chunking, len(documents), embedder_backend
     )
+    manifest = dataclasses.replace(manifest, fields=dict(fields.schema))
     report.folder = _publish_verified(out, build, manifest)
     report.version = version
     report.published = True
     report.chunks = len(content.chunks)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def metadata_hash(doc: Document) -> str:
+    return hashlib.sha256(orjson.dumps(doc.metadata, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+
+
+def _checked_metadata(
+    documents: list[Document],
+    declared: dict[str, str],
+    report: BuildReport,
+    on_skip: Callable[[Skipped], None] | None,
+) -> tuple[list[Document], Fields]:
+    """The version's filterable fields, and each document with only their values, as stored. A
+    document whose value does not fit is reported and skipped, whole."""
+    fields = choose_fields([d.metadata for d in documents], declared)
+    report.fields_left_out = fields.left_out
+    kept: list[Document] = []
+    for doc in documents:
+        try:
+            kept.append(dataclasses.replace(doc, metadata=normalized(doc.metadata, fields.schema)))
+        except MetadataError as exc:
+            skipped = Skipped(doc.source, str(exc))
+            report.skipped.append(skipped)
+            if on_skip:
+                on_skip(skipped)
+    if not kept:
+        raise SourceError("no document's metadata fits the declared fields (each was reported)")
+    return kept, fields
 
 
 @dataclass
@@ -262,6 +273,7 @@ def _diff_documents(documents: list[Document], previous: _Previous | None, repor
         if previous is not None and previous.hashes.get(doc.doc_id) == doc.content_hash:
             work.chunks[doc.doc_id] = previous.chunks[doc.doc_id]
             work.vectors[doc.doc_id] = previous.vectors[doc.doc_id]
+            report.relabeled += previous.meta_hashes.get(doc.doc_id) != metadata_hash(doc)
         else:
             work.todo.append(doc)
     report.reused = len(documents) - len(work.todo)
@@ -317,10 +329,10 @@ def _assemble(documents: list[Document], work: _Work) -> _Content:
     vectors: list[np.ndarray] = []
     records: list[bytes] = []
     for doc in documents:
-        cs = work.chunks[doc.doc_id]
-        records.append(
-            orjson.dumps({"doc_id": doc.doc_id, "hash": doc.content_hash, "first_row": len(chunks), "chunks": len(cs)})
-        )
+        # Metadata is the document's as read now, also on chunks kept from the previous version.
+        cs = [dataclasses.replace(c, metadata=doc.metadata) for c in work.chunks[doc.doc_id]]
+        record = {"doc_id": doc.doc_id, "hash": doc.content_hash, "first_row": len(chunks), "chunks": len(cs)}
+        records.append(orjson.dumps({**record, "meta": metadata_hash(doc)}))
         chunks.extend(cs)
         vectors.append(work.vectors[doc.doc_id])
     matrix = np.ascontiguousarray(np.concatenate(vectors), dtype=np.float32)

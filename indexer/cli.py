@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from indexer import host_share
-from indexer.build import BuildReport, IndexingEmbedder, IndexRootLocked, build_index, index_root_lock
+from indexer.build import BuildReport, IndexingEmbedder, build_index
 from indexer.chunking import ChunkingConfig
 from indexer.loaders import (
     DEFAULT_MAX_FILE_MB,
@@ -21,6 +21,8 @@ from indexer.loaders import (
     Skipped,
     SourceError,
 )
+from indexer.metadata import parse_declared
+from indexer.root_lock import IndexRootLocked, index_root_lock
 from indexer.tune.commands import register as register_tune_commands
 from ragserve.config import EmbedderSettings, IndexSettings, QdrantSettings, default_of
 from ragserve.errors import RagError
@@ -115,6 +117,14 @@ def build(
     parse_timeout_s: _ParseTimeoutOption = DEFAULT_PARSE_TIMEOUT_S,
     parse_memory_mb: _ParseMemoryOption = DEFAULT_PARSE_MEMORY_MB,
     encoding: Annotated[str, typer.Option(help="Encoding of plain-text and Markdown files")] = "utf-8",
+    field: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--field",
+            help="A filterable metadata field and its type, name:keyword|integer|float|bool|datetime "
+            "(repeatable; undeclared fields whose values share one type are filterable too)",
+        ),
+    ] = None,
     verbose: _VerboseOption = False,
     log_file: _LogFileOption = None,
 ) -> None:
@@ -134,9 +144,15 @@ def build(
         batch_size=batch_size,
         progress=progress,
         limits=LoadLimits(int(max_file_mb * 1024 * 1024), max_text_chars, parse_timeout_s, encoding, parse_memory_mb),
+        fields=tuple(field or ()),
     )
+    _build_and_say(job, _QdrantTarget(qdrant_url, qdrant_collection, qdrant_api_key))
+
+
+def _build_and_say(job: _BuildJob, qdrant: _QdrantTarget) -> None:
+    """Run the build (and the Qdrant publish) and print what it did; bad input exits 2 with one line."""
     try:
-        report, qdrant_line = _run_build(job, _QdrantTarget(qdrant_url, qdrant_collection, qdrant_api_key))
+        report, qdrant_line = _run_build(job, qdrant)
     except (SourceError, RagError, ValueError, OSError, IndexRootLocked) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -173,6 +189,7 @@ class _BuildJob:
     batch_size: int
     progress: bool
     limits: LoadLimits
+    fields: tuple[str, ...] = ()  # --field name:type
 
     @property
     def embedder_backend(self) -> str:
@@ -211,6 +228,7 @@ def _run_build(job: _BuildJob, qdrant: _QdrantTarget) -> tuple[BuildReport, str]
             incremental=job.incremental,
             embedder_backend=job.embedder_backend,
             limits=job.limits,
+            declared_fields=parse_declared(list(job.fields)),
         )
         qdrant_line = ""
         if qdrant.url:
@@ -243,13 +261,17 @@ def _warn_skipped(item: Skipped) -> None:
 
 def _summary(report: BuildReport) -> str:
     what = f"published version {report.version}" if report.published else f"unchanged: version {report.version}"
+    left_out = "".join(
+        f"\nmetadata field {name!r} is not filterable: {why}" for name, why in report.fields_left_out.items()
+    )
     return (
         f"{what} at {report.folder}: {report.documents} documents ({report.embedded} embedded, "
-        f"{report.reused} unchanged, {report.removed} removed), {report.chunks} chunks, "
+        f"{report.reused} unchanged, {report.relabeled} with new metadata, {report.removed} removed), "
+        f"{report.chunks} chunks, "
         f"{sum(not s.ignored for s in report.skipped)} skipped, "
         f"{sum(s.ignored for s in report.skipped)} ignored{_ignored_names(report.skipped)}, "
         f"{report.seconds:.1f} s ({report.docs_per_second:.1f} documents/s)"
-    )
+    ) + left_out
 
 
 def _ignored_names(skipped: list[Skipped], shown: int = 5) -> str:

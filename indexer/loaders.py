@@ -13,9 +13,16 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, cast
 
-import orjson
+from indexer.metadata import (
+    SIDECAR_SUFFIX,
+    MetadataError,
+    check_names,
+    derived_fields,
+    sidecar_metadata,
+    split_front_matter,
+)
 
 TEXT_SUFFIXES = {".txt", ".md"}
 HTML_SUFFIXES = {".html", ".htm"}
@@ -35,6 +42,8 @@ class Document:
     source: str
     # Identity of the content: an incremental build re-embeds a document only when it changes.
     content_hash: str = field(default="")
+    # Its metadata as read (indexer/metadata.py): front matter, sidecar, BEIR `metadata`, derived.
+    metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.content_hash:
@@ -290,6 +299,8 @@ def iter_folder_files(
                 else:
                     yield Skipped(relative, "symbolic link: its target is indexed under its own path", ignored=True)
                 continue
+            if path.name.endswith(SIDECAR_SUFFIX):
+                continue  # another file's metadata, read with that file
             reader = readers.get(path.suffix.lower())
             if reader is None:
                 yield Skipped(
@@ -318,62 +329,24 @@ def iter_folder_files(
             except Exception as exc:  # a malformed PDF/HTML raises library-specific errors: skip the file
                 yield Skipped(relative, f"cannot extract text: {type(exc).__name__}: {exc}")
                 continue
-            if not text.strip():
-                yield Skipped(relative, "no text")
-                continue
-            yield Document(relative, _capped_title(title) or _title_of(text, display_name(path.stem)), text, relative)
+            yield _document_of(path, relative, title, text)
     finally:
         parser.close()
 
 
-_DRAIN_BYTES = 1 << 20
-
-
-def _bounded_lines(handle: BinaryIO, cap: int) -> Iterator[bytes | None]:
-    """Each line of at most `cap` bytes (newline excluded), or None for a longer one: that one is
-    read past in bounded pieces, never held whole."""
-    while line := handle.readline(cap + 1):
-        if line.endswith(b"\n") or len(line) <= cap:
-            yield line
-            continue
-        while (rest := handle.readline(_DRAIN_BYTES)) and not rest.endswith(b"\n"):
-            pass
-        yield None
-
-
-def _beir_record(line: bytes, where: str, limits: LoadLimits) -> Document | Skipped | None:
-    """One corpus line as a document, a reported skip, or None for a blank line."""
-    if not line.strip():
-        return None
+def _document_of(path: Path, relative: str, title: str, text: str) -> Document | Skipped:
+    """A file's text as a document, with its metadata (front matter, a sidecar file, derived fields)."""
     try:
-        record = orjson.loads(line)
-        doc_id = str(record["_id"])
-        text = str(record.get("text") or "")
-        title = str(record.get("title") or "")
-    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-        return Skipped(where, f"bad record: {exc}")
-    try:
-        _check_text_size(len(text), limits)  # a record is one document: a file's text cap
-    except FileRejected as exc:
-        return Skipped(where, f"too large: {exc}")
-    if not text.strip() and not title.strip():
-        return Skipped(where, "empty")
-    return Document(doc_id, _capped_title(title), text, where)
-
-
-def iter_beir(corpus: Path, limits: LoadLimits | None = None) -> Iterator[Document | Skipped]:
-    """BEIR corpus.jsonl: one {"_id", "title", "text"} object per line. A line is read with a
-    file's byte cap (`max_file_bytes`): one huge line must not take the indexer's memory."""
-    limits = limits or LoadLimits()
-    with corpus.open("rb") as handle:
-        for line_no, line in enumerate(_bounded_lines(handle, limits.max_file_bytes), start=1):
-            where = f"{corpus.name}:{line_no}"
-            if line is None:
-                yield Skipped(where, f"too large: line is over the limit of {limits.max_file_bytes:,} bytes")
-                continue
-            item = _beir_record(line, where, limits)
-            if item is not None:
-                yield item
+        front, text = split_front_matter(text) if path.suffix.lower() == ".md" else ({}, text)
+        supplied = {**check_names(front), **check_names(sidecar_metadata(path))}
+    except MetadataError as exc:
+        return Skipped(relative, f"unreadable metadata: {exc}")
+    if not text.strip():
+        return Skipped(relative, "no text")
+    given_title = supplied.get("title") if isinstance(supplied.get("title"), str) else ""
+    title = _capped_title(given_title or title) or _title_of(text, display_name(path.stem))
+    metadata = {**derived_fields(relative, path, title), **supplied}
+    return Document(relative, title, text, relative, metadata=metadata)
 
 
 def iter_source(source: Path, limits: LoadLimits | None = None) -> Iterator[Document | Skipped]:
@@ -382,6 +355,8 @@ def iter_source(source: Path, limits: LoadLimits | None = None) -> Iterator[Docu
     if source.is_dir():
         return iter_folder(source, limits)
     if source.name.endswith(".jsonl"):
+        from indexer.beir import iter_beir  # it builds on this module's documents and limits
+
         return iter_beir(source, limits)
     if source.suffix.lower() in _READERS:
         named = source.resolve()  # a file named on the command line is read even through a link

@@ -33,6 +33,8 @@ def publish_folder_to_qdrant(client: Any, name: str, root: Path) -> tuple[str, i
         # What the points are: the local version's identity (its manifest lists every file's sha256).
         "content_id": identity,
         "chunking": manifest.chunking,
+        # Filterable fields: the server checks filters against them; each gets a payload index.
+        "fields": manifest.fields,
     }
     return publish_collection(
         client,

@@ -25,9 +25,12 @@ def generate(out: Path) -> list[Path]:
     from grpc_tools import protoc
 
     out.mkdir(parents=True, exist_ok=True)
+    # protoc's well-known types (google/protobuf/struct.proto) ship inside grpc_tools.
+    well_known = Path(protoc.__file__).resolve().parent / "_proto"
     args = [
         "grpc_tools.protoc",
         f"-I{PROTO_ROOT}",
+        f"-I{well_known}",
         f"--python_out={out}",
         f"--pyi_out={out}",
         f"--grpc_python_out={out}",

@@ -6,7 +6,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal
 
 import grpc
 from pydantic import AliasChoices, Field
@@ -20,6 +20,22 @@ from ragserve.v1 import rag_pb2_grpc as pb_grpc
 
 RequestClassName = Literal["interactive", "batch"]
 REQUEST_CLASSES = {"interactive": pb.REQUEST_CLASS_INTERACTIVE, "batch": pb.REQUEST_CLASS_BATCH}
+# A metadata filter: the message, its JSON form (a dict, or a JSON string), or None for none.
+FilterSpec = pb.Filter | dict[str, Any] | str | None
+
+
+def filter_message(spec: FilterSpec) -> pb.Filter | None:
+    """`spec` as the request's Filter message (ValueError naming what is wrong with its JSON form)."""
+    if spec is None or isinstance(spec, pb.Filter):
+        return spec
+    from google.protobuf.json_format import ParseDict, ParseError
+
+    try:
+        message: pb.Filter = ParseDict(json.loads(spec) if isinstance(spec, str) else spec, pb.Filter())
+    except (ParseError, ValueError) as exc:
+        raise ValueError(f"filter: {exc}") from None
+    return message
+
 
 # Retry UNAVAILABLE (a restarting sidecar) a few times; the service config is grpc's own mechanism.
 _SERVICE_CONFIG = json.dumps(
@@ -192,8 +208,11 @@ class RagClient:
         dedupe_documents: bool = False,
         request_class: RequestClassName = "interactive",
         answer_span: bool = False,
+        filter: FilterSpec = None,
     ) -> pb.RetrieveResponse:
-        """`answer_span`: the reply also carries the reader's span when it fits the budget."""
+        """`answer_span`: the reply also carries the reader's span when it fits the budget.
+        `filter`: only documents whose metadata passes it (a pb.Filter, or its JSON form as a dict,
+        e.g. {"must": [{"key": "lang", "match": {"value": "en"}}]}; docs/filters.md)."""
         request = pb.RetrieveRequest(
             query=query,
             top_k=top_k,
@@ -201,6 +220,7 @@ class RagClient:
             dedupe_documents=dedupe_documents,
             request_class=REQUEST_CLASSES[request_class],
             answer_span=answer_span,
+            filter=filter_message(filter),
         )
         response: pb.RetrieveResponse = await self._stub.Retrieve(
             request, timeout=timeout_s or self.default_timeout_s, metadata=self._metadata
@@ -217,6 +237,7 @@ class RagClient:
         timeout_s: float | None = None,
         context_token_budget: int | None = None,
         request_class: RequestClassName = "interactive",
+        filter: FilterSpec = None,
     ) -> AsyncIterator[pb.QueryEvent]:
         """Events in order: one `retrieval`, `token` deltas (with at most one `answer` among them), one
         `final`. `timeout_s` (else the client's default, 30 s) bounds the whole stream.
@@ -232,6 +253,7 @@ class RagClient:
             budget_ms=budget_ms,
             context_token_budget=context_token_budget,
             request_class=REQUEST_CLASSES[request_class],
+            filter=filter_message(filter),
         )
         call = self._stub.Query(request, timeout=timeout_s or self.default_timeout_s, metadata=self._metadata)
         try:

@@ -9,6 +9,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from ragserve.filters import Filter, both
+
 
 def model_name(model: str) -> str:
     """What callers may see of a configured model: a hub id as it is, a local folder by its name
@@ -28,6 +30,9 @@ class Chunk:
     source: str = ""
     start: int = 0
     end: int = 0
+    # The document's filterable fields (index manifest `fields`), values as ragserve/filters.py
+    # stores them; the same on every chunk of a document.
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +186,16 @@ class RetrieveParams:
     budget_ms: int
     # At most one passage per source document.
     dedupe_documents: bool = False
+    # The caller's filter, checked against the index version's fields (None: the whole corpus).
+    filter: Filter | None = None
+    # What the caller may read (its access grant, set by the server, never by the caller): None
+    # where access control is off or the caller may read everything.
+    grant: Filter | None = None
+
+    @property
+    def narrowing(self) -> Filter | None:
+        """What search must keep to: the caller's filter within its grant."""
+        return both(self.filter, self.grant)
 
 
 @dataclass(frozen=True, slots=True)

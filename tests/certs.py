@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import ipaddress
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ class Pki:
     server_key: Path
     client_cert: Path
     client_key: Path
+    # More client certificates, by common name: (certificate, key).
+    clients: dict[str, tuple[Path, Path]] = dataclasses.field(default_factory=dict)
 
 
 def _name(common_name: str) -> x509.Name:
@@ -32,8 +35,9 @@ def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
     )
 
 
-def make_pki(folder: Path, server_name: str = "localhost") -> Pki:
-    """Any other `server_name` is the server certificate's only name (no loopback address in it)."""
+def make_pki(folder: Path, server_name: str = "localhost", clients: tuple[str, ...] = ()) -> Pki:
+    """Any other `server_name` is the server certificate's only name (no loopback address in it).
+    `clients`: common names of more client certificates (in `Pki.clients`)."""
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (
@@ -78,4 +82,10 @@ def make_pki(folder: Path, server_name: str = "localhost") -> Pki:
     pki.client_cert.write_bytes(client_cert.public_bytes(serialization.Encoding.PEM))
     _write_key(server_key, pki.server_key)
     _write_key(client_key, pki.client_key)
+    for number, name in enumerate(clients):
+        cert, key = leaf(name, ExtendedKeyUsageOID.CLIENT_AUTH, [x509.DNSName(f"client{number}.test")])
+        paths = (folder / f"client{number}.pem", folder / f"client{number}.key")
+        paths[0].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        _write_key(key, paths[1])
+        pki.clients[name] = paths
     return pki

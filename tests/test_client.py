@@ -109,3 +109,18 @@ def test_query_is_an_async_iterator_of_events() -> None:
             await server.stop(None)
 
     assert asyncio.run(run()) == ["retrieval", "token", "token", "token", "final"]
+
+
+def test_a_filter_in_its_json_form_becomes_the_request_message() -> None:
+    from ragserve.client import filter_message
+    from ragserve.v1 import rag_pb2 as pb
+
+    text = '{"must": [{"key": "lang", "match": {"value": "en"}}], "must_not": [{"key": "year", "range": {"lt": 2020}}]}'
+    message = filter_message(text)
+    assert isinstance(message, pb.Filter)
+    assert message.must[0].key == "lang" and message.must[0].match.value.string_value == "en"
+    assert message.must_not[0].range.lt.number_value == 2020
+    assert filter_message(None) is None
+    for bad in ('{"must": [{"key": "lang", "matches": {}}]}', "not json"):
+        with pytest.raises(ValueError, match="filter"):
+            filter_message(bad)

@@ -29,6 +29,7 @@ def _passage_rows(passages: tuple[Passage, ...]) -> list[list[Any]]:
             p.chunk.end,
             p.score,
             p.rank,
+            p.chunk.metadata,
         ]
         for p in passages
     ]
@@ -62,7 +63,7 @@ def _passages(rows: Any, top_k: int) -> tuple[Passage, ...]:
     passages = []
     for rank, row in enumerate(rows, start=1):
         _typed(row, list, "passage")
-        if len(row) != 9:
+        if len(row) != 10:
             raise ValueError("malformed passage")
         cid, doc, text, title, source = (_typed(f, str, "passage field") for f in row[:5])
         start, end = _typed(row[5], int, "chunk start"), _typed(row[6], int, "chunk end")
@@ -73,8 +74,22 @@ def _passages(rows: Any, top_k: int) -> tuple[Passage, ...]:
             raise RejectedEntry("out_of_bounds", "passage ranks are not 1..n")
         if not 0 <= start <= end:
             raise RejectedEntry("out_of_bounds", "chunk offsets out of order")
-        passages.append(Passage(Chunk(cid, doc, text, title, source, start, end), float(score), rank))
+        chunk = Chunk(cid, doc, text, title, source, start, end, _metadata(row[9]))
+        passages.append(Passage(chunk, float(score), rank))
     return tuple(passages)
+
+
+_SCALARS = (str, int, float, bool)
+
+
+def _metadata(value: Any) -> dict[str, Any]:
+    """A chunk's metadata: field name -> a scalar or a list of scalars."""
+    fields = _typed(value, dict, "chunk metadata")
+    for name, held in fields.items():
+        items = held if isinstance(held, list) else [held]
+        if not isinstance(name, str) or not all(isinstance(item, _SCALARS) for item in items):
+            raise ValueError("chunk metadata is not fields of scalar values")
+    return fields
 
 
 def _tiers(value: Any) -> tuple[str, ...]:

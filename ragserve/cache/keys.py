@@ -22,7 +22,7 @@ from typing import ClassVar
 
 import orjson
 
-KEY_SCHEMA = 1  # bump when the key layout or the entry encoding changes
+KEY_SCHEMA = 2  # bump when the key layout or the entry encoding changes
 
 
 def normalize_query(text: str) -> str:
@@ -74,10 +74,12 @@ def retrieval_key(
     model_ids: tuple[str, ...],
     settings: tuple[str, ...] = (),
     index_identity: str = "",
+    request: list[object] | None = None,
 ) -> RetrievalKey:
     """`index_identity` is the index's SearchIndex.identity; it enters the scope (and so the storage
-    key, the semantic guard and every answer key built on this one)."""
-    scope = _scope(top_k, index_version, index_identity, list(model_ids), list(settings))
+    key, the semantic guard and every answer key built on this one). `request`: the request's
+    other fields as JSON-able values (its filter and the caller's grant among them)."""
+    scope = _scope(top_k, index_version, index_identity, list(model_ids), list(settings), request or [])
     return RetrievalKey(normalize_query(query), scope, index_version, top_k)
 
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from ragserve.cli.app import DEFAULT_HOST, DEFAULT_PORT, app
+from ragserve.cli.filter_flag import FilterOption, filter_or_exit
 from ragserve.client import ClientSettings
 from ragserve.errors import ConfigError, RagError
 
@@ -147,9 +148,12 @@ def ask(
     ] = None,
     timeout: float = 60.0,
     batch: Annotated[bool, typer.Option(help="Ask as batch work: yields to interactive requests")] = False,
+    filter_json: FilterOption = None,
 ) -> None:
     """Stream an answer: citations first, then tokens as they arrive, then timings."""
     from ragserve.client import RagClient
+
+    narrowing = filter_or_exit(filter_json)
 
     async def run() -> None:
         access = flags.access()
@@ -163,6 +167,7 @@ def ask(
                 max_tokens=max_tokens,
                 context_token_budget=context_tokens,
                 request_class="batch" if batch else "interactive",
+                filter=narrowing,
             ):
                 kind = event.WhichOneof("event")
                 if kind == "retrieval":
@@ -244,9 +249,12 @@ def retrieve(
     answer_span: Annotated[
         bool, typer.Option(help="The reader's answer span too, when it fits what is left of the budget")
     ] = False,
+    filter_json: FilterOption = None,
 ) -> None:
     """Retrieval only: passages, scores, stage timings and reranking depth."""
     from ragserve.client import RagClient
+
+    narrowing = filter_or_exit(filter_json)
 
     async def run() -> None:
         async with RagClient(flags.target, access=flags.access()) as client:
@@ -257,6 +265,7 @@ def retrieve(
                 dedupe_documents=dedupe,
                 request_class="batch" if batch else "interactive",
                 answer_span=answer_span,
+                filter=narrowing,
             )
             if r.cache_hit:
                 print(f"(from the retrieval cache, index v{r.index_version})")

@@ -16,6 +16,7 @@ from ragserve.config.base import (
     default_home,
     default_of,
 )
+from ragserve.config.filters import FilterSettings, GrantSettings
 from ragserve.config.generator import GeneratorSettings
 from ragserve.config.models import ReaderSettings, RerankSettings
 from ragserve.config.sections import (
@@ -41,7 +42,9 @@ __all__ = [
     "AnswerSettings",
     "CacheSettings",
     "EmbedderSettings",
+    "FilterSettings",
     "GeneratorSettings",
+    "GrantSettings",
     "IndexSettings",
     "LimitsSettings",
     "ObservabilitySettings",
@@ -76,6 +79,8 @@ _SECTIONS: dict[str, type[BaseSettings]] = {
     "cache": CacheSettings,
     "answer": AnswerSettings,
     "warming": WarmingSettings,
+    "filters": FilterSettings,
+    "grants": GrantSettings,
 }
 
 
@@ -123,6 +128,8 @@ class Settings(BaseSettings):
     cache: CacheSettings = Field(default_factory=CacheSettings)
     answer: AnswerSettings = Field(default_factory=AnswerSettings)
     warming: WarmingSettings = Field(default_factory=WarmingSettings)
+    filters: FilterSettings = Field(default_factory=FilterSettings)
+    grants: GrantSettings = Field(default_factory=GrantSettings)
 
     @classmethod
     def settings_customise_sources(

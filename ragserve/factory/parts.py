@@ -51,7 +51,7 @@ def make_index(settings: Settings) -> SearchIndex:
             settings.qdrant.api_key or None,
             timeout_s=settings.qdrant.timeout_s,
         )
-    return HnswIndex.load(settings.index.path)
+    return HnswIndex.load(settings.index.path, settings.filters.exact_scan_max_chunks)
 
 
 def make_index_watch(settings: Settings, target: ServedIndex) -> IndexWatch:
@@ -60,7 +60,7 @@ def make_index_watch(settings: Settings, target: ServedIndex) -> IndexWatch:
         from ragserve.index.qdrant_index import QdrantWatch
 
         return QdrantWatch(target, settings.qdrant.collection)
-    return FolderWatch(settings.index.path)
+    return FolderWatch(settings.index.path, settings.filters.exact_scan_max_chunks)
 
 
 def make_retrieval_options(settings: Settings) -> RetrievalOptions:

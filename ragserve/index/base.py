@@ -8,6 +8,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from ragserve.filters import FieldSchema, Filter
 from ragserve.types import Chunk
 
 
@@ -40,8 +41,18 @@ class SearchIndex(Protocol):
     @property
     def dim(self) -> int: ...
 
-    def search(self, query_vector: np.ndarray, k: int, ef: int) -> list[ScoredChunk]:
-        """The k nearest chunks by cosine similarity; `ef` trades recall for time."""
+    def search(self, query_vector: np.ndarray, k: int, ef: int, flt: Filter | None = None) -> list[ScoredChunk]:
+        """The k nearest chunks by cosine similarity among those passing `flt` (checked against
+        `fields`); `ef` trades recall for time. Fewer than k only when fewer pass."""
+        ...
+
+    @property
+    def fields(self) -> FieldSchema:
+        """The filterable metadata fields and their types (empty: this version takes no filter)."""
+        ...
+
+    def count_matching(self, flt: Filter | None) -> int:
+        """How many chunks pass `flt` (all of them for None)."""
         ...
 
     @property
@@ -56,8 +67,9 @@ class SearchIndex(Protocol):
         before BM25 was added: hybrid then falls back to dense)."""
         ...
 
-    def search_lexical(self, query: str, k: int) -> list[ScoredChunk]:
-        """The k best chunks by BM25 score (only chunks sharing a term with the query)."""
+    def search_lexical(self, query: str, k: int, flt: Filter | None = None) -> list[ScoredChunk]:
+        """The k best chunks by BM25 score among those passing `flt` (only chunks sharing a term
+        with the query)."""
         ...
 
     def chunks_in_order(self, limit: int) -> list[Chunk]:

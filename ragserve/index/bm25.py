@@ -114,8 +114,9 @@ class Bm25Index:
         _check_arrays(target, retriever.scores, retriever.vocab_dict, count)
         return cls(retriever, count)
 
-    def search(self, query: str, k: int) -> list[tuple[int, float]]:
-        """(row, score) for the k best rows with a positive score, best first."""
+    def search(self, query: str, k: int, mask: np.ndarray | None = None) -> list[tuple[int, float]]:
+        """(row, score) for the k best rows with a positive score, best first; only rows where
+        `mask` is True when one is given (the others score 0 and are dropped)."""
         import bm25s
 
         k = min(k, self.count)
@@ -124,7 +125,8 @@ class Bm25Index:
         )
         if k <= 0 or not tokens or not tokens[0]:
             return []
-        rows, scores = self._retriever.retrieve(tokens, k=k, show_progress=False, n_threads=1)
+        weights = None if mask is None else mask.astype(np.float32)
+        rows, scores = self._retriever.retrieve(tokens, k=k, show_progress=False, n_threads=1, weight_mask=weights)
         return [(int(r), float(s)) for r, s in zip(rows[0], scores[0], strict=True) if s > 0.0]
 
 

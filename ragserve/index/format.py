@@ -23,6 +23,7 @@ from typing import Any
 
 from ragserve.digests import sha256_file
 from ragserve.errors import IndexLoadError
+from ragserve.filters import FIELD_TYPES
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -61,6 +62,9 @@ class Manifest:
     tuned_reranker: dict[str, Any] = field(default_factory=dict)
     # What the tuner did and fitted (method, fusion_dense_weight, times, held-back scores).
     tuning: dict[str, Any] = field(default_factory=dict)
+    # Filterable metadata fields: name -> keyword, integer, float, bool or datetime (ragserve/filters.py).
+    # Every chunk's values were checked against these types at build time. Empty: no filters.
+    fields: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -90,6 +94,9 @@ class Manifest:
             check_file_name(name)
             if not isinstance(digest, str) or not _SHA256_HEX.fullmatch(digest):
                 raise ValueError(f"checksum of {name!r} is not a sha256 hex digest")
+        for name, kind in data.get("fields", {}).items():
+            if not isinstance(name, str) or not name or kind not in FIELD_TYPES:
+                raise ValueError(f"filterable field {name!r} has type {kind!r}, not one of {', '.join(FIELD_TYPES)}")
         for name, value in data.get("hnsw", {}).items():
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"hnsw setting {name!r} is not an int")
@@ -113,6 +120,7 @@ _FIELD_TYPES: dict[str, type] = {
     "tuned_embedder": dict,
     "tuned_reranker": dict,
     "tuning": dict,
+    "fields": dict,
 }
 _REQUIRED_FIELDS = ("version", "embedder_id", "dim", "count", "files")
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")

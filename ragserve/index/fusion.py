@@ -13,6 +13,7 @@ from typing import Literal
 import numpy as np
 
 from ragserve.config import RetrievalSettings, default_of
+from ragserve.filters import Filter
 from ragserve.index.base import ScoredChunk, SearchIndex
 
 Mode = Literal["dense", "bm25", "hybrid"]
@@ -139,16 +140,18 @@ def hybrid_search(
     options: RetrievalOptions,
     mode: Mode,
     dedupe: bool = False,
+    flt: Filter | None = None,
 ) -> list[ScoredChunk]:
     """The top `breadth.k` chunks (or documents, if `dedupe`) for one query, in `mode`
-    (see `effective_mode`)."""
+    (see `effective_mode`). `flt` narrows both lists before fusion, so a selective filter still
+    fills top_k when enough chunks pass it."""
     if mode == "dense":
-        hits = index.search(query_vector, breadth.depth, breadth.ef)
+        hits = index.search(query_vector, breadth.depth, breadth.ef, flt)
     elif mode == "bm25":
-        hits = index.search_lexical(query, breadth.depth)
+        hits = index.search_lexical(query, breadth.depth, flt)
     else:
-        dense = index.search(query_vector, breadth.candidates, breadth.ef)
-        bm25 = index.search_lexical(query, breadth.candidates)
+        dense = index.search(query_vector, breadth.candidates, breadth.ef, flt)
+        bm25 = index.search_lexical(query, breadth.candidates, flt)
         if options.fusion == "rrf":
             hits = rrf([dense, bm25], options.rrf_k)
         else:

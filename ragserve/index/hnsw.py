@@ -5,30 +5,40 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import hnswlib
 import numpy as np
 import orjson
 
 from ragserve.errors import IndexLoadError
+from ragserve.filters import FieldSchema, Filter
 from ragserve.index.base import ScoredChunk
 from ragserve.index.bm25 import BM25_DIR, Bm25Index
 from ragserve.index.format import (
     CHUNKS_FILE,
     HNSW_FILE,
     MANIFEST,
+    VECTORS_FILE,
     Manifest,
     read_verified_version,
     require_listed,
     resolve_current,
 )
 from ragserve.index.hnsw_file import check_hnsw_file
+from ragserve.index.metadata import FieldColumns
 from ragserve.types import Chunk
 
 # Build-time defaults, chosen by measurement (benchmarks/bench_hnsw.py, BENCHMARKS.md); query-time
 # breadth (ef) comes from settings per request.
 DEFAULT_M = 32
 DEFAULT_EF_CONSTRUCTION = 200
+# A filter passing at most this many chunks is answered by an exact scan of their vectors (exact,
+# and cheaper than a graph walk that must skip most of what it visits: BENCHMARKS.md, "Filters");
+# above it, HNSW searches with the filter and an ef widened by the filter's selectivity.
+DEFAULT_EXACT_SCAN_MAX = 20_000
+# The widest a filtered HNSW search may look, as a multiple of its unfiltered ef.
+_FILTERED_EF_GROWTH_MAX = 16
 
 
 def chunk_to_json(chunk: Chunk) -> bytes:
@@ -86,7 +96,11 @@ class HnswIndex:
         index: hnswlib.Index,
         chunks: list[Chunk],
         bm25: Bm25Index | None = None,
+        vectors: np.ndarray | None = None,
+        exact_scan_max: int = DEFAULT_EXACT_SCAN_MAX,
     ) -> None:
+        """`vectors`: the version's vectors (memory-mapped), row i = chunk i, for exact filtered
+        scans; None (a version without vectors.npy): hnswlib hands them out instead."""
         self.folder = folder
         self.manifest = manifest
         self._index = index
@@ -95,10 +109,15 @@ class HnswIndex:
         self._identity = identity
         self._lock = threading.Lock()
         self._by_id: dict[str, Chunk] | None = None  # built on first use (warming only)
+        self._fields = FieldSchema(manifest.fields)
+        self._columns = FieldColumns(chunks, self._fields)
+        self._vectors = vectors
+        self.exact_scan_max = exact_scan_max
 
     @classmethod
-    def load(cls, root: Path) -> HnswIndex:
-        """The published version's index files, verified."""
+    def load(cls, root: Path, exact_scan_max: int = DEFAULT_EXACT_SCAN_MAX) -> HnswIndex:
+        """The published version's index files, verified. `exact_scan_max`: filters passing at most
+        this many chunks are searched by an exact scan (RAGSERVE_FILTER_EXACT_SCAN_MAX_CHUNKS)."""
         folder = resolve_current(root)
         manifest, identity = read_verified_version(folder)
         require_listed(folder, manifest, HNSW_FILE, CHUNKS_FILE)
@@ -121,7 +140,12 @@ class HnswIndex:
                 f"index at {folder}: HNSW holds {index.get_current_count()} vectors, manifest says {manifest.count}"
             )
         bm25 = Bm25Index.load(folder, manifest.count) if manifest.bm25 else None
-        return cls(folder, manifest, identity, index, chunks, bm25)
+        vectors = None
+        if VECTORS_FILE in manifest.files:  # verified with the rest; mapped, not read, until a filter needs it
+            vectors = np.load(folder / VECTORS_FILE, mmap_mode="r", allow_pickle=False)
+            if vectors.shape != (manifest.count, manifest.dim):
+                raise IndexLoadError(f"index at {folder}: {VECTORS_FILE} has shape {vectors.shape}")
+        return cls(folder, manifest, identity, index, chunks, bm25, vectors, exact_scan_max)
 
     @property
     def chunks(self) -> list[Chunk]:
@@ -160,26 +184,62 @@ class HnswIndex:
     def dim(self) -> int:
         return self.manifest.dim
 
-    def search(self, query_vector: np.ndarray, k: int, ef: int) -> list[ScoredChunk]:
+    @property
+    def fields(self) -> FieldSchema:
+        return self._fields
+
+    def count_matching(self, flt: Filter | None) -> int:
+        return self.count if flt is None else int(np.count_nonzero(self._columns.mask(flt)))
+
+    def search(self, query_vector: np.ndarray, k: int, ef: int, flt: Filter | None = None) -> list[ScoredChunk]:
         k = min(k, self.count)
         if k <= 0:
             return []
+        if flt is None:
+            return self._walk(query_vector, k, max(ef, k))
+        mask = self._columns.mask(flt)
+        allowed = int(np.count_nonzero(mask))
+        if allowed <= self.exact_scan_max:
+            return self._scan(query_vector, k, np.flatnonzero(mask))
+        # The walk visits about ef / selectivity nodes to find ef that pass.
+        widened = min(int(max(ef, k) * self.count / allowed) + 1, max(ef, k) * _FILTERED_EF_GROWTH_MAX)
+        try:
+            return self._walk(query_vector, min(k, allowed), widened, lambda label: bool(mask[label]))
+        except RuntimeError:  # hnswlib found fewer than k that pass: the exact scan finds them all
+            return self._scan(query_vector, k, np.flatnonzero(mask))
+
+    def _walk(self, query_vector: np.ndarray, k: int, ef: int, keep: Any = None) -> list[ScoredChunk]:
         # hnswlib's ef is index-wide state: set it and query under one lock so concurrent
         # requests with different breadths do not see each other's setting (a query is < 1 ms).
         with self._lock:
-            self._index.set_ef(max(ef, k))
-            labels, distances = self._index.knn_query(query_vector.reshape(1, -1), k=k)
+            self._index.set_ef(ef)
+            labels, distances = self._index.knn_query(query_vector.reshape(1, -1), k=k, filter=keep)
         # "ip" distance is 1 - dot product.
         return [
             ScoredChunk(self._chunks[int(label)], float(1.0 - dist))
             for label, dist in zip(labels[0], distances[0], strict=True)
         ]
 
+    def _scan(self, query_vector: np.ndarray, k: int, rows: np.ndarray) -> list[ScoredChunk]:
+        """Exact search over `rows` only (their vectors are L2-normalized: the dot product is the cosine)."""
+        if rows.size == 0:
+            return []
+        if self._vectors is not None:
+            vectors = np.asarray(self._vectors[rows], dtype=np.float32)
+        else:
+            vectors = np.asarray(self._index.get_items(rows), dtype=np.float32)
+        scores = vectors @ np.asarray(query_vector, dtype=np.float32).reshape(-1)
+        k = min(k, rows.size)
+        best = np.argpartition(-scores, k - 1)[:k]
+        best = best[np.lexsort((rows[best], -scores[best]))]  # by score, then row: a stable order
+        return [ScoredChunk(self._chunks[int(rows[i])], float(scores[i])) for i in best]
+
     @property
     def lexical_available(self) -> bool:
         return self._bm25 is not None
 
-    def search_lexical(self, query: str, k: int) -> list[ScoredChunk]:
+    def search_lexical(self, query: str, k: int, flt: Filter | None = None) -> list[ScoredChunk]:
         if self._bm25 is None:
             return []
-        return [ScoredChunk(self._chunks[row], score) for row, score in self._bm25.search(query, k)]
+        mask = None if flt is None else self._columns.mask(flt)
+        return [ScoredChunk(self._chunks[row], score) for row, score in self._bm25.search(query, k, mask)]

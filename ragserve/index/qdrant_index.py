@@ -25,8 +25,10 @@ from typing import Any, cast
 import numpy as np
 
 from ragserve.errors import IndexLoadError, Unavailable
+from ragserve.filters import FieldSchema, Filter
 from ragserve.index.base import ScoredChunk, SearchIndex
 from ragserve.index.bm25 import bm25_terms
+from ragserve.index.qdrant_filter import PAYLOAD_KEY, create_payload_indexes, qdrant_filter
 from ragserve.index.reload import ServedIndex, version_marker
 from ragserve.types import Chunk
 
@@ -106,6 +108,7 @@ def _chunk_of(payload: dict[str, Any]) -> Chunk:
         source=payload.get("source", ""),
         start=int(payload.get("start", 0)),
         end=int(payload.get("end", 0)),
+        metadata=dict(payload.get(PAYLOAD_KEY) or {}),
     )
 
 
@@ -169,6 +172,7 @@ def publish_collection(
         hnsw_config=models.HnswConfigDiff(m=hnsw_m, ef_construct=ef_construct),
         metadata=full_meta,
     )
+    create_payload_indexes(client, target, meta.get("fields") or {})
     for parts in point_batches(chunks, vectors, embedding_texts, batch, models.SparseVector):
         points = [models.PointStruct(id=pid, vector=vec, payload=payload) for pid, vec, payload in parts]
         client.upsert(target, points=points, wait=True)
@@ -235,6 +239,10 @@ class PublishedMeta:
     @property
     def lexical_available(self) -> bool:
         return "bm25" in self._meta
+
+    @property
+    def fields(self) -> FieldSchema:
+        return FieldSchema(self._meta.get("fields") or {})
 
 
 class QdrantIndex(PublishedMeta):
@@ -314,22 +322,38 @@ class QdrantIndex(PublishedMeta):
         found = {chunk.chunk_id: chunk for chunk in (_chunk_of(p.payload) for p in points if p.payload)}
         return [found[c] for c in chunk_ids if c in found]
 
-    def search(self, query_vector: np.ndarray, k: int, ef: int) -> list[ScoredChunk]:
+    def count_matching(self, flt: Filter | None) -> int:
+        if flt is None:
+            return self.count
+        try:
+            return int(
+                self._client.count(self.collection, count_filter=qdrant_filter(flt, self.fields), exact=True).count
+            )
+        except Exception as exc:
+            if not isinstance(exc, _unreachable_errors()):
+                raise
+            log.warning("Qdrant count failed: %s: %s", type(exc).__name__, exc)
+            raise Unavailable(f"the Qdrant index is unavailable ({type(exc).__name__})") from exc
+
+    def search(self, query_vector: np.ndarray, k: int, ef: int, flt: Filter | None = None) -> list[ScoredChunk]:
         from qdrant_client import models
 
         k = min(k, self.count)
         if k <= 0:
             return []
+        # Qdrant plans a filtered search itself (payload index, exact scan of few points, or a
+        # filtered HNSW walk): its query planner is the counterpart of HnswIndex's choice.
         result = self._query(
             query=np.asarray(query_vector, dtype=np.float32).tolist(),
             using=DENSE,
             limit=k,
+            query_filter=qdrant_filter(flt, self.fields),
             search_params=models.SearchParams(hnsw_ef=max(ef, k)),
             with_payload=True,
         )
         return [ScoredChunk(_chunk_of(p.payload), float(p.score)) for p in result.points]
 
-    def search_lexical(self, query: str, k: int) -> list[ScoredChunk]:
+    def search_lexical(self, query: str, k: int, flt: Filter | None = None) -> list[ScoredChunk]:
         from qdrant_client import models
 
         indices, k = query_term_indices(query), min(k, self.count)
@@ -339,6 +363,7 @@ class QdrantIndex(PublishedMeta):
             query=models.SparseVector(indices=indices, values=[1.0] * len(indices)),
             using=SPARSE,
             limit=k,
+            query_filter=qdrant_filter(flt, self.fields),
             with_payload=True,
         )
         return [ScoredChunk(_chunk_of(p.payload), float(p.score)) for p in result.points if p.score > 0]

@@ -18,6 +18,7 @@ import numpy as np
 
 from ragserve.cache.base import AnswerCache, CachedAnswer, CachedRetrieval, CacheHit, RetrievalCache
 from ragserve.cache.keys import AnswerKey, RetrievalKey, answer_key, retrieval_key
+from ragserve.filters import Filter, canonical
 from ragserve.generate.base import Generator
 from ragserve.prompt import prompt_template_id
 from ragserve.request.answer import AnswerRun
@@ -85,6 +86,27 @@ def cache_scope(embedder_id: str, search: SearchStage, generator: Generator | No
     )
 
 
+# RetrieveParams fields outside a key's scope: the budget (how much work may be done, not what
+# the answer is) and the query (the key's own part, normalized, so that the semantic cache can
+# match across questions of one scope). Every other field enters the scope by itself
+# (`request_parts`), so a new field can never share entries with requests that lack it.
+NOT_IN_SCOPE = frozenset({"budget_ms", "query"})
+
+
+def request_parts(params: RetrieveParams) -> list[object]:
+    """Every field of the request that changes its passages, as JSON-able values (filters and the
+    caller's grant in their canonical form)."""
+    parts: list[object] = []
+    for item in dataclasses.fields(params):
+        if item.name in NOT_IN_SCOPE:
+            continue
+        value = getattr(params, item.name)
+        if isinstance(value, Filter) or (value is None and item.name in ("filter", "grant")):
+            value = canonical(value)
+        parts.append([item.name, value])
+    return parts
+
+
 class PipelineCaches:
     """The retrieval cache and the answer cache (either may be absent) behind one scope."""
 
@@ -102,6 +124,7 @@ class PipelineCaches:
             (self.scope.embedder_id,),
             (self.scope.ranking[0], tag, *self.scope.ranking[1:]),
             index_identity,
+            request_parts(params),
         )
 
     def key_for(self, params: RetrieveParams, index_version: str, index_identity: str) -> RetrievalKey | None:

@@ -1,10 +1,9 @@
 """The request path, over the pluggable parts' Protocols only (no gRPC, torch, vLLM here).
 
-retrieve: embed -> search -> (rerank) under one Deadline; a stage that would overrun is shortened
-or skipped and the result says so. query: retrieve, emit the passages, build the prompt, stream
-the generator's tokens, then a final summary; a temperature-0 question answered cleanly before
-(same passages' key, model, template and limits) is replayed from the answer cache instead.
-The pipeline owns its parts' lifecycle: `async with pipeline:` (or astart/aclose).
+retrieve: embed -> search -> (rerank) under one Deadline; a stage that would overrun is shortened or skipped and the
+result says so. query: retrieve, emit the passages, build the prompt, stream the generator's tokens, then a final
+summary; a temperature-0 question answered cleanly before (same passages' key, model, template and limits) is replayed
+from the answer cache instead. The pipeline owns its parts' lifecycle: `async with pipeline:` (or astart/aclose).
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from ragserve.cache.keys import AnswerKey, RetrievalKey
 from ragserve.config import LimitsSettings, default_of
 from ragserve.embed.base import Embedder
 from ragserve.errors import ConfigError
+from ragserve.filters import Filter, check_fields
 from ragserve.generate.base import Generator
 from ragserve.generate.host_share import HostSharePace
 from ragserve.index.base import SearchIndex
@@ -142,12 +142,12 @@ class RagPipeline:
         """What warming did for the serving version (done, nothing warmed, without a generator)."""
         return self._warmer.state if self._warmer is not None else WarmState(self.serving.identity, done=True)
 
-    def info(self) -> PipelineInfo:
-        """What this pipeline serves with now (Info)."""
+    def info(self, grant: Filter | None = None) -> PipelineInfo:
+        """What this pipeline serves with now (Info); its chunk count is of those `grant` may read."""
         serving, generator = self.serving, self.generator
         about = PipelineInfo(
             index_version=serving.index.version,
-            index_chunks=serving.index.count,
+            index_chunks=serving.index.count_matching(grant),
             embedder_model=model_name(serving.embedder.model_id),  # a name, never the server's path
             rerank_tiers=tuple(serving.reranker.describe()) if serving.reranker is not None else (),
             warming=self.warm_state(),
@@ -245,6 +245,7 @@ class RagPipeline:
         """The passages (their timings are filled in by `_retrieve`) and the request's cache key."""
         index = serving.index  # one version for the whole request, even if a reload swaps it
         deadline = request.deadline
+        check_fields(params.filter, index.fields)
         key = self.caches.key_for(params, index.version, index.identity)
         with request.stage("cache"):
             hit = await self.caches.lookup(key, deadline.budget_left_ms() / 1000.0)

@@ -69,7 +69,9 @@ class SearchStage:
         breadth = plan_breadth(options, mode, k, self.ef_search, params.dedupe_documents, narrow)
         with request.stage("search"):
             hits = await self._search(
-                lambda: hybrid_search(index, params.query, vector, breadth, options, mode, params.dedupe_documents),
+                lambda: hybrid_search(
+                    index, params.query, vector, breadth, options, mode, params.dedupe_documents, params.narrowing
+                ),
                 deadline,
             )
         outcome = RerankOutcome(stable_order([Passage(hit.chunk, hit.score) for hit in hits]))

@@ -1,3 +1,4 @@
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -17,20 +18,66 @@ REQUEST_CLASS_INTERACTIVE: RequestClass
 REQUEST_CLASS_BATCH: RequestClass
 
 class RetrieveRequest(_message.Message):
-    __slots__ = ("query", "top_k", "budget_ms", "dedupe_documents", "request_class", "answer_span")
+    __slots__ = ("query", "top_k", "budget_ms", "dedupe_documents", "request_class", "answer_span", "filter")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
     DEDUPE_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_CLASS_FIELD_NUMBER: _ClassVar[int]
     ANSWER_SPAN_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
     query: str
     top_k: int
     budget_ms: int
     dedupe_documents: bool
     request_class: RequestClass
     answer_span: bool
-    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ..., dedupe_documents: _Optional[bool] = ..., request_class: _Optional[_Union[RequestClass, str]] = ..., answer_span: _Optional[bool] = ...) -> None: ...
+    filter: Filter
+    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ..., dedupe_documents: _Optional[bool] = ..., request_class: _Optional[_Union[RequestClass, str]] = ..., answer_span: _Optional[bool] = ..., filter: _Optional[_Union[Filter, _Mapping]] = ...) -> None: ...
+
+class Filter(_message.Message):
+    __slots__ = ("must", "should", "must_not")
+    MUST_FIELD_NUMBER: _ClassVar[int]
+    SHOULD_FIELD_NUMBER: _ClassVar[int]
+    MUST_NOT_FIELD_NUMBER: _ClassVar[int]
+    must: _containers.RepeatedCompositeFieldContainer[Condition]
+    should: _containers.RepeatedCompositeFieldContainer[Condition]
+    must_not: _containers.RepeatedCompositeFieldContainer[Condition]
+    def __init__(self, must: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ..., should: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ..., must_not: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ...) -> None: ...
+
+class Condition(_message.Message):
+    __slots__ = ("key", "match", "range", "exists", "filter")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    MATCH_FIELD_NUMBER: _ClassVar[int]
+    RANGE_FIELD_NUMBER: _ClassVar[int]
+    EXISTS_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    match: Match
+    range: Range
+    exists: bool
+    filter: Filter
+    def __init__(self, key: _Optional[str] = ..., match: _Optional[_Union[Match, _Mapping]] = ..., range: _Optional[_Union[Range, _Mapping]] = ..., exists: _Optional[bool] = ..., filter: _Optional[_Union[Filter, _Mapping]] = ...) -> None: ...
+
+class Match(_message.Message):
+    __slots__ = ("value", "any")
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    ANY_FIELD_NUMBER: _ClassVar[int]
+    value: _struct_pb2.Value
+    any: _struct_pb2.ListValue
+    def __init__(self, value: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., any: _Optional[_Union[_struct_pb2.ListValue, _Mapping]] = ...) -> None: ...
+
+class Range(_message.Message):
+    __slots__ = ("gt", "gte", "lt", "lte")
+    GT_FIELD_NUMBER: _ClassVar[int]
+    GTE_FIELD_NUMBER: _ClassVar[int]
+    LT_FIELD_NUMBER: _ClassVar[int]
+    LTE_FIELD_NUMBER: _ClassVar[int]
+    gt: _struct_pb2.Value
+    gte: _struct_pb2.Value
+    lt: _struct_pb2.Value
+    lte: _struct_pb2.Value
+    def __init__(self, gt: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., gte: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., lt: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., lte: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
 
 class Passage(_message.Message):
     __slots__ = ("doc_id", "chunk_id", "text", "score", "title", "rank", "highlight")
@@ -159,7 +206,7 @@ class RetrieveResponse(_message.Message):
     def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., index_version: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., cache_hit: _Optional[bool] = ..., support: _Optional[_Union[Support, _Mapping]] = ..., answer: _Optional[_Union[AnswerSpan, _Mapping]] = ...) -> None: ...
 
 class QueryRequest(_message.Message):
-    __slots__ = ("query", "top_k", "budget_ms", "max_tokens", "temperature", "dedupe_documents", "context_token_budget", "request_class")
+    __slots__ = ("query", "top_k", "budget_ms", "max_tokens", "temperature", "dedupe_documents", "context_token_budget", "request_class", "filter")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +215,7 @@ class QueryRequest(_message.Message):
     DEDUPE_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
     REQUEST_CLASS_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
     query: str
     top_k: int
     budget_ms: int
@@ -176,7 +224,8 @@ class QueryRequest(_message.Message):
     dedupe_documents: bool
     context_token_budget: int
     request_class: RequestClass
-    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., dedupe_documents: _Optional[bool] = ..., context_token_budget: _Optional[int] = ..., request_class: _Optional[_Union[RequestClass, str]] = ...) -> None: ...
+    filter: Filter
+    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., dedupe_documents: _Optional[bool] = ..., context_token_budget: _Optional[int] = ..., request_class: _Optional[_Union[RequestClass, str]] = ..., filter: _Optional[_Union[Filter, _Mapping]] = ...) -> None: ...
 
 class RetrievalEvent(_message.Message):
     __slots__ = ("passages", "timings", "degraded", "index_version", "rerank_tiers", "cache_hit", "support", "answer")

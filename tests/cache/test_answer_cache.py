@@ -23,7 +23,7 @@ from ragserve.budget import Deadline, RequestContext
 from ragserve.cache.base import CachedAnswer, CachedRetrieval, CacheStore
 from ragserve.cache.circuit import BreakerState, CircuitBreaker
 from ragserve.cache.codec import encode_answer, encode_entry
-from ragserve.cache.keys import AnswerKey, answer_key, retrieval_key
+from ragserve.cache.keys import KEY_SCHEMA, AnswerKey, answer_key, retrieval_key
 from ragserve.cache.layer import MAX_ANSWER_BYTES, StoreBackedAnswerCache
 from ragserve.cache.memory import MemoryStore
 from ragserve.cache.redis_cache import RedisStore
@@ -335,7 +335,7 @@ def test_dedupe_and_generation_settings_are_in_the_pipeline_key(embedder, sample
         return answer_key.storage_key
 
     base = key()
-    assert base.startswith("a1:7:")
+    assert base.startswith(f"a{KEY_SCHEMA}:7:")
     assert len({base, key(dedupe=True), key(top_k=4), key(max_tokens=17), key(budget=160)}) == 5
     naive = assemble_pipeline(
         embedder,
@@ -386,7 +386,7 @@ def test_every_part_of_an_answer_key_matters(monkeypatch: pytest.MonkeyPatch) ->
     assert len({base, *others}) == len(others) + 1
     # Its own prefix: never the storage key of the passage list it was built on.
     retrieval = retrieval_key("What is TCP?", 3, "1", ("e",), ("ef=64",))
-    assert base.startswith("a1:1:") and retrieval.storage_key.startswith("r1:1:")
+    assert base.startswith(f"a{KEY_SCHEMA}:1:") and retrieval.storage_key.startswith(f"r{KEY_SCHEMA}:1:")
     # The template id follows the system text and the layout.
     assert prompt_template_id("stable") != prompt_template_id("naive")
     monkeypatch.setattr("ragserve.prompt.SYSTEM_PREFIX", "Another system prompt.")

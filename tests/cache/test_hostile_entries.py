@@ -83,11 +83,15 @@ PLANTED = {
     "more passages than top_k": (encode_entry(_entry(n=TOP_K + 5)), "out_of_bounds"),
     "another query's entry": (encode_entry(_entry(query="What is UDP?")), "query"),
     "ranks not 1..n": (
-        _valid_row(p=[[*row[:8], 7] for row in orjson.loads(encode_entry(_entry()))["p"]]),
+        _valid_row(p=[[*row[:8], 7, row[9]] for row in orjson.loads(encode_entry(_entry()))["p"]]),
         "out_of_bounds",
     ),
-    "negative chunk offsets": (_valid_row(p=[["c", "d", "t", "n", "s", -5, 3, 0.5, 1]]), "out_of_bounds"),
-    "score a string": (_valid_row(p=[["c", "d", "t", "n", "s", 0, 3, "0.5", 1]]), "malformed"),
+    "negative chunk offsets": (_valid_row(p=[["c", "d", "t", "n", "s", -5, 3, 0.5, 1, {}]]), "out_of_bounds"),
+    "score a string": (_valid_row(p=[["c", "d", "t", "n", "s", 0, 3, "0.5", 1, {}]]), "malformed"),
+    "metadata not fields of scalars": (
+        _valid_row(p=[["c", "d", "t", "n", "s", 0, 3, 0.5, 1, {"f": {"x": 1}}]]),
+        "malformed",
+    ),
     "degraded not a bool": (_valid_row(d="yes"), "malformed"),
     "passages an object": (_valid_row(p={"a": 1}), "malformed"),
     "tiers not strings": (_valid_row(t=[1, 2]), "malformed"),

@@ -159,11 +159,11 @@ class SessionServers:
             return dict(zip(self._started, pool.map(LiveServer.stop, self._started.values()), strict=True))
 
 
-def serving(index: Path, log: Path, env: dict[str, str]) -> Iterator[LiveServer]:
+def serving(index: Path, log: Path, env: dict[str, str], credentials: object = None) -> Iterator[LiveServer]:
     """A fixture's body: a server until the fixture ends, which must then exit 0 on SIGTERM."""
     server = spawn_server(index, log, env)
     try:
-        wait_serving(server)
+        wait_serving(server, credentials=credentials)
         yield server
     finally:
         code = server.stop()
@@ -215,11 +215,18 @@ def running_requests(server: HttpProcess) -> float:
     )
 
 
-def wait_warm(target: str, limit_s: float = 120.0) -> Any:
-    """Info's warming state once warming has finished (it runs after SERVING, in the background)."""
+def wait_warm(target: str, limit_s: float = 120.0, credentials: Any = None) -> Any:
+    """Info's warming state once warming has finished (it runs after SERVING, in the background).
+    `credentials`: TLS channel credentials, for a server that asks for them."""
     from ragserve.client import RagClient
+    from ragserve.v1 import rag_pb2 as pb
+    from ragserve.v1 import rag_pb2_grpc as pb_grpc
 
     async def info() -> Any:
+        if credentials is not None:
+            options = [("grpc.ssl_target_name_override", "localhost")]
+            with grpc.secure_channel(target, credentials, options=options) as channel:
+                return pb_grpc.RagServiceStub(channel).Info(pb.InfoRequest(), timeout=10)
         async with RagClient(target) as client:
             return await client.info()
 

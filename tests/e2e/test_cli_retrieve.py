@@ -62,3 +62,23 @@ def test_retrieve_with_answer_span_prints_the_readers_span_and_its_sentence(retr
     assert span.group(1) in lines[at + 1], done.stdout  # then the sentence holding it
     plain = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert "reader (" not in plain.stdout  # the reader runs only when asked
+
+
+def test_retrieve_with_a_filter_keeps_to_it_and_a_bad_one_is_named(retrieval_server: LiveServer) -> None:
+    question = "How does the retrieval cache behave when Redis is down?"
+    only = (
+        '{"must": [{"key": "file_type", "match": {"value": "md"}}], "must_not": [{"key": "folder", "exists": false}]}'
+    )
+    passages = _retrieve(retrieval_server, question, "--top-k", "10", "--filter", only)
+    assert len(passages) == 10 and all(doc.endswith(".md") for doc, _ in passages)
+    host, _, port = retrieval_server.target.rpartition(":")
+    command = [sys.executable, "-m", "ragserve.cli", "retrieve", "--host", host, "--port", port, question]
+    unknown = subprocess.run(
+        [*command, "--filter", '{"must": [{"key": "colour", "match": {"value": "red"}}]}'],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert unknown.returncode == 1 and "filter.must[0].key" in unknown.stderr and "Traceback" not in unknown.stderr
+    malformed = subprocess.run([*command, "--filter", "{not json"], capture_output=True, text=True, timeout=60)
+    assert malformed.returncode == 2 and "filter" in malformed.stderr and "Traceback" not in malformed.stderr

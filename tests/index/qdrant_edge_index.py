@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ragserve.errors import IndexLoadError
+from ragserve.filters import Filter
 from ragserve.index.base import ScoredChunk
 from ragserve.index.qdrant_index import (
     BM25_B,
@@ -33,6 +34,13 @@ from ragserve.index.qdrant_index import (
 from ragserve.types import Chunk
 
 META_FILE = "ragserve_meta.json"
+
+
+def _unfiltered(flt: Filter | None) -> None:
+    # This test-only backend shows the unfiltered contract on Qdrant's engine; filters are shown on
+    # the Qdrant backend itself (qdrant-client), whose translation the product ships.
+    if flt is not None:
+        raise NotImplementedError("the qdrant-edge test index takes no filter")
 
 
 def build_edge_shard(
@@ -84,9 +92,14 @@ class EdgeIndex(PublishedMeta):
     def close(self) -> None:
         self._shard.close()
 
-    def search(self, query_vector: np.ndarray, k: int, ef: int) -> list[ScoredChunk]:
+    def count_matching(self, flt: Filter | None) -> int:
+        _unfiltered(flt)
+        return self.count
+
+    def search(self, query_vector: np.ndarray, k: int, ef: int, flt: Filter | None = None) -> list[ScoredChunk]:
         import qdrant_edge as qe
 
+        _unfiltered(flt)
         k = min(k, self.count)
         if k <= 0:
             return []
@@ -99,9 +112,10 @@ class EdgeIndex(PublishedMeta):
         )
         return [ScoredChunk(_chunk_of(p.payload), float(p.score)) for p in self._shard.query(request)]
 
-    def search_lexical(self, query: str, k: int) -> list[ScoredChunk]:
+    def search_lexical(self, query: str, k: int, flt: Filter | None = None) -> list[ScoredChunk]:
         import qdrant_edge as qe
 
+        _unfiltered(flt)
         indices, k = query_term_indices(query), min(k, self.count)
         if k <= 0 or not indices:
             return []

@@ -122,7 +122,9 @@ def test_token_and_final_events() -> None:
 def _pipeline(generator: Any, reranker: Any) -> Any:
     """The parts Info reads, as a RagPipeline sees them (a fake: no models)."""
     serving = SimpleNamespace(
-        index=SimpleNamespace(version="3", count=111), embedder=SimpleNamespace(model_id="emb"), reranker=reranker
+        index=SimpleNamespace(version="3", count=111, count_matching=lambda grant: 111 if grant is None else 7),
+        embedder=SimpleNamespace(model_id="emb"),
+        reranker=reranker,
     )
     pipeline = SimpleNamespace(
         serving=serving,
@@ -132,7 +134,7 @@ def _pipeline(generator: Any, reranker: Any) -> Any:
         pace=SimpleNamespace(describe=lambda share=None: "normal (decode 1.0x its pace alone, 10.0 ms/token)"),
         warm_state=lambda: WarmState("v3", passages=12, tokens=3400, left_out=2, done=True, seconds=1.5),
     )
-    pipeline.info = lambda: RagPipeline.info(pipeline)  # type: ignore[arg-type]
+    pipeline.info = lambda grant=None: RagPipeline.info(pipeline, grant)  # type: ignore[arg-type]
     return pipeline
 
 
@@ -227,3 +229,12 @@ def test_the_readers_span_and_its_late_event() -> None:
     assert not query_event_pb(LateAnswer(None, 3.0)).answer.HasField("answer")
     retrieved = retrieve_response_pb(_result())
     assert (retrieved.answer.start, retrieved.answer.end, retrieved.answer.sentence_end) == (0, 5, 10)
+
+
+def test_info_counts_only_the_chunks_the_callers_grant_reads() -> None:
+    from ragserve.filters import Filter, Match
+
+    pipeline = _pipeline(None, None)
+    grant = Filter(must=(Match("groups", ("public",), any=True),))
+    assert info_response_pb(pipeline.info(grant), 70, 0).index_chunks == 7
+    assert info_response_pb(pipeline.info(), 70, 0).index_chunks == 111
