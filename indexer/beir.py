@@ -1,4 +1,5 @@
-"""A BEIR corpus.jsonl as documents: one {"_id", "title", "text", "metadata"} object per line."""
+"""BEIR corpus files (`corpus.jsonl`): one {"_id", "title", "text", "metadata"?} object per line,
+each a document, read line by line within a file's caps."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ from typing import BinaryIO
 
 import orjson
 
-from indexer.documents import Document, FileRejected, LoadLimits, Skipped, capped_title, check_text_size
+from indexer.loaders import (
+    Document,
+    FileRejected,
+    LoadLimits,
+    Skipped,
+    _capped_title,
+    _check_text_size,
+)
 from indexer.metadata import MetadataError, check_names, derived_fields
 
 _DRAIN_BYTES = 1 << 20
@@ -44,12 +52,12 @@ def _beir_record(line: bytes, where: str, limits: LoadLimits) -> Document | Skip
     except MetadataError as exc:
         return Skipped(where, f"unreadable metadata: {exc}")
     try:
-        check_text_size(len(text), limits)  # a record is one document: a file's text cap
+        _check_text_size(len(text), limits)  # a record is one document: a file's text cap
     except FileRejected as exc:
         return Skipped(where, f"too large: {exc}")
     if not text.strip() and not title.strip():
         return Skipped(where, "empty")
-    title = capped_title(title)
+    title = _capped_title(title)
     return Document(doc_id, title, text, where, metadata={**derived_fields(doc_id, None, title), **supplied})
 
 

@@ -9,11 +9,9 @@ result (seconds, against minutes of embedding).
 from __future__ import annotations
 
 import dataclasses
-import fcntl
-import os
+import hashlib
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +23,8 @@ from tqdm import tqdm
 
 from indexer.chunking import ChunkingConfig, chunk_document, embedding_text
 from indexer.loaders import Document, LoadLimits, Skipped, SourceError, iter_source
-from indexer.metadata import checked_documents, metadata_hash
+from indexer.metadata import Fields, MetadataError, choose_fields, normalized
+from indexer.root_lock import index_root_lock
 from ragserve.digests import sha256_file
 from ragserve.errors import IndexLoadError
 from ragserve.index.bm25 import build_bm25
@@ -43,49 +42,6 @@ from ragserve.index.format import (
 )
 from ragserve.index.hnsw import DEFAULT_EF_CONSTRUCTION, DEFAULT_M, HnswIndex, build_hnsw, read_chunks, write_chunks
 from ragserve.types import Chunk
-
-LOCK_FILE = ".indexer.lock"
-
-
-class IndexRootLocked(Exception):
-    """Another indexer is building into the same index root."""
-
-
-_held_roots: dict[Path, int] = {}
-
-
-@contextmanager
-def index_root_lock(root: Path) -> Iterator[None]:
-    """Hold the index root for one indexer at a time; a second one fails at once, not after embedding.
-
-    flock is released by the kernel when the holder exits, even by kill -9, so a crash leaves no
-    stale lock. Re-entrant within a process (the CLI holds it across build and Qdrant publish).
-    """
-    root.mkdir(parents=True, exist_ok=True)
-    key = root.resolve()
-    if key in _held_roots:
-        _held_roots[key] += 1
-        try:
-            yield
-        finally:
-            _held_roots[key] -= 1
-        return
-    fd = os.open(key / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise IndexRootLocked(
-                f"another indexer is building into {root} (it holds {key / LOCK_FILE}); "
-                "wait for it to finish, then run again"
-            ) from None
-        _held_roots[key] = 1
-        try:
-            yield
-        finally:
-            del _held_roots[key]
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
 
 
 class IndexingEmbedder(Protocol):
@@ -113,7 +69,8 @@ class BuildReport:
     reused: int = 0  # unchanged documents whose vectors were kept
     removed: int = 0  # documents of the previous version no longer in the source
     relabeled: int = 0  # unchanged text, changed metadata: kept vectors, new metadata
-    fields_left_out: dict[str, str] = field(default_factory=dict)  # not filterable, with why
+    # Metadata fields left out of filters, with why (mixed types, objects).
+    fields_left_out: dict[str, str] = field(default_factory=dict)
     chunks: int = 0
     skipped: list[Skipped] = field(default_factory=list)
     seconds: float = 0.0
@@ -131,7 +88,8 @@ class _Previous:
     hashes: dict[str, str]
     chunks: dict[str, list[Chunk]]
     vectors: dict[str, np.ndarray]
-    meta_hashes: dict[str, str] = field(default_factory=dict)  # a metadata-only change republishes
+    # Each document's metadata hash (a metadata-only change republishes without re-embedding).
+    meta_hashes: dict[str, str] = field(default_factory=dict)
     fields: dict[str, str] = field(default_factory=dict)
 
 
@@ -165,12 +123,6 @@ def _chunking_dict(chunking: ChunkingConfig) -> dict[str, Any]:
     return {"size_tokens": chunking.size_tokens, "overlap_tokens": chunking.overlap_tokens}
 
 
-def _skip(item: Skipped, report: BuildReport, on_skip: Callable[[Skipped], None] | None) -> None:
-    report.skipped.append(item)
-    if on_skip:
-        on_skip(item)
-
-
 def load_documents(
     source: Path,
     report: BuildReport,
@@ -183,7 +135,9 @@ def load_documents(
         if isinstance(item, Document) and item.doc_id in seen:
             item = Skipped(item.source, f"duplicate document id {item.doc_id!r}")
         if isinstance(item, Skipped):
-            _skip(item, report, on_skip)
+            report.skipped.append(item)
+            if on_skip:
+                on_skip(item)
             continue
         seen.add(item.doc_id)
         documents.append(item)
@@ -242,10 +196,10 @@ def _build_locked(
     chunking = chunking or ChunkingConfig()
     report = BuildReport()
     documents = load_documents(source, report, on_skip, limits)
-    documents, fields = checked_documents(documents, declared_fields or {}, lambda item: _skip(item, report, on_skip))
-    report.fields_left_out = fields.left_out
+    documents, fields = _checked_metadata(documents, declared_fields or {}, report, on_skip)
     previous = _load_previous(out, embedder.model_id, chunking) if incremental else None
     work = _diff_documents(documents, previous, report)
+
     unchanged_fields = previous is not None and previous.fields == dict(fields.schema)
     if previous is not None and not work.todo and not report.removed and unchanged_fields and not report.relabeled:
         # Nothing changed: keep serving the published version instead of minting an identical one.
@@ -273,6 +227,34 @@ def _build_locked(
     report.chunks = len(content.chunks)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def metadata_hash(doc: Document) -> str:
+    return hashlib.sha256(orjson.dumps(doc.metadata, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+
+
+def _checked_metadata(
+    documents: list[Document],
+    declared: dict[str, str],
+    report: BuildReport,
+    on_skip: Callable[[Skipped], None] | None,
+) -> tuple[list[Document], Fields]:
+    """The version's filterable fields, and each document with only their values, as stored. A
+    document whose value does not fit is reported and skipped, whole."""
+    fields = choose_fields([d.metadata for d in documents], declared)
+    report.fields_left_out = fields.left_out
+    kept: list[Document] = []
+    for doc in documents:
+        try:
+            kept.append(dataclasses.replace(doc, metadata=normalized(doc.metadata, fields.schema)))
+        except MetadataError as exc:
+            skipped = Skipped(doc.source, str(exc))
+            report.skipped.append(skipped)
+            if on_skip:
+                on_skip(skipped)
+    if not kept:
+        raise SourceError("no document's metadata fits the declared fields (each was reported)")
+    return kept, fields
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from indexer import host_share
-from indexer.build import BuildReport, IndexingEmbedder, IndexRootLocked, build_index, index_root_lock
+from indexer.build import BuildReport, IndexingEmbedder, build_index
 from indexer.chunking import ChunkingConfig
 from indexer.loaders import (
     DEFAULT_MAX_FILE_MB,
@@ -22,6 +22,7 @@ from indexer.loaders import (
     SourceError,
 )
 from indexer.metadata import parse_declared
+from indexer.root_lock import IndexRootLocked, index_root_lock
 from indexer.tune.commands import register as register_tune_commands
 from ragserve.config import EmbedderSettings, IndexSettings, QdrantSettings, default_of
 from ragserve.errors import RagError
@@ -80,14 +81,6 @@ _ParseMemoryOption = Annotated[
         help="Skip HTML/PDF files whose parsing needs more memory (the parse worker's address space)",
     ),
 ]
-_FieldOption = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--field",
-        help="A filterable metadata field and its type, name:keyword|integer|float|bool|datetime "
-        "(repeatable; undeclared fields whose values share one type are filterable too)",
-    ),
-]
 _VerboseOption = Annotated[
     bool, typer.Option("--verbose", "-v", help="Also show third-party libraries' INFO lines on the console")
 ]
@@ -124,7 +117,14 @@ def build(
     parse_timeout_s: _ParseTimeoutOption = DEFAULT_PARSE_TIMEOUT_S,
     parse_memory_mb: _ParseMemoryOption = DEFAULT_PARSE_MEMORY_MB,
     encoding: Annotated[str, typer.Option(help="Encoding of plain-text and Markdown files")] = "utf-8",
-    field: _FieldOption = None,
+    field: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--field",
+            help="A filterable metadata field and its type, name:keyword|integer|float|bool|datetime "
+            "(repeatable; undeclared fields whose values share one type are filterable too)",
+        ),
+    ] = None,
     verbose: _VerboseOption = False,
     log_file: _LogFileOption = None,
 ) -> None:
@@ -146,8 +146,13 @@ def build(
         limits=LoadLimits(int(max_file_mb * 1024 * 1024), max_text_chars, parse_timeout_s, encoding, parse_memory_mb),
         fields=tuple(field or ()),
     )
+    _build_and_say(job, _QdrantTarget(qdrant_url, qdrant_collection, qdrant_api_key))
+
+
+def _build_and_say(job: _BuildJob, qdrant: _QdrantTarget) -> None:
+    """Run the build (and the Qdrant publish) and print what it did; bad input exits 2 with one line."""
     try:
-        report, qdrant_line = _run_build(job, _QdrantTarget(qdrant_url, qdrant_collection, qdrant_api_key))
+        report, qdrant_line = _run_build(job, qdrant)
     except (SourceError, RagError, ValueError, OSError, IndexRootLocked) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import hashlib
 import io
 import logging
 import multiprocessing
@@ -10,25 +11,10 @@ import multiprocessing.pool
 import os
 import stat
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from indexer.beir import iter_beir
-from indexer.documents import (
-    DEFAULT_MAX_FILE_MB,
-    DEFAULT_MAX_TEXT_CHARS,
-    DEFAULT_PARSE_MEMORY_MB,
-    DEFAULT_PARSE_TIMEOUT_S,
-    MAX_TITLE_CHARS,
-    Document,
-    FileRejected,
-    LoadLimits,
-    Skipped,
-    SourceError,
-    capped_title,
-    check_text_size,
-    title_of,
-)
 from indexer.metadata import (
     SIDECAR_SUFFIX,
     MetadataError,
@@ -38,35 +24,94 @@ from indexer.metadata import (
     split_front_matter,
 )
 
-# What callers import from here; the values themselves live in indexer/documents.py and indexer/beir.py.
-__all__ = [
-    "DEFAULT_MAX_FILE_MB",
-    "DEFAULT_MAX_TEXT_CHARS",
-    "DEFAULT_PARSE_MEMORY_MB",
-    "DEFAULT_PARSE_TIMEOUT_S",
-    "MAX_TITLE_CHARS",
-    "SUPPORTED_SUFFIXES",
-    "Document",
-    "FileRejected",
-    "LoadLimits",
-    "Skipped",
-    "SourceError",
-    "display_name",
-    "iter_beir",
-    "iter_folder",
-    "iter_folder_files",
-    "iter_source",
-]
-
 TEXT_SUFFIXES = {".txt", ".md"}
 HTML_SUFFIXES = {".html", ".htm"}
 PDF_SUFFIXES = {".pdf"}
 SUPPORTED_SUFFIXES = TEXT_SUFFIXES | HTML_SUFFIXES | PDF_SUFFIXES
 
 
+class SourceError(Exception):
+    """A source that cannot be read at all (missing, empty, wrong type)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    doc_id: str
+    title: str
+    text: str
+    source: str
+    # Identity of the content: an incremental build re-embeds a document only when it changes.
+    content_hash: str = field(default="")
+    # Its metadata as read (indexer/metadata.py): front matter, sidecar, BEIR `metadata`, derived.
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.content_hash:
+            digest = hashlib.sha256(self.title.encode() + b"\x00" + self.text.encode()).hexdigest()
+            object.__setattr__(self, "content_hash", digest)
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    source: str
+    reason: str
+    # True for files that are not documents at all (images, LICENSE): counted, not warned about.
+    ignored: bool = False
+
+
+MAX_TITLE_CHARS = 200
+
+
+def _capped_title(title: str) -> str:
+    # A title goes into every chunk of its document and every prompt passage: a document's own
+    # (HTML <title>, PDF metadata, BEIR field) is as untrusted as its text.
+    return title[:MAX_TITLE_CHARS]
+
+
+def _title_of(text: str, fallback: str) -> str:
+    for line in text.splitlines():
+        stripped = line.strip().lstrip("#").strip()
+        if stripped:
+            return _capped_title(stripped)
+    return fallback
+
+
+DEFAULT_MAX_FILE_MB = 20.0
+DEFAULT_MAX_TEXT_CHARS = 5_000_000  # about 2,500 pages of prose
+DEFAULT_PARSE_TIMEOUT_S = 60.0
+# The parse worker's address space. About 64 MB is the worker itself; html.parser builds a tree
+# of about 130 times the file (a 20 MB file of tiny tags would take some 2.7 GB).
+DEFAULT_PARSE_MEMORY_MB = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class LoadLimits:
+    """Per-file caps, so one hostile file (a PDF or HTML bomb, a huge dump) cannot stall a build."""
+
+    max_file_bytes: int = int(DEFAULT_MAX_FILE_MB * 1024 * 1024)
+    # Extracted text; checked page by page while a PDF is read.
+    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+    # HTML and PDF are parsed in a worker process that is killed when a file takes longer.
+    parse_timeout_s: float = DEFAULT_PARSE_TIMEOUT_S
+    # How plain-text and Markdown files are decoded (`build --encoding`); HTML and PDF say their own.
+    encoding: str = "utf-8"
+    # The worker's memory: a file that needs more is skipped, instead of the host's OOM killer
+    # picking a process (on a shared host, perhaps the serving sidecar).
+    parse_memory_mb: int = DEFAULT_PARSE_MEMORY_MB
+
+
+class FileRejected(Exception):
+    """A file over one of the LoadLimits; the message is the reason reported for it."""
+
+
+def _check_text_size(chars: int, limits: LoadLimits) -> None:
+    if chars > limits.max_text_chars:
+        raise FileRejected(f"extracted text is over the limit of {limits.max_text_chars:,} characters")
+
+
 def _read_text(data: bytes, limits: LoadLimits) -> tuple[str, str]:
     text = data.decode(limits.encoding)
-    check_text_size(len(text), limits)
+    _check_text_size(len(text), limits)
     return "", text
 
 
@@ -81,7 +126,7 @@ def _read_html(data: bytes, limits: LoadLimits) -> tuple[str, str]:
     # One block per line keeps paragraph boundaries visible to the chunker and BM25.
     lines = (line.strip() for line in body.get_text("\n").splitlines())
     text = "\n".join(line for line in lines if line)
-    check_text_size(len(text), limits)
+    _check_text_size(len(text), limits)
     return title, text
 
 
@@ -96,7 +141,7 @@ def _read_pdf(data: bytes, limits: LoadLimits) -> tuple[str, str]:
     for page in reader.pages:
         text = (page.extract_text() or "").strip()
         chars += len(text)
-        check_text_size(chars, limits)  # stop at the cap, not after extracting everything
+        _check_text_size(chars, limits)  # stop at the cap, not after extracting everything
         if text:
             pages.append(text)
     meta_title = ""
@@ -284,14 +329,13 @@ def iter_folder_files(
             except Exception as exc:  # a malformed PDF/HTML raises library-specific errors: skip the file
                 yield Skipped(relative, f"cannot extract text: {type(exc).__name__}: {exc}")
                 continue
-            yield _with_metadata(path, relative, title, text)
+            yield _document_of(path, relative, title, text)
     finally:
         parser.close()
 
 
-def _with_metadata(path: Path, relative: str, title: str, text: str) -> Document | Skipped:
-    """The file as a document with its metadata: front matter (taken out of a Markdown file's
-    text), its sidecar, the derived fields; a title given in the metadata wins."""
+def _document_of(path: Path, relative: str, title: str, text: str) -> Document | Skipped:
+    """A file's text as a document, with its metadata (front matter, a sidecar file, derived fields)."""
     try:
         front, text = split_front_matter(text) if path.suffix.lower() == ".md" else ({}, text)
         supplied = {**check_names(front), **check_names(sidecar_metadata(path))}
@@ -300,8 +344,9 @@ def _with_metadata(path: Path, relative: str, title: str, text: str) -> Document
     if not text.strip():
         return Skipped(relative, "no text")
     given_title = supplied.get("title") if isinstance(supplied.get("title"), str) else ""
-    title = capped_title(given_title or title) or title_of(text, display_name(path.stem))
-    return Document(relative, title, text, relative, metadata={**derived_fields(relative, path, title), **supplied})
+    title = _capped_title(given_title or title) or _title_of(text, display_name(path.stem))
+    metadata = {**derived_fields(relative, path, title), **supplied}
+    return Document(relative, title, text, relative, metadata=metadata)
 
 
 def iter_source(source: Path, limits: LoadLimits | None = None) -> Iterator[Document | Skipped]:
@@ -310,6 +355,8 @@ def iter_source(source: Path, limits: LoadLimits | None = None) -> Iterator[Docu
     if source.is_dir():
         return iter_folder(source, limits)
     if source.name.endswith(".jsonl"):
+        from indexer.beir import iter_beir  # it builds on this module's documents and limits
+
         return iter_beir(source, limits)
     if source.suffix.lower() in _READERS:
         named = source.resolve()  # a file named on the command line is read even through a link

@@ -10,19 +10,14 @@ the reason, never indexed half; an undeclared field of mixed types is left out o
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import orjson
-
-from indexer.documents import Document, Skipped, SourceError
 from ragserve.filters import FIELD_TYPES, FieldSchema, coerce_value
 
 SIDECAR_SUFFIX = ".meta.json"
@@ -192,25 +187,3 @@ def check_names(meta: Mapping[Any, Any]) -> dict[str, Any]:
         if not isinstance(name, str) or not name or len(name) > MAX_FIELD_NAME_CHARS or "." in name:
             raise MetadataError(f"metadata field name {str(name)[:MAX_FIELD_NAME_CHARS]!r} is not a plain name")
     return dict(meta)
-
-
-def metadata_hash(doc: Document) -> str:
-    """What an incremental build compares to notice a metadata-only change."""
-    return hashlib.sha256(orjson.dumps(doc.metadata, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
-
-
-def checked_documents(
-    documents: list[Document], declared: Mapping[str, str], skip: Callable[[Skipped], None]
-) -> tuple[list[Document], Fields]:
-    """The version's filterable fields, and each document with only their values, as stored. A
-    document whose value does not fit is handed to `skip` with the reason, whole."""
-    fields = choose_fields([d.metadata for d in documents], declared)
-    kept: list[Document] = []
-    for doc in documents:
-        try:
-            kept.append(dataclasses.replace(doc, metadata=normalized(doc.metadata, fields.schema)))
-        except MetadataError as exc:
-            skip(Skipped(doc.source, str(exc)))
-    if not kept:
-        raise SourceError("no document's metadata fits the declared fields (each was reported)")
-    return kept, fields

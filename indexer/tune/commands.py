@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
-from indexer.build import IndexRootLocked
+from indexer.root_lock import IndexRootLocked
 from indexer.tune.reader_model import ReaderTrainOptions
 from indexer.tune.reranker_model import RerankTrainOptions
 from ragserve.config import IndexSettings

@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from indexer.build import index_root_lock
 from indexer.chunking import embedding_text
+from indexer.root_lock import index_root_lock
 from indexer.tune.embedder_model import Example, TrainOptions, train
 from indexer.tune.evaluation import (
     DEFAULT_DENSE_WEIGHT,

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from indexer.build import index_root_lock
+from indexer.root_lock import index_root_lock
 from indexer.tune.evaluation import (
     DEFAULT_DENSE_WEIGHT,
     FIT_SALT,

@@ -197,7 +197,7 @@ def test_a_second_indexer_on_the_same_root_fails_fast(tmp_path: Path) -> None:
 
 
 def test_the_root_lock_is_released_and_reentrant(tmp_path: Path) -> None:
-    from indexer.build import index_root_lock
+    from indexer.root_lock import index_root_lock
 
     root = tmp_path / "idx"
     with index_root_lock(root), index_root_lock(root):  # the CLI holds it around build_index
