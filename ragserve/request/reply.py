@@ -9,12 +9,11 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ragserve.budget import RequestContext
 from ragserve.cache.base import CachedAnswer
 from ragserve.errors import DeadlineExpired, Overloaded, RagError, Unavailable
-from ragserve.generate.base import Generator
 from ragserve.prompt import Prompt, build_prompt
 from ragserve.request.answer import AnswerRun, AnswerStream
 from ragserve.request.caches import replay
@@ -264,13 +263,20 @@ def declined(
     ]
 
 
+class CountsTokens(Protocol):
+    """What fitting the context needs of a generator: its tokenizer's count (the training data
+    preparation fits prompts with the renderer alone, no engine)."""
+
+    def count_tokens(self, text: str) -> int: ...
+
+
 def fit_and_build(
     policy: AnswerPolicy,
     question: str,
     passages: list[Passage],
     table: SentenceTable,
     budget: int,
-    generator: Generator,
+    generator: CountsTokens,
     request: RequestContext,
     span: AnswerSpan | None = None,
     warm_top: bool = False,
