@@ -1,5 +1,5 @@
-"""The tuners' CLI commands, `tune`, `tune-reranker`, `tune-reader` and `tune-generator`, registered on the indexer's app
-(`indexer/cli.py` calls `register`). The tuners themselves are imported when a command runs, so
+"""The tuners' CLI commands, `tune`, `tune-reranker`, `tune-reader` and `tune-generator`, registered
+on the indexer's app (`indexer/cli.py` calls `register`). The tuners themselves are imported when a command runs, so
 `--help` and `build` do not load them."""
 
 from __future__ import annotations
@@ -266,9 +266,8 @@ def tune_generator(
         excluded_share=excluded_share, max_steps=max_steps,
     )  # fmt: skip
     manifest = _run_tuner(lambda: train_adapter(folder, model, out, training, name, progress=progress))
-    typer.echo(
-        f"wrote adapter {out}: {json.dumps(manifest['training'])}; held-out {json.dumps({k: v for k, v in manifest['heldout'].items() if k != 'examples'})}"
-    )
+    heldout = {k: v for k, v in manifest["heldout"].items() if k != "examples"}
+    typer.echo(f"wrote adapter {out}: {json.dumps(manifest['training'])}; held-out {json.dumps(heldout)}")
 
 
 def _check_tune_flags(queries: Path | None, qrels: Path | None, positive: str, pairs: str) -> None:

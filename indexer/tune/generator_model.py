@@ -90,8 +90,11 @@ def _batch(rows: list[dict[str, Any]], pad: int, device: Any) -> dict[str, Any]:
         ids.append(seq + [pad] * fill)
         labels.append([_IGNORE] * len(r["prompt"]) + r["target"] + [_IGNORE] * fill)
         mask.append([1] * len(seq) + [0] * fill)
-    as_tensor = lambda rows_: torch.tensor(rows_, device=device)  # noqa: E731
-    return {"input_ids": as_tensor(ids), "labels": as_tensor(labels), "attention_mask": as_tensor(mask)}
+    return {
+        "input_ids": torch.tensor(ids, device=device),
+        "labels": torch.tensor(labels, device=device),
+        "attention_mask": torch.tensor(mask, device=device),
+    }
 
 
 def _device() -> Any:
@@ -141,6 +144,10 @@ def _build_run(
     return build
 
 
+def _share(flags: list[bool]) -> float | None:
+    return round(sum(flags) / len(flags), 3) if flags else None
+
+
 def heldout_figures(model: Any, tokenizer: Any, rows: list[Any], decline: str, batch: int = 32) -> dict[str, Any]:
     """Greedy answers to the held-out prompts, scored as the benchmark scores Query's answers."""
     import torch
@@ -163,14 +170,13 @@ def heldout_figures(model: Any, tokenizer: Any, rows: list[Any], decline: str, b
             answers.append((r, tokenizer.decode(seq[:end], skip_special_tokens=True).strip(), end))
     answerable = [(r, a) for r, a, _ in answers if r["kind"] != "impossible"]
     unanswerable = [a for r, a, _ in answers if r["kind"] == "impossible"]
-    share = lambda flags: round(sum(flags) / len(flags), 3) if flags else None  # noqa: E731
     return {
         "answerable": len(answerable),
         "unanswerable": len(unanswerable),
-        "gold_held": share([holds_gold(a, r["answers"]) for r, a in answerable]),
-        "exact_match": share([exact_match(a, r["answers"]) for r, a in answerable]),
-        "declined_answerable": share([is_decline(a, decline) for _, a in answerable]),
-        "declined_unanswerable": share([is_decline(a, decline) for a in unanswerable]),
+        "gold_held": _share([holds_gold(a, r["answers"]) for r, a in answerable]),
+        "exact_match": _share([exact_match(a, r["answers"]) for r, a in answerable]),
+        "declined_answerable": _share([is_decline(a, decline) for _, a in answerable]),
+        "declined_unanswerable": _share([is_decline(a, decline) for a in unanswerable]),
         "completion_tokens_mean": round(sum(n for _, _, n in answers) / max(1, len(answers)), 1),
         "examples": [{"id": r["qid"], "kind": r["kind"], "answer": a} for r, a, _ in answers[:20]],
     }
