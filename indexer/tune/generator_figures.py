@@ -32,5 +32,6 @@ def exact_match(answer: str, golds: list[str]) -> bool:
 
 
 def is_decline(answer: str, decline: str) -> bool:
-    """The template's decline sentence, exactly (a citation or quotes around it allowed)."""
-    return without_citation(answer).strip().strip('"').strip() == decline
+    """The template's decline sentence, exactly (a citation or quotes around it allowed); the
+    serving side's test is ragserve.prompt.is_decline, for the template's own sentence."""
+    return re.sub(r"\s*\[\d+\]", "", answer).strip().strip('"').strip().rstrip(".") == decline.rstrip(".")

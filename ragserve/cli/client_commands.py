@@ -221,6 +221,8 @@ def _print_span(span: Any, passages: list[Any], reader_ms: float) -> None:
 def _print_final(f: Any, client_seconds: float) -> None:
     t = f.timings
     print()
+    if f.declined:
+        print("declined: the retrieved documents do not contain the answer")
     print(
         f"-- ttft {t.ttft_ms:.0f} ms, {t.time_per_output_token_ms:.1f} ms/token, "
         f"total {t.total_ms:.0f} ms (client saw {1000 * client_seconds:.0f} ms); "

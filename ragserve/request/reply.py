@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from ragserve.budget import RequestContext
 from ragserve.cache.base import CachedAnswer
 from ragserve.errors import DeadlineExpired, Overloaded, RagError, Unavailable
-from ragserve.prompt import Prompt, build_prompt
+from ragserve.prompt import Prompt, build_prompt, is_decline
 from ragserve.request.answer import AnswerRun, AnswerStream
 from ragserve.request.caches import replay
 from ragserve.request.context import FittedContext, fit_context
@@ -259,7 +259,7 @@ def declined(
     return [
         retrieval,
         TokenDelta(ABSTAIN_ANSWER),
-        FinalSummary(Usage(0, 0, 0), timings, retrieval.degraded, "abstained", model_id),
+        FinalSummary(Usage(0, 0, 0), timings, retrieval.degraded, "abstained", model_id, declined=True),
     ]
 
 
@@ -336,4 +336,5 @@ def final_summary(
         context_tokens=context.tokens,
         context_tokens_full=context.tokens_full,
         request_class=request_class,
+        declined=not outcome.fallback and run.finish_reason == "stop" and is_decline(run.text),
     )

@@ -152,3 +152,13 @@ def test_the_adapter_setting_picks_the_served_folder() -> None:
     # A configured model is served as configured unless an adapter is named for it.
     assert GeneratorSettings(model="/srv/m").resolved_model() == "/srv/m"
     assert GeneratorSettings(model="/srv/m", adapter="/srv/a").resolved_model().endswith("m+a")
+
+
+def test_ask_prints_a_decline_plainly(capsys: pytest.CaptureFixture[str]) -> None:
+    from ragserve.cli.client_commands import _print_final
+    from ragserve.v1 import rag_pb2 as pb
+
+    _print_final(pb.FinalEvent(finish_reason="stop", declined=True), 0.1)
+    assert "declined: the retrieved documents do not contain the answer" in capsys.readouterr().out
+    _print_final(pb.FinalEvent(finish_reason="stop"), 0.1)
+    assert "declined" not in capsys.readouterr().out
