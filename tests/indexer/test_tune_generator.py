@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from indexer.tune.generator_figures import exact_match, holds_gold, is_decline
-from ragserve.config import default_generator_path
+from ragserve.config import GeneratorSettings, default_generator_path
 from ragserve.errors import ConfigError
 from ragserve.request.policy import ABSTAIN_ANSWER
 from tests.indexer.test_tune_reader import write_squad
@@ -142,7 +142,7 @@ def test_a_folder_that_is_not_an_adapter_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_adapter_setting_picks_the_served_folder() -> None:
-    from ragserve.config import GeneratorSettings, merged_generator_path
+    from ragserve.config import merged_generator_path
     from ragserve.config.base import SHIPPED_ADAPTER
 
     assert GeneratorSettings(adapter="none").resolved_model() == str(default_generator_path())
@@ -162,3 +162,13 @@ def test_ask_prints_a_decline_plainly(capsys: pytest.CaptureFixture[str]) -> Non
     assert "declined: the retrieved documents do not contain the answer" in capsys.readouterr().out
     _print_final(pb.FinalEvent(finish_reason="stop"), 0.1)
     assert "declined" not in capsys.readouterr().out
+
+
+def test_the_adapter_is_part_of_the_model_identity() -> None:
+    """The answer cache keys on the served model's name and folder digest: a merged adapter
+    changes both, so answers of the base model are never replayed for the tuned one."""
+    from ragserve.generate.vllm_engine import VllmGenerator
+
+    tuned, base = VllmGenerator(GeneratorSettings()), VllmGenerator(GeneratorSettings(adapter="none"))
+    assert tuned.model_id.endswith("+smollm2-squad2-grounded") and base.model_id == "SmolLM2-135M-Instruct"
+    assert tuned.model_id in tuned.answer_identity and tuned.answer_identity != base.answer_identity
