@@ -221,7 +221,9 @@ def train_adapter(
     )  # fmt: skip
     seconds = time.monotonic() - started
     model = PeftModel.from_pretrained(base_model, str(final)).to(_device())
-    figures = heldout_figures(model, tokenizer, heldout, data_manifest["decline"]) if heldout else {}
+    # A short run (--max-steps: timing, smoke tests) is not measured: its figures would mean nothing.
+    measure = heldout and options.max_steps is None
+    figures = heldout_figures(model, tokenizer, heldout, data_manifest["decline"]) if measure else {}
     out.mkdir(parents=True, exist_ok=True)
     for path in final.iterdir():
         if path.is_file():
