@@ -43,9 +43,13 @@ def weights_digest(state_dict: dict[str, Any]) -> str:
     return digest.hexdigest()
 
 
+# What the merge reads; a README beside them can change without a new merge.
+_ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin", ADAPTER_MANIFEST)
+
+
 def files_digest(folder: Path) -> str:
     digest = hashlib.blake2b(digest_size=8)
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+    for path in sorted(folder / name for name in _ADAPTER_FILES if (folder / name).is_file()):
         digest.update(f"{path.relative_to(folder)}\x00".encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
