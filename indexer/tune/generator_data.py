@@ -208,8 +208,3 @@ def prepare_generator_data(
     (out / DATA_MANIFEST).write_text(json.dumps(manifest, indent=2))
     return manifest
 
-
-def read_examples(folder: Path) -> list[dict[str, Any]]:
-    """The dataset as plain dicts (the training phase's only reader; no ragserve import needed)."""
-    with gzip.open(folder / EXAMPLES, "rt", encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
