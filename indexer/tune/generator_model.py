@@ -238,6 +238,7 @@ def train_adapter(
         "training": {
             "examples": len(train),
             "seconds_this_run": round(seconds, 1),
+            "steps_this_run": len(losses),
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             "first_losses": [round(x, 4) for x in losses[:5]],
             "last_losses": [round(x, 4) for x in losses[-5:]],

@@ -172,3 +172,30 @@ def test_the_adapter_is_part_of_the_model_identity() -> None:
     tuned, base = VllmGenerator(GeneratorSettings()), VllmGenerator(GeneratorSettings(adapter="none"))
     assert tuned.model_id.endswith("+smollm2-squad2-grounded") and base.model_id == "SmolLM2-135M-Instruct"
     assert tuned.model_id in tuned.answer_identity and tuned.answer_identity != base.answer_identity
+
+
+def test_an_interrupted_training_resumes_from_its_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from indexer.tune import generator_model
+    from indexer.tune.generator_model import GeneratorTrainOptions, train_adapter
+
+    base = _tiny_base(tmp_path / "base", seed=0)
+    data = _dataset(tmp_path / "data", base)
+    options = GeneratorTrainOptions(epochs=3, batch_size=1, rank=2, alpha=4, checkpoint_every=2)  # 6 steps
+    real = generator_model.resumable_training
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_3(step: int) -> None:
+        if step == 3:
+            raise Killed
+
+    def interrupted(*args: object, **kwargs: object) -> Path:
+        return real(*args, **kwargs, on_step=kill_at_3)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(generator_model, "resumable_training", interrupted)
+    with pytest.raises(Killed):
+        train_adapter(data, str(base), tmp_path / "adapter", options, "tiny", progress=False)
+    monkeypatch.setattr(generator_model, "resumable_training", real)
+    manifest = train_adapter(data, str(base), tmp_path / "adapter", options, "tiny", progress=False)
+    assert manifest["training"]["steps_this_run"] == 4  # steps 3-6: from the checkpoint after step 2
