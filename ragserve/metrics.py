@@ -88,6 +88,11 @@ WARM_LEFT_OUT = Gauge(
 QUERY_TOP_WARM = Counter(
     "ragserve_query_top_passage_warm_total", "Queries whose top passage had been pre-filled (warm) or not", ["warm"]
 )
+# A Query answered with the decline sentence: by the generator (the tuned adapter's trained reply)
+# or by the server itself (abstention, without the engine). Answer-cache replays count too.
+QUERY_DECLINED = Counter(
+    "ragserve_query_declined_total", "Queries answered that the documents do not contain the answer", ["by"]
+)
 
 # Export the rerank series from the start, at zero, so dashboards see them even with reranking off.
 for _tier in ("tier1", "tier2"):

@@ -265,6 +265,8 @@ class FinalSummary:
     context_tokens_full: int = 0
     answer_cache_hit: bool = False
     request_class: RequestClass = RequestClass.INTERACTIVE
+    # The answer is the decline sentence: the generator's own, or the server's abstention.
+    declined: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -117,4 +117,5 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 fi
 
 # Third-party chatter (the ONNX quantizer logs a line per tensor) goes to the log file, not the console.
+# It also merges the generator adapter (RAGSERVE_GENERATOR_ADAPTER, the shipped one by default) once.
 ragserve prepare-models --log-file var/prepare-models.log

@@ -9,5 +9,8 @@ the resumable, checkpointed loop in `training.py` and read, split and score labe
 `reader.py` is `indexer tune-reader` (train a span head on a SQuAD-format folder, export it, measure it
 on a held-out one, write a reader folder; no index version), with its data in `reader_data.py`,
 training and export in `reader_model.py` and held-out figures in `reader_eval.py`.
-`commands.py` registers the three CLI commands on the indexer's typer app.
+`tune-generator` trains a LoRA adapter for the generator (no index version): its data made through
+Query's own path in `generator_data.py`, its training (torch, transformers and peft only) in
+`generator_model.py`, answers scored by `generator_figures.py`.
+`commands.py` registers the four CLI commands on the indexer's typer app.
 """

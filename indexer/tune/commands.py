@@ -1,9 +1,10 @@
-"""The tuners' CLI commands, `tune`, `tune-reranker` and `tune-reader`, registered on the indexer's app
-(`indexer/cli.py` calls `register`). The tuners themselves are imported when a command runs, so
+"""The tuners' CLI commands, `tune`, `tune-reranker`, `tune-reader` and `tune-generator`, registered
+on the indexer's app (`indexer/cli.py` calls `register`). The tuners themselves are imported when a command runs, so
 `--help` and `build` do not load them."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TypeVar
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 import typer
 
 from indexer.root_lock import IndexRootLocked
+from indexer.tune.generator_model import GeneratorTrainOptions
 from indexer.tune.reader_model import ReaderTrainOptions
 from indexer.tune.reranker_model import RerankTrainOptions
 from ragserve.config import IndexSettings
@@ -38,10 +40,11 @@ _LogFileOption = Annotated[
 
 
 def register(app: typer.Typer) -> None:
-    """Add `tune`, `tune-reranker` and `tune-reader` to `app`."""
+    """Add `tune`, `tune-reranker`, `tune-reader` and `tune-generator` to `app`."""
     app.command()(tune)
     app.command("tune-reranker")(tune_reranker)
     app.command("tune-reader")(tune_reader)
+    app.command("tune-generator")(tune_generator)
 
 
 def tune(
@@ -212,6 +215,69 @@ def _reader_training(
         max_steps=max_steps,
         seed=seed,
     )
+
+
+_GEN_TRAIN = GeneratorTrainOptions()
+
+
+def tune_generator(
+    out: Annotated[Path, typer.Option(help="Adapter folder to write (RAGSERVE_GENERATOR_ADAPTER names it)")],
+    train: Annotated[
+        Path | None, typer.Option(help="SQuAD-format folder: make the training data from it (phase 1)")
+    ] = None,
+    data: Annotated[
+        Path | None, typer.Option(help="Dataset folder phase 1 writes, or reads when --train is not given")
+    ] = None,
+    base: Annotated[
+        str | None, typer.Option(help="Base model folder (default: the embedded default, without adapter)")
+    ] = None,
+    data_only: Annotated[bool, typer.Option(help="Stop after phase 1 (train elsewhere, e.g. on a GPU host)")] = False,
+    epochs: Annotated[int, typer.Option(min=1)] = _GEN_TRAIN.epochs,
+    batch_size: Annotated[int, typer.Option(min=1)] = _GEN_TRAIN.batch_size,
+    lr: Annotated[float, typer.Option(min=1e-7, max=1e-1)] = _GEN_TRAIN.lr,
+    rank: Annotated[int, typer.Option(min=1, help="LoRA rank (every linear layer)")] = _GEN_TRAIN.rank,
+    missed_share: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of answerable-but-missed examples (declines) kept")
+    ] = _GEN_TRAIN.missed_share,
+    excluded_share: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Share of gold-paragraph-excluded examples (declines) added")
+    ] = _GEN_TRAIN.excluded_share,
+    max_steps: Annotated[int | None, typer.Option(min=1, help="A short run: the first N steps")] = None,
+    heldout_share: Annotated[float, typer.Option(min=0.0, max=0.5, help="Paragraphs held out for figures")] = 0.05,
+    name: Annotated[str, typer.Option(help="The adapter's name")] = "smollm2-squad2-grounded",
+    progress: Annotated[bool, typer.Option(help="Show progress bars")] = True,
+    verbose: _VerboseOption = False,
+    log_file: _LogFileOption = None,
+) -> None:
+    """Train a LoRA adapter for the generator on SQuAD-format data, from the prompts Query serves.
+
+    Phase 1 (--train) indexes the corpus, retrieves and fits every question as Query does and
+    writes a token-id dataset; phase 2 trains (CUDA when present, else the CPU; resumable) and
+    writes the adapter with its manifest. Phase 2 alone runs on a host with only torch,
+    transformers and peft: python -m indexer.tune.generator_model --data DIR --base MODEL --out DIR."""
+    from indexer.tune.generator_data import DataOptions, prepare_generator_data
+    from indexer.tune.generator_model import train_adapter
+    from ragserve.config import default_generator_path
+
+    setup_cli_logging(verbose, log_file, own_default="WARNING")
+    model = base or str(default_generator_path())
+    folder = data or out.with_name(out.name + ".data")
+    if train is None and data is None:
+        typer.echo("error: give --train (make the data) or --data (a dataset phase 1 wrote)", err=True)
+        raise typer.Exit(2)
+    if train is not None:
+        options = DataOptions(heldout_share=heldout_share)
+        made = _run_tuner(lambda: prepare_generator_data(train, model, folder, options, progress, typer.echo))
+        typer.echo(f"wrote {folder}: {made['examples']} examples, prompts {made['prompt_tokens_mean']} tokens mean")
+    if data_only:
+        return
+    training = GeneratorTrainOptions(
+        epochs=epochs, batch_size=batch_size, lr=lr, rank=rank, alpha=2 * rank, missed_share=missed_share,
+        excluded_share=excluded_share, max_steps=max_steps,
+    )  # fmt: skip
+    manifest = _run_tuner(lambda: train_adapter(folder, model, out, training, name, progress=progress))
+    heldout = {k: v for k, v in manifest["heldout"].items() if k != "examples"}
+    typer.echo(f"wrote adapter {out}: {json.dumps(manifest['training'])}; held-out {json.dumps(heldout)}")
 
 
 def _check_tune_flags(queries: Path | None, qrels: Path | None, positive: str, pairs: str) -> None:

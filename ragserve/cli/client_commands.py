@@ -15,6 +15,7 @@ import typer
 
 from ragserve.cli.app import DEFAULT_HOST, DEFAULT_PORT, app
 from ragserve.cli.filter_flag import FilterOption, filter_or_exit
+from ragserve.cli.printing import print_final, print_retrieval, print_span, snippet
 from ragserve.client import ClientSettings
 from ragserve.errors import ConfigError, RagError
 
@@ -172,7 +173,7 @@ def ask(
                 kind = event.WhichOneof("event")
                 if kind == "retrieval":
                     passages = list(event.retrieval.passages)
-                    _print_retrieval(event.retrieval)
+                    print_retrieval(event.retrieval)
                 elif kind == "token":
                     print(event.token.text, end="", flush=True)
                 elif kind == "answer":
@@ -180,61 +181,10 @@ def ask(
                 elif kind == "final":
                     for answer in late:
                         print()
-                        _print_span(answer.answer if answer.HasField("answer") else None, passages, answer.reader_ms)
-                    _print_final(event.final, time.perf_counter() - started)
+                        print_span(answer.answer if answer.HasField("answer") else None, passages, answer.reader_ms)
+                    print_final(event.final, time.perf_counter() - started)
 
     _run_client(run, flags.target)
-
-
-def _snippet(text: str, width: int = 100) -> str:
-    """The passage's start on one line, cut at a word near `width` characters."""
-    flat = " ".join(text.split())
-    if len(flat) <= width:
-        return flat
-    cut = flat[:width].rsplit(" ", 1)[0]
-    return cut + " ..."
-
-
-def _print_retrieval(r: Any) -> None:
-    print(f"retrieved {len(r.passages)} passages in {r.timings.retrieval_total_ms:.1f} ms (index v{r.index_version}):")
-    for p in r.passages:
-        print(f"  [{p.rank}] {p.doc_id}  score={p.score:.3f}  {p.title}")
-    shown = r.passages[r.support.evidence_passage] if r.support.evidence_passage < len(r.passages) else None
-    if shown is not None and shown.HasField("highlight"):
-        # Evidence, shown before the first token; the answer follows.
-        h = shown.highlight
-        print(f"evidence [{shown.rank}]: {_snippet(shown.text[h.start : h.end], 160)}")
-    if r.HasField("answer"):
-        _print_span(r.answer, list(r.passages), r.timings.reader_ms)
-    if r.support.low:
-        print("(low support: the documents may not answer this)")
-    print("answer: ", end="", flush=True)
-
-
-def _print_span(span: Any, passages: list[Any], reader_ms: float) -> None:
-    """The reader's span and the sentence holding it, or that it found none."""
-    if span is None or span.passage >= len(passages):
-        print(f"reader ({reader_ms:.0f} ms): no answer span in the passages it read")
-        return
-    passage = passages[span.passage]
-    verdict = "" if span.answers else " (below its threshold: the documents may not say)"
-    sentence = _snippet(passage.text[span.sentence_start : span.sentence_end], 160)
-    print(f'reader ({reader_ms:.0f} ms): "{span.text}" in [{passage.rank}]{verdict}')
-    print(f"  {sentence}")
-
-
-def _print_final(f: Any, client_seconds: float) -> None:
-    t = f.timings
-    print()
-    print(
-        f"-- ttft {t.ttft_ms:.0f} ms, {t.time_per_output_token_ms:.1f} ms/token, "
-        f"total {t.total_ms:.0f} ms (client saw {1000 * client_seconds:.0f} ms); "
-        f"tokens: {f.usage.prompt_tokens} prompt "
-        f"({f.usage.prefix_cache_hit_tokens} from prefix cache; passages "
-        f"{f.usage.context_tokens} of {f.usage.context_tokens_full}), "
-        f"{f.usage.completion_tokens} completion; finish: {f.finish_reason}"
-        + ("; from the answer cache" if f.answer_cache_hit else "")
-    )
 
 
 @app.command()
@@ -271,7 +221,7 @@ def retrieve(
                 print(f"(from the retrieval cache, index v{r.index_version})")
             for p in r.passages:
                 print(f"[{p.rank}] {p.doc_id} ({p.chunk_id}) score={p.score:.3f}")
-                print(f"    {_snippet(p.text)}")
+                print(f"    {snippet(p.text)}")
             t = r.timings
             print(
                 f"embed {t.embed_ms:.1f} ms, search {t.search_ms:.1f} ms, rerank {t.rerank_ms:.1f} ms, "
@@ -280,7 +230,7 @@ def retrieve(
             if r.rerank_tiers:
                 print("reranked: " + ", ".join(r.rerank_tiers))
             if r.HasField("answer"):
-                _print_span(r.answer, list(r.passages), t.reader_ms)
+                print_span(r.answer, list(r.passages), t.reader_ms)
             skipped = [note for note in r.degraded.notes if note.startswith("reader")]
             if answer_span and skipped:
                 print(f"({skipped[0]})")  # the reader did not fit what was left of the budget

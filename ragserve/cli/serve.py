@@ -11,8 +11,10 @@ import typer
 from ragserve.cli.app import DEFAULT_HOST, DEFAULT_PORT, app, setup_logging
 from ragserve.config import (
     EmbedderSettings,
+    GeneratorSettings,
     Settings,
     default_generator_path,
+    merged_generator_path,
 )
 from ragserve.errors import RagError
 
@@ -56,20 +58,30 @@ def prepare_models(
     ] = False,
     log_file: Annotated[Path | None, typer.Option(help="Also write every log line (third-party INFO too) here")] = None,
 ) -> None:
-    """Convert the bundled SmolLM2-135M-Instruct GGUF into an HF folder vLLM loads, and export the
-    query embedder to ONNX when that backend is configured (both once)."""
+    """Convert the bundled SmolLM2-135M-Instruct GGUF into an HF folder vLLM loads, merge the
+    generator adapter (RAGSERVE_GENERATOR_ADAPTER) into a folder of its own, and export the query
+    embedder to ONNX when that backend is configured (each once)."""
     from ragserve.logs import setup_cli_logging
 
     setup_cli_logging(verbose, log_file)
     from pydantic import ValidationError
 
     from ragserve.factory import make_embedder
-    from ragserve.generate.model_prep import prepare_generator
+    from ragserve.generate.model_prep import prepare_generator, prepare_merged
 
     try:
-        embedder_settings = EmbedderSettings()
-        path = prepare_generator(target or default_generator_path(), force=force)
-        typer.echo(f"generator ready at {path}")
+        embedder_settings, generator = EmbedderSettings(), GeneratorSettings()
+        base = generator.base_model_folder()
+        if not generator.model:
+            base = prepare_generator(target or default_generator_path(), force=force)
+        adapter = generator.adapter_folder()
+        if adapter is not None:
+            # Merged once here, so every engine serves a plain model at full speed.
+            merged = merged_generator_path(base, adapter)
+            path = prepare_merged(base, adapter, merged, force=force)
+            typer.echo(f"generator ready at {path} (adapter {adapter.name}; RAGSERVE_GENERATOR_ADAPTER=none: {base})")
+        else:
+            typer.echo(f"generator ready at {base}")
         if embedder_settings.backend == "onnx" and embedder_settings.device == "cpu":
             # The server would otherwise pay for the ONNX export on its first start.
             embedder = make_embedder(embedder_settings)

@@ -15,6 +15,7 @@ from ragserve.config.base import (
     default_generator_path,
     default_home,
     default_of,
+    merged_generator_path,
 )
 from ragserve.config.filters import FilterSettings, GrantSettings
 from ragserve.config.generator import GeneratorSettings
@@ -59,6 +60,7 @@ __all__ = [
     "default_generator_path",
     "default_home",
     "default_of",
+    "merged_generator_path",
     "parse_caller_limits",
 ]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal, Self
 from urllib.parse import urlsplit
 
@@ -9,7 +10,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ragserve.addresses import is_loopback, normalize_http_url
-from ragserve.config.base import default_generator_path
+from ragserve.config.base import SHIPPED_ADAPTER, default_generator_path, merged_generator_path
 
 
 class GeneratorSettings(BaseSettings):
@@ -23,6 +24,12 @@ class GeneratorSettings(BaseSettings):
     # auto: on CPU, bfloat16 only where the CPU has native bf16, else float32 (generate/host.py);
     # on CUDA, vLLM's choice.
     dtype: str = "auto"
+    # The LoRA adapter `ragserve prepare-models` merges into the model once, into a folder of its
+    # own that is then served: "default" the one the repository ships for the embedded default
+    # (short answers copied from the passages with their citation, or the decline sentence;
+    # NOTICE); "none" the base model's free-form answers; or an adapter folder written by
+    # `ragserve-index tune-generator`. With RAGSERVE_GENERATOR_MODEL set, "default" means none.
+    adapter: str = "default"
     max_model_len: int = 2048
     # CUDA graphs are not supported by the CPU backend; on a GPU set this to false.
     enforce_eager: bool = True
@@ -142,7 +149,19 @@ class GeneratorSettings(BaseSettings):
         return self
 
     def resolved_model(self) -> str:
-        return self.model or str(default_generator_path())
+        """The folder served: the base model, or the base with the adapter merged in."""
+        adapter = self.adapter_folder()
+        if adapter is None:
+            return self.model or str(default_generator_path())
+        return str(merged_generator_path(self.base_model_folder(), adapter))
+
+    def base_model_folder(self) -> Path:
+        return Path(self.model).expanduser() if self.model else default_generator_path()
+
+    def adapter_folder(self) -> Path | None:
+        if self.adapter == "none" or (self.adapter == "default" and self.model):
+            return None
+        return SHIPPED_ADAPTER if self.adapter == "default" else Path(self.adapter).expanduser()
 
     def remote_url_list(self) -> list[str]:
         """The servers, each once (one spelling per server: see `normalize_http_url`)."""

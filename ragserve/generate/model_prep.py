@@ -13,8 +13,10 @@ import logging
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from ragserve.errors import ConfigError
+from ragserve.generate.adapter import merge_adapter, read_adapter
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +42,11 @@ def is_prepared(target: Path) -> bool:
     return (target / _MARKER).is_file() and (target / "config.json").is_file()
 
 
-def prepare_generator(target: Path, force: bool = False) -> Path:
-    """Convert the bundled GGUF to an HF folder at `target`; a no-op when already done."""
-    if is_prepared(target) and not force:
-        log.info("generator already prepared at %s", target)
-        return target
+def load_gguf_model(gguf: Path) -> tuple[Any, Any]:
+    """A GGUF file as a plain float32 model (no quantization config) and its tokenizer."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    gguf = smollm2_gguf_path()
     folder, name = str(gguf.parent), gguf.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
@@ -63,16 +61,52 @@ def prepare_generator(target: Path, force: bool = False) -> Path:
     missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
         raise ConfigError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+    return model, tokenizer
 
+
+def prepare_generator(target: Path, force: bool = False) -> Path:
+    """Convert the bundled GGUF to an HF folder at `target`; a no-op when already done."""
+    if is_prepared(target) and not force:
+        log.info("generator already prepared at %s", target)
+        return target
+    gguf = smollm2_gguf_path()
+    model, tokenizer = load_gguf_model(gguf)
+    _write_folder(target, model, tokenizer, {"source": str(gguf.name)})
+    log.info("prepared generator at %s", target)
+    return target
+
+
+def prepared_marker(target: Path) -> dict[str, Any]:
+    return dict(json.loads((target / _MARKER).read_text())) if is_prepared(target) else {}
+
+
+def prepare_merged(base: Path, adapter_folder: Path, target: Path, force: bool = False) -> Path:
+    """`base` with the adapter merged in, written at `target` once (again when the adapter's files
+    change). A base whose weights are not the adapter's is refused (generate/adapter.py)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    adapter = read_adapter(adapter_folder)
+    if prepared_marker(target).get("adapter_digest") == adapter.digest and not force:
+        log.info("generator with adapter %s already prepared at %s", adapter.name, target)
+        return target
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(base))
+    merged = merge_adapter(model, adapter)
+    marker = {"source": base.name, "adapter": adapter.name, "adapter_digest": adapter.digest}
+    _write_folder(target, merged, tokenizer, marker | {"base_digest": adapter.base_digest})
+    log.info("merged adapter %s into %s", adapter.name, target)
+    return target
+
+
+def _write_folder(target: Path, model: Any, tokenizer: Any, marker: dict[str, str]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     # Build next to the target, then rename: a killed set-up never leaves a half-written model.
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".prep-") as tmp:
         out = Path(tmp) / "model"
         model.save_pretrained(out, safe_serialization=True)
         tokenizer.save_pretrained(out)
-        (out / _MARKER).write_text(json.dumps({"source": str(gguf.name)}))
+        (out / _MARKER).write_text(json.dumps(marker))
         if target.exists():
             shutil.rmtree(target)
         out.rename(target)
-    log.info("prepared generator at %s", target)
-    return target

@@ -20,7 +20,7 @@ from ragserve.cache.base import AnswerCache, CachedAnswer, CachedRetrieval, Cach
 from ragserve.cache.keys import AnswerKey, RetrievalKey, answer_key, retrieval_key
 from ragserve.filters import Filter, canonical
 from ragserve.generate.base import Generator
-from ragserve.prompt import prompt_template_id
+from ragserve.prompt import is_decline, prompt_template_id
 from ragserve.request.answer import AnswerRun
 from ragserve.request.context import FittedContext
 from ragserve.request.search import SearchStage
@@ -244,4 +244,5 @@ def replay(
         context_tokens=cached.context_tokens,
         context_tokens_full=cached.context_tokens_full,
         answer_cache_hit=True,
+        declined=is_decline(cached.text),
     )

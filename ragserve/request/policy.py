@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ragserve.config import AnswerSettings, WarmingSettings, default_of
+from ragserve.prompt import DECLINE_SENTENCE
 
 # The answer the system prompt asks the model to give when the passages do not hold one; the
 # server gives the same words when it abstains itself.
-ABSTAIN_ANSWER = "The documents do not contain the answer."
+ABSTAIN_ANSWER = DECLINE_SENTENCE
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,13 +9,12 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ragserve.budget import RequestContext
 from ragserve.cache.base import CachedAnswer
 from ragserve.errors import DeadlineExpired, Overloaded, RagError, Unavailable
-from ragserve.generate.base import Generator
-from ragserve.prompt import Prompt, build_prompt
+from ragserve.prompt import Prompt, build_prompt, is_decline
 from ragserve.request.answer import AnswerRun, AnswerStream
 from ragserve.request.caches import replay
 from ragserve.request.context import FittedContext, fit_context
@@ -262,8 +261,15 @@ def declined(
     return [
         retrieval,
         TokenDelta(ABSTAIN_ANSWER),
-        FinalSummary(Usage(0, 0, 0), timings, retrieval.degraded, "abstained", model_id),
+        FinalSummary(Usage(0, 0, 0), timings, retrieval.degraded, "abstained", model_id, declined=True),
     ]
+
+
+class CountsTokens(Protocol):
+    """What fitting the context needs of a generator: its tokenizer's count (the training data
+    preparation fits prompts with the renderer alone, no engine)."""
+
+    def count_tokens(self, text: str) -> int: ...
 
 
 def fit_and_build(
@@ -272,7 +278,7 @@ def fit_and_build(
     passages: list[Passage],
     table: SentenceTable,
     budget: int,
-    generator: Generator,
+    generator: CountsTokens,
     request: RequestContext,
     span: AnswerSpan | None = None,
     warm_top: bool = False,
@@ -332,4 +338,5 @@ def final_summary(
         context_tokens=context.tokens,
         context_tokens_full=context.tokens_full,
         request_class=request_class,
+        declined=not outcome.fallback and run.finish_reason == "stop" and is_decline(run.text),
     )

@@ -142,6 +142,7 @@ def query_event_pb(event: QueryEvent) -> pb.QueryEvent:
             request_class=_CLASS_PB[event.request_class],
             generator_model=event.generator_model,
             answer_cache_hit=event.answer_cache_hit,
+            declined=event.declined,
         )
     )
 

@@ -38,6 +38,8 @@ def observe_final(summary: FinalSummary) -> None:
     if t.engine_wait_ms > 0:
         metrics.ENGINE_WAIT_MS.observe(t.engine_wait_ms)
     metrics.STAGE_MS.labels("query_total").observe(t.total_ms)
+    if summary.declined:
+        metrics.QUERY_DECLINED.labels("server" if summary.finish_reason == "abstained" else "generator").inc()
     if summary.answer_cache_hit:
         return  # the engine was not asked: no prompt, generation or tokens to count for this request
     metrics.STAGE_MS.labels("prompt").observe(t.prompt_ms)

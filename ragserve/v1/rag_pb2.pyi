@@ -280,7 +280,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., context_tokens: _Optional[int] = ..., context_tokens_full: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class FinalEvent(_message.Message):
-    __slots__ = ("usage", "timings", "degraded", "finish_reason", "generator_model", "answer_cache_hit", "request_class")
+    __slots__ = ("usage", "timings", "degraded", "finish_reason", "generator_model", "answer_cache_hit", "request_class", "declined")
     USAGE_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
@@ -288,6 +288,7 @@ class FinalEvent(_message.Message):
     GENERATOR_MODEL_FIELD_NUMBER: _ClassVar[int]
     ANSWER_CACHE_HIT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_CLASS_FIELD_NUMBER: _ClassVar[int]
+    DECLINED_FIELD_NUMBER: _ClassVar[int]
     usage: Usage
     timings: StageTimings
     degraded: DegradedFlags
@@ -295,7 +296,8 @@ class FinalEvent(_message.Message):
     generator_model: str
     answer_cache_hit: bool
     request_class: RequestClass
-    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., finish_reason: _Optional[str] = ..., generator_model: _Optional[str] = ..., answer_cache_hit: _Optional[bool] = ..., request_class: _Optional[_Union[RequestClass, str]] = ...) -> None: ...
+    declined: bool
+    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., finish_reason: _Optional[str] = ..., generator_model: _Optional[str] = ..., answer_cache_hit: _Optional[bool] = ..., request_class: _Optional[_Union[RequestClass, str]] = ..., declined: _Optional[bool] = ...) -> None: ...
 
 class QueryEvent(_message.Message):
     __slots__ = ("retrieval", "token", "final", "answer")

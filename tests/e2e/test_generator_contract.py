@@ -1,6 +1,7 @@
 """The generator contract (tests/generate/contract.py) on vLLM's engine in this process, as the
-sidecar runs it by default. The remote generator meets it over a real vLLM server in
-tests/e2e/test_remote.py and over fakes in tests/generate/test_contract.py."""
+sidecar runs it by default: the embedded model with the shipped adapter merged in at set-up. The
+remote generator meets it over a real vLLM server in tests/e2e/test_remote.py and over fakes in
+tests/generate/test_contract.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import asyncio
 
 import pytest
 
-from ragserve.config import GeneratorSettings
+from ragserve.config import DEFAULT_GENERATOR_NAME, GeneratorSettings
+from ragserve.config.base import DEFAULT_ADAPTER_NAME
 from ragserve.generate.vllm_engine import VllmGenerator
 from tests.generate import contract
 
@@ -20,6 +22,7 @@ def test_the_local_engine_meets_the_generator_contract(monkeypatch: pytest.Monke
 
     async def run() -> None:
         generator = VllmGenerator(GeneratorSettings())
+        assert generator.model_id == f"{DEFAULT_GENERATOR_NAME}+{DEFAULT_ADAPTER_NAME}"  # the merged folder
         await generator.start()
         try:
 

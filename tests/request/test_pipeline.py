@@ -205,10 +205,42 @@ def test_low_support_is_answered_without_the_engine_when_asked(pipeline_factory)
     assert isinstance(retrieval, RetrievalResult) and retrieval.support is not None and retrieval.support.low
     assert isinstance(token, TokenDelta) and token.text == ABSTAIN_ANSWER
     assert isinstance(final, FinalSummary) and final.finish_reason == "abstained" and final.usage.prompt_tokens == 0
+    assert final.declined
     # Flagged but not acted on by default: the engine answers.
     events, fake = asyncio.run(ask(AnswerPolicy()))
     assert fake.calls == 1 and isinstance(events[0], RetrievalResult) and events[0].support.low
     assert isinstance(events[-1], FinalSummary) and events[-1].finish_reason == "stop"
+    assert not events[-1].declined
+
+
+@pytest.mark.parametrize(
+    ("words", "declined"),
+    [
+        (["The ", "documents ", "do ", "not ", "contain ", "the ", "answer."], True),
+        (["The ", "documents ", "do ", "not ", "contain ", "the ", "answer. ", "[1]"], True),
+        (["1928 ", "[1]"], False),
+        (["The ", "documents ", "do ", "not ", "say, ", "but ", "1928."], False),
+    ],
+)
+def test_a_generator_decline_is_a_field_of_the_final_event(pipeline_factory, words, declined) -> None:
+    """The tuned generator's trained decline sentence is reported as such, for a client to test
+    (not by matching the text), and counted in the metrics."""
+    from ragserve import metrics
+    from ragserve.server.observability import observe_final
+
+    async def ask() -> FinalSummary:
+        pipeline = pipeline_factory(FakeGenerator(words))
+        params = RetrieveParams("Who discovered penicillin?", top_k=3, budget_ms=10_000)
+        events = [e async for e in pipeline.query(params, GenerateParams(16, 0.0), RequestContext(Deadline(10_000)))]
+        assert isinstance(events[-1], FinalSummary)
+        return events[-1]
+
+    counter = metrics.QUERY_DECLINED.labels("generator")
+    before = counter._value.get()
+    final = asyncio.run(ask())
+    observe_final(final)
+    assert final.declined is declined
+    assert counter._value.get() - before == (1 if declined else 0)
 
 
 def test_batch_waits_for_its_share_of_the_engine_and_people_do_not(sample_index: Path, embedder) -> None:

@@ -107,6 +107,7 @@ def test_token_and_final_events() -> None:
             context_tokens=50,
             context_tokens_full=80,
             answer_cache_hit=True,
+            declined=True,
         )
     ).final
     assert (final.usage.prompt_tokens, final.usage.completion_tokens, final.usage.prefix_cache_hit_tokens) == (
@@ -117,6 +118,7 @@ def test_token_and_final_events() -> None:
     assert (final.usage.context_tokens, final.usage.context_tokens_full, final.usage.draft_tokens) == (50, 80, 4)
     assert final.timings.ttft_ms == 40.0
     assert (final.finish_reason, final.generator_model, final.answer_cache_hit) == ("stop", "gen", True)
+    assert final.declined
 
 
 def _pipeline(generator: Any, reranker: Any) -> Any:
