@@ -6,13 +6,14 @@ import asyncio
 import functools
 import inspect
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 
+from ragserve.cli.answer_view import print_span, snippet
 from ragserve.cli.app import DEFAULT_HOST, DEFAULT_PORT, app
 from ragserve.cli.filter_flag import FilterOption, filter_or_exit
 from ragserve.client import ClientSettings
@@ -139,8 +140,8 @@ def _run_client(main: Callable[[], Coroutine[Any, Any, None]], target: str) -> N
 @app.command()
 @client_command
 def ask(
-    question: Annotated[str, typer.Argument(help="The question")],
-    flags: ClientFlags,
+    question: Annotated[str | None, typer.Argument(help="The question (with --chat: the first one)")] = None,
+    flags: ClientFlags = ClientFlags(),  # a default only so the question may have one (typer reads the wrapper)
     top_k: int = 0,
     max_tokens: int = 0,
     context_tokens: Annotated[
@@ -149,50 +150,37 @@ def ask(
     timeout: float = 60.0,
     batch: Annotated[bool, typer.Option(help="Ask as batch work: yields to interactive requests")] = False,
     filter_json: FilterOption = None,
+    chat: Annotated[
+        bool, typer.Option("--chat", "-i", help="Keep asking follow-ups; each carries the conversation so far")
+    ] = False,
 ) -> None:
     """Stream an answer: citations first, then tokens as they arrive, then timings."""
+    from ragserve.cli.conversation import converse
     from ragserve.client import RagClient
 
     narrowing = filter_or_exit(filter_json)
+    if question is None and not chat:
+        _fail(ValueError("give a question, or --chat to type them"))
 
     async def run() -> None:
         access = flags.access()
         async with RagClient(flags.target, default_timeout_s=timeout, access=access) as client:
-            started = time.perf_counter()
-            passages: list[Any] = []
-            late: list[Any] = []  # the reader's span when it came between the tokens: shown after them
-            async for event in client.query(
-                question,
-                top_k=top_k,
-                max_tokens=max_tokens,
-                context_token_budget=context_tokens,
-                request_class="batch" if batch else "interactive",
-                filter=narrowing,
-            ):
-                kind = event.WhichOneof("event")
-                if kind == "retrieval":
-                    passages = list(event.retrieval.passages)
-                    _print_retrieval(event.retrieval)
-                elif kind == "token":
-                    print(event.token.text, end="", flush=True)
-                elif kind == "answer":
-                    late.append(event.answer)
-                elif kind == "final":
-                    for answer in late:
-                        print()
-                        _print_span(answer.answer if answer.HasField("answer") else None, passages, answer.reader_ms)
-                    _print_final(event.final, time.perf_counter() - started)
+
+            async def one(asked: str, history: list[tuple[str, str]]) -> str:
+                events = client.query(
+                    asked,
+                    top_k=top_k,
+                    max_tokens=max_tokens,
+                    context_token_budget=context_tokens,
+                    request_class="batch" if batch else "interactive",
+                    filter=narrowing,
+                    history=history,
+                )
+                return await _show(events, time.perf_counter())
+
+            await (converse(one, question) if chat else one(question or "", []))
 
     _run_client(run, flags.target)
-
-
-def _snippet(text: str, width: int = 100) -> str:
-    """The passage's start on one line, cut at a word near `width` characters."""
-    flat = " ".join(text.split())
-    if len(flat) <= width:
-        return flat
-    cut = flat[:width].rsplit(" ", 1)[0]
-    return cut + " ..."
 
 
 def _print_retrieval(r: Any) -> None:
@@ -203,24 +191,35 @@ def _print_retrieval(r: Any) -> None:
     if shown is not None and shown.HasField("highlight"):
         # Evidence, shown before the first token; the answer follows.
         h = shown.highlight
-        print(f"evidence [{shown.rank}]: {_snippet(shown.text[h.start : h.end], 160)}")
+        print(f"evidence [{shown.rank}]: {snippet(shown.text[h.start : h.end], 160)}")
     if r.HasField("answer"):
-        _print_span(r.answer, list(r.passages), r.timings.reader_ms)
+        print_span(r.answer, list(r.passages), r.timings.reader_ms)
     if r.support.low:
         print("(low support: the documents may not answer this)")
     print("answer: ", end="", flush=True)
 
 
-def _print_span(span: Any, passages: list[Any], reader_ms: float) -> None:
-    """The reader's span and the sentence holding it, or that it found none."""
-    if span is None or span.passage >= len(passages):
-        print(f"reader ({reader_ms:.0f} ms): no answer span in the passages it read")
-        return
-    passage = passages[span.passage]
-    verdict = "" if span.answers else " (below its threshold: the documents may not say)"
-    sentence = _snippet(passage.text[span.sentence_start : span.sentence_end], 160)
-    print(f'reader ({reader_ms:.0f} ms): "{span.text}" in [{passage.rank}]{verdict}')
-    print(f"  {sentence}")
+async def _show(events: AsyncIterator[Any], started: float) -> str:
+    """Print one Query's events as they come; the answer's text."""
+    passages: list[Any] = []
+    late: list[Any] = []  # the reader's span when it came between the tokens: shown after them
+    text: list[str] = []
+    async for event in events:
+        kind = event.WhichOneof("event")
+        if kind == "retrieval":
+            passages = list(event.retrieval.passages)
+            _print_retrieval(event.retrieval)
+        elif kind == "token":
+            text.append(event.token.text)
+            print(event.token.text, end="", flush=True)
+        elif kind == "answer":
+            late.append(event.answer)
+        elif kind == "final":
+            for answer in late:
+                print()
+                print_span(answer.answer if answer.HasField("answer") else None, passages, answer.reader_ms)
+            _print_final(event.final, time.perf_counter() - started)
+    return "".join(text)
 
 
 def _print_final(f: Any, client_seconds: float) -> None:
@@ -271,7 +270,7 @@ def retrieve(
                 print(f"(from the retrieval cache, index v{r.index_version})")
             for p in r.passages:
                 print(f"[{p.rank}] {p.doc_id} ({p.chunk_id}) score={p.score:.3f}")
-                print(f"    {_snippet(p.text)}")
+                print(f"    {snippet(p.text)}")
             t = r.timings
             print(
                 f"embed {t.embed_ms:.1f} ms, search {t.search_ms:.1f} ms, rerank {t.rerank_ms:.1f} ms, "
@@ -280,7 +279,7 @@ def retrieve(
             if r.rerank_tiers:
                 print("reranked: " + ", ".join(r.rerank_tiers))
             if r.HasField("answer"):
-                _print_span(r.answer, list(r.passages), t.reader_ms)
+                print_span(r.answer, list(r.passages), t.reader_ms)
             skipped = [note for note in r.degraded.notes if note.startswith("reader")]
             if answer_span and skipped:
                 print(f"({skipped[0]})")  # the reader did not fit what was left of the budget

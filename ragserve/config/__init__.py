@@ -16,6 +16,7 @@ from ragserve.config.base import (
     default_home,
     default_of,
 )
+from ragserve.config.conversation import HistorySettings, OpenAISettings
 from ragserve.config.filters import FilterSettings, GrantSettings
 from ragserve.config.generator import GeneratorSettings
 from ragserve.config.models import ReaderSettings, RerankSettings
@@ -45,9 +46,11 @@ __all__ = [
     "FilterSettings",
     "GeneratorSettings",
     "GrantSettings",
+    "HistorySettings",
     "IndexSettings",
     "LimitsSettings",
     "ObservabilitySettings",
+    "OpenAISettings",
     "QdrantSettings",
     "ReaderSettings",
     "RequestSettings",
@@ -81,6 +84,8 @@ _SECTIONS: dict[str, type[BaseSettings]] = {
     "warming": WarmingSettings,
     "filters": FilterSettings,
     "grants": GrantSettings,
+    "history": HistorySettings,
+    "openai": OpenAISettings,
 }
 
 
@@ -130,6 +135,8 @@ class Settings(BaseSettings):
     warming: WarmingSettings = Field(default_factory=WarmingSettings)
     filters: FilterSettings = Field(default_factory=FilterSettings)
     grants: GrantSettings = Field(default_factory=GrantSettings)
+    history: HistorySettings = Field(default_factory=HistorySettings)
+    openai: OpenAISettings = Field(default_factory=OpenAISettings)
 
     @classmethod
     def settings_customise_sources(
