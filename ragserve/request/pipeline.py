@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import TypeVar
 
 from ragserve import metrics
@@ -278,7 +278,7 @@ class RagPipeline:
 
     async def query(
         self, params: RetrieveParams, gen: GenerateParams, request: RequestContext
-    ) -> AsyncIterator[QueryEvent]:
+    ) -> AsyncGenerator[QueryEvent, None]:
         """`_query`'s events; while an interactive one runs, warming waits (and paces itself beside batch ones)."""
         with self._traffic.running(request.interactive):
             async with contextlib.aclosing(self._query(params, gen, request)) as events:
