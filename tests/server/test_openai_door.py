@@ -5,6 +5,7 @@ and the two doors agreeing, are in tests/e2e/test_openai_door.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ from ragserve.index.hnsw import HnswIndex
 from ragserve.server.app import call_gate
 from ragserve.server.http_listener import HttpListener
 from ragserve.server.openai_http import OpenAIDoor
+from tests.certs import make_pki
 from tests.fakes import FakeGenerator
 from tests.helpers import free_port
 
@@ -41,6 +43,34 @@ class Door:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=token, max_retries=0, **options)
 
 
+@contextlib.contextmanager
+def serving(settings: Settings, door: OpenAIDoor) -> Iterator[asyncio.AbstractEventLoop]:
+    """The door on its own event loop in a thread, as the server runs it, until the block ends."""
+    started = threading.Event()
+    box: list[Any] = []
+
+    def run() -> None:
+        async def main() -> None:
+            stop = asyncio.Event()
+            box.extend([asyncio.get_running_loop(), stop])
+            listener = HttpListener(door.app, "127.0.0.1", settings.openai.port, settings)
+            await listener.start()
+            started.set()
+            await stop.wait()
+            await listener.close()
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert started.wait(30), "the door did not start"
+    try:
+        yield box[0]
+    finally:
+        box[0].call_soon_threadsafe(box[1].set)
+        thread.join(30)
+
+
 @pytest.fixture(scope="module")
 def door(sample_index: Path, embedder: SentenceTransformerEmbedder) -> Iterator[Door]:
     settings = Settings(
@@ -53,29 +83,8 @@ def door(sample_index: Path, embedder: SentenceTransformerEmbedder) -> Iterator[
     executor = ThreadPoolExecutor(2)
     door = OpenAIDoor(settings, call_gate(settings))
     door.pipeline = assemble_pipeline(embedder, HnswIndex.load(sample_index), generator, executor)
-    started = threading.Event()
-    loop_box: list[asyncio.AbstractEventLoop] = []
-    stop_box: list[asyncio.Event] = []
-
-    def run() -> None:
-        async def main() -> None:
-            loop_box.append(asyncio.get_running_loop())
-            stop = asyncio.Event()
-            stop_box.append(stop)
-            listener = HttpListener(door.app, "127.0.0.1", settings.openai.port, settings)
-            await listener.start()
-            started.set()
-            await stop.wait()
-            await listener.close()
-
-        asyncio.run(main())
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert started.wait(30), "the door did not start"
-    yield Door(f"http://127.0.0.1:{settings.openai.port}", generator, loop_box[0])
-    loop_box[0].call_soon_threadsafe(stop_box[0].set)
-    thread.join(30)
+    with serving(settings, door) as loop:
+        yield Door(f"http://127.0.0.1:{settings.openai.port}", generator, loop)
     executor.shutdown()
 
 
@@ -242,3 +251,52 @@ async def _wait_for(condition: Any, limit_s: float) -> bool:
             return True
         await asyncio.sleep(0.05)
     return condition()
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_tls_with_client_certificates_names_the_caller(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path, clients=("billing", "stranger"))
+    settings = Settings(
+        openai={"port": free_port()},
+        access={
+            "tls_cert_file": str(pki.server_cert),
+            "tls_key_file": str(pki.server_key),
+            "tls_client_ca_file": str(pki.ca_cert),
+            "tls_allowed_client_ids": "billing",
+        },
+    )
+    door = OpenAIDoor(settings, call_gate(settings))  # no pipeline yet: still loading
+    url = f"https://localhost:{settings.openai.port}/v1"
+
+    def curl(client: str, *args: str) -> tuple[int, dict[str, Any]]:
+        cert, key = pki.clients[client]
+        out = subprocess.run(
+            [
+                "curl",
+                "-sS",
+                "--cacert",
+                str(pki.ca_cert),
+                "--cert",
+                str(cert),
+                "--key",
+                str(key),
+                "-w",
+                "\n%{http_code}",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        body, _, status = out.rpartition("\n")
+        return int(status), json.loads(body)
+
+    with serving(settings, door):
+        assert curl("billing", f"{url}/models")[0] == 200
+        status, body = curl("stranger", f"{url}/models")
+        assert status == 403 and body["error"]["type"] == "permission_error"
+        ask = '{"messages": [{"role": "user", "content": "q"}]}'
+        status, body = curl("billing", f"{url}/chat/completions", "-d", ask)
+        assert status == 503 and "loading" in body["error"]["message"]
+        plain = subprocess.run(["curl", "-sS", "--cacert", str(pki.ca_cert), f"{url}/models"], capture_output=True)
+        assert plain.returncode != 0  # no client certificate: no TLS session at all
