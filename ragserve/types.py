@@ -212,9 +212,16 @@ class RetrieveParams:
 
     @property
     def search_text(self) -> str:
-        """What lexical search, the reranker and the evidence read: the question, then the recent
-        user turns (a follow-up's "it" is named there)."""
+        """What the reranker and the evidence read, and the second text the query vector blends in:
+        the question, then the recent user turns (a follow-up's "it" is named there)."""
         return "\n".join((self.query, *self.recent))
+
+    @property
+    def lexical_text(self) -> str:
+        """What lexical search reads: with recent turns, the question twice, so BM25 counts its
+        terms double and an unrelated earlier turn cannot outweigh them (BENCHMARKS.md,
+        "Conversations and the OpenAI door")."""
+        return "\n".join((self.query, self.query, *self.recent)) if self.recent else self.query
 
 
 @dataclass(frozen=True, slots=True)

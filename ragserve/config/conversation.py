@@ -21,8 +21,9 @@ class HistorySettings(BaseSettings):
     # The latest user turns retrieval searches with beside the question (0: the question alone).
     history_retrieval_turns: int = Field(default=1, ge=0, le=16)
     # The question's share of the query vector when user turns join it (the rest: the question
-    # and those turns embedded together). Lexical search and the reranker read both texts.
-    history_question_weight: float = Field(default=0.5, ge=0.0, le=1.0)
+    # and those turns embedded together). Lexical search reads the question twice and the turns
+    # once; the reranker reads the question and the turns. 1: the question's vector alone.
+    history_question_weight: float = Field(default=0.75, ge=0.0, le=1.0)
     # The latest turns the prompt quotes between the passages and the question, and the most
     # characters they may take together (older turns are dropped first, then the oldest kept one
     # is cut): each quoted token is an uncached prompt token (time to first token).

@@ -3,7 +3,9 @@
 A follow-up ("When was it founded?") names its subject only in an earlier turn. Retrieval embeds
 the question alone and the question with the latest user turns, and blends the two, weighted toward
 the question (RetrieveParams.question_weight): the earlier turn brings the subject, the question
-keeps the ranking on what is asked now. Lexical search and the reranker read the joined text.
+keeps the ranking on what is asked now. Lexical search reads the question twice and the turns once
+(RetrieveParams.lexical_text), for the same reason: a question that changes the subject must still
+win over the turn before it.
 """
 
 from __future__ import annotations

@@ -70,7 +70,14 @@ class SearchStage:
         with request.stage("search"):
             hits = await self._search(
                 lambda: hybrid_search(
-                    index, params.search_text, vector, breadth, options, mode, params.dedupe_documents, params.narrowing
+                    index,
+                    params.lexical_text,
+                    vector,
+                    breadth,
+                    options,
+                    mode,
+                    params.dedupe_documents,
+                    params.narrowing,
                 ),
                 deadline,
             )

@@ -53,6 +53,8 @@ def test_retrieval_takes_the_latest_user_turns_and_the_prompt_the_latest_turns()
     params, gen = with_history(bounds, RetrieveParams("When?", 3, 70), GenerateParams(16, 0.0), turns)
     assert params.recent == ("Who found it?",)
     assert params.search_text == "When?\nWho found it?"
+    assert params.lexical_text == "When?\nWhen?\nWho found it?"  # the question counts double
+    assert RetrieveParams("When?", 3, 70).lexical_text == "When?"
     assert params.question_weight == bounds.history_question_weight
     assert gen.history == (Turn("user", "Who found it?"), Turn("assistant", "Fleming [1]."))
 

@@ -1,0 +1,408 @@
+"""Conversations and the OpenAI door, on one real server (engine in process, answer cache off):
+
+1. Follow-ups: is the gold paragraph the top passage of a follow-up question, with the conversation's
+   history and without it (the same follow-ups, the same server, one run)? And the first question of
+   each conversation, which carries no history.
+2. TTFT through the OpenAI-compatible HTTP door (the official `openai` package, streaming) against
+   gRPC (ragserve's client), each question asked through both, the order alternating.
+3. What the quoted history costs the prompt: follow-ups answered with their history and without it
+   over gRPC (TTFT, prompt tokens, prefix-cached tokens), the order alternating.
+4. The blend weight (RAGSERVE_HISTORY_QUESTION_WEIGHT), swept in process: the product's pipeline
+   without a generator, default settings otherwise, the same follow-ups.
+
+The follow-up set is built from `<data>/questions.jsonl` by one deterministic rule:
+
+- within one paragraph, answerable questions in file order; a later question B is paired with the
+  earlier question A of the same paragraph with which it shares the longest phrase (1-4 words,
+  lower-cased, a trailing 's dropped; starting and ending on a non-stopword, at least 4 letters, not
+  B's first word, found in the questions of at most 2 paragraphs, so it names the paragraph's
+  subject, and either 2+ words or a capitalized word in B; ties: the earliest A);
+- the follow-up is B with that phrase (and an article before it) replaced by a pronoun: "they" when
+  its last word ends in s (not ss, us, is), else "it"; "their"/"its" for a possessive.
+  "Who killed Harold II?" then "Where did Harold II die?" becomes "Where did it die?" (the rule is
+  mechanical: "it" stands for a person there).
+- the history is A and, as the assistant's turn, A's first gold answer span (a stand-in for an
+  answer: retrieval reads only the user turns; the prompt quotes both).
+
+Gold at rank 1: the top passage's document is B's paragraph. The top passage is read from the
+retrieval event and the call is then cancelled (retrieval only; the engine request is aborted).
+
+    python benchmarks/bench_conversation.py --data ../shared/data/squad2-dev --out /tmp/bench-conversation
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import datetime
+import json
+import random
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import (
+    REPO,
+    ensure_index,
+    free_port,
+    git_head,
+    load_avg,
+    percentile,
+    start_server,
+    stop_server,
+    write_results,
+)
+from ragserve.client import RagClient
+from ragserve.generate.host import read_host_cpu
+
+_STOP_WORDS = (
+    "a an the of in on to is was were are be been did does do for by with and or that this these those as at from "
+    "it its their they what which who whom whose when where why how type kind term name many much most some any "
+    "other than into during after before not no one two can could would should may might will has have had"
+)
+STOP = frozenset(_STOP_WORDS.split())
+_WORD = re.compile("[A-Za-z0-9][\\w'\u2019=-]*")
+_POSSESSIVE = re.compile("(?:'s|\u2019s|')$")
+
+
+def _norm(word: str) -> str:
+    return _POSSESSIVE.sub("", word).lower()
+
+
+def _words(text: str) -> list[re.Match[str]]:
+    return list(_WORD.finditer(text))
+
+
+def _grams(words: list[str]) -> set[tuple[str, ...]]:
+    return {tuple(words[i : i + n]) for n in range(1, 5) for i in range(len(words) - n + 1)}
+
+
+def _rewrite(a: str, b: str, rare: collections.Counter[tuple[str, ...]]) -> tuple[str, str] | None:
+    """B with the longest phrase it shares with A replaced by a pronoun, and that phrase; None: none."""
+    shared = _grams([_norm(m.group(0)) for m in _words(a)])
+    found = _words(b)
+    words = [_norm(m.group(0)) for m in found]
+    for n in range(4, 0, -1):
+        for i in range(1, len(words) - n + 1):
+            gram = tuple(words[i : i + n])
+            named = n > 1 or found[i].group(0)[:1].isupper()
+            if (
+                gram in shared
+                and gram[0] not in STOP
+                and gram[-1] not in STOP
+                and sum(map(len, gram)) >= 4
+                and rare[gram] <= 2
+                and named
+            ):
+                start, end = found[i].start(), found[i + n - 1].end()
+                if words[i - 1] in ("the", "a", "an"):
+                    start = found[i - 1].start()
+                last = found[i + n - 1].group(0)
+                plural = gram[-1].endswith("s") and not gram[-1].endswith(("ss", "us", "is"))
+                possessive = bool(_POSSESSIVE.search(last))
+                pronoun = ("their" if plural else "its") if possessive else ("they" if plural else "it")
+                return b[:start] + pronoun + b[end:], " ".join(gram)
+    return None
+
+
+def follow_ups(data: Path) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in (data / "questions.jsonl").open() if line.strip()]
+    by_paragraph: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    for row in rows:
+        if not row["impossible"]:
+            by_paragraph[row["doc_id"]].append(row)
+    rare: collections.Counter[tuple[str, ...]] = collections.Counter()
+    for questions in by_paragraph.values():
+        grams: set[tuple[str, ...]] = set()
+        for q in questions:
+            grams |= _grams([_norm(m.group(0)) for m in _words(q["question"])])
+        rare.update(grams)  # in how many paragraphs' questions each phrase occurs
+    out = []
+    for paragraph in sorted(by_paragraph):
+        questions = by_paragraph[paragraph]
+        for j, b in enumerate(questions):
+            best: tuple[dict[str, Any], tuple[str, str]] | None = None
+            for a in questions[:j]:
+                made = _rewrite(a["question"].strip(), b["question"].strip(), rare)
+                if made and (best is None or len(made[1]) > len(best[1][1])):
+                    best = (a, made)
+            if best is not None:
+                a, (question, phrase) = best
+                out.append(
+                    {
+                        "paragraph": paragraph,
+                        "first": a["question"].strip(),
+                        "first_answer": a["answers"][0],
+                        "original": b["question"].strip(),
+                        "follow_up": question,
+                        "phrase": phrase,
+                    }
+                )
+    return out
+
+
+async def top_document(client: RagClient, question: str, history: list[tuple[str, str]]) -> str:
+    """The top passage's document, the call cancelled once the retrieval event is in."""
+    async for event in client.query(question, max_tokens=1, history=history, timeout_s=120):
+        return str(event.retrieval.passages[0].doc_id)
+    return ""
+
+
+async def grpc_ttft(client: RagClient, question: str, max_tokens: int) -> tuple[float, float]:
+    """Client-side TTFT and the server's own (from the call's arrival, its final event)."""
+    row = await grpc_answer(client, question, max_tokens, [])
+    return row["ttft_ms"], row["server_ttft_ms"]
+
+
+async def grpc_answer(
+    client: RagClient, question: str, max_tokens: int, history: list[tuple[str, str]]
+) -> dict[str, float]:
+    """Client-side TTFT and the final event's prompt and prefix-cached tokens."""
+    started = time.perf_counter()
+    row = {"ttft_ms": float("nan"), "server_ttft_ms": float("nan"), "prompt_tokens": 0.0, "cached_tokens": 0.0}
+    events = client.query(question, max_tokens=max_tokens, temperature=0.0, history=history, timeout_s=300)
+    async for event in events:
+        kind = event.WhichOneof("event")
+        if kind == "token" and row["ttft_ms"] != row["ttft_ms"]:
+            row["ttft_ms"] = (time.perf_counter() - started) * 1000.0
+        elif kind == "final":
+            row["prompt_tokens"] = event.final.usage.prompt_tokens
+            row["cached_tokens"] = event.final.usage.prefix_cache_hit_tokens
+            row["server_ttft_ms"] = event.final.timings.ttft_ms
+    return row
+
+
+async def sweep(index: Path, conversations: list[dict[str, Any]], weights: list[float]) -> dict[str, list[int]]:
+    """Gold at rank 1 per blend weight, in process (1.0: the question's vector alone, while lexical
+    search and the reranker still read the question with the turn): [follow-ups with their history,
+    topic switches]. A topic switch is a follow-up's original (self-contained) question asked after
+    the first question of the conversation half the list away (mostly the other article): what an
+    unrelated history costs."""
+    from ragserve.budget import Deadline, RequestContext
+    from ragserve.config import Settings
+    from ragserve.factory import make_pipeline
+    from ragserve.types import RetrieveParams
+
+    settings = Settings(index={"path": index}, cache={"backend": "off"}, answer={"generation_enabled": False})
+    pipeline = make_pipeline(settings, with_generator=False)
+    await pipeline.astart()
+    hits: dict[str, list[int]] = {}
+    top_k = settings.requests.default_top_k
+
+    async def top(question: str, turn: str, weight: float) -> str:
+        params = RetrieveParams(question, top_k, 10_000, recent=(turn,), question_weight=weight)
+        found = await pipeline.retrieve(params, RequestContext(Deadline(10_000), "sweep"))
+        return found.passages[0].chunk.doc_id
+
+    try:
+        for weight in weights:
+            hits[f"{weight:g}"] = [0, 0]
+            for i, c in enumerate(conversations):
+                other = conversations[(i + len(conversations) // 2) % len(conversations)]
+                hits[f"{weight:g}"][0] += await top(c["follow_up"], c["first"], weight) == c["paragraph"]
+                hits[f"{weight:g}"][1] += await top(c["original"], other["first"], weight) == c["paragraph"]
+    finally:
+        await pipeline.aclose()
+    return hits
+
+
+async def http_ttft(client: Any, question: str, max_tokens: int) -> tuple[float, float]:
+    """Client-side TTFT (the first chunk with content) and the server's own (`ragserve.final`)."""
+    started = time.perf_counter()
+    ttft = server = float("nan")
+    stream = await client.chat.completions.create(
+        model="ragserve",
+        stream=True,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        messages=[{"role": "user", "content": question}],
+    )
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content and ttft != ttft:
+            ttft = (time.perf_counter() - started) * 1000.0
+        final = (chunk.model_extra or {}).get("ragserve", {}).get("final")
+        if final is not None:
+            server = float(final["timings"].get("ttft_ms", float("nan")))
+    return ttft, server
+
+
+async def run(
+    args: argparse.Namespace, target: str, http_url: str, conversations: list[dict[str, Any]]
+) -> dict[str, Any]:
+    import openai
+
+    questions = [json.loads(line) for line in (args.data / "questions.jsonl").open() if line.strip()]
+    asked = [q["question"].strip() for q in questions if not q["impossible"]]
+    random.Random(args.seed).shuffle(asked)
+    asked = asked[: args.ttft_questions]
+    http = openai.AsyncOpenAI(base_url=http_url, api_key="unused", max_retries=0, timeout=300)
+    async with RagClient(target, default_timeout_s=300) as client:
+        for _ in range(args.warmup):  # first-request costs stay out of the figures
+            await grpc_answer(client, "What are these documents about?", args.max_tokens, [])
+            await http_ttft(http, "What are these documents about?", args.max_tokens)
+        rows = []
+        for c in conversations:
+            history = [("user", c["first"]), ("assistant", c["first_answer"])]
+            rows.append(
+                {
+                    **c,
+                    "first_top": await top_document(client, c["first"], []),
+                    "alone_top": await top_document(client, c["follow_up"], []),
+                    "history_top": await top_document(client, c["follow_up"], history),
+                    "original_top": await top_document(client, c["original"], []),
+                }
+            )
+        cost = []
+        for i, c in enumerate(conversations[: args.prompt_conversations]):
+            history = [("user", c["first"]), ("assistant", c["first_answer"])]
+            for with_history in (True, False) if i % 2 == 0 else (False, True):
+                row = await grpc_answer(client, c["follow_up"], args.max_tokens, history if with_history else [])
+                cost.append({"follow_up": c["follow_up"], "history": with_history, **row})
+        ttft = []
+        for i, question in enumerate(asked):
+            order = ("grpc", "http") if i % 2 == 0 else ("http", "grpc")
+            for position, door in enumerate(order):
+                ms, server_ms = await (
+                    grpc_ttft(client, question, args.max_tokens)
+                    if door == "grpc"
+                    else http_ttft(http, question, args.max_tokens)
+                )
+                first = position == 0
+                ttft.append(
+                    {"question": question, "door": door, "first": first, "ttft_ms": ms, "server_ttft_ms": server_ms}
+                )
+    await http.close()
+    return {"follow_ups": rows, "ttft": ttft, "prompt_cost": cost}
+
+
+def report(meta: dict[str, Any], results: dict[str, Any]) -> str:
+    rows = results["follow_ups"]
+
+    def share(key: str) -> str:
+        hits = sum(r[key] == r["paragraph"] for r in rows)
+        return f"{hits}/{len(rows)} ({100.0 * hits / max(1, len(rows)):.1f}%)"
+
+    alone = sum(r["alone_top"] == r["paragraph"] for r in rows)
+    with_history = sum(r["history_top"] == r["paragraph"] for r in rows)
+    lines = [
+        f"# Conversations and the OpenAI door ({meta['date']}, commit {meta['commit']})",
+        "",
+        f"- command: `{meta['command']}`",
+        f"- CPU: {meta['cpu']}; load average at start {meta['load_start']}, at end {meta['load_end']}",
+        f"- settings: defaults (history: {meta['history']}), answer cache off, max_tokens {meta['max_tokens']}",
+        "",
+        f"## Follow-ups: gold paragraph at rank 1 ({len(rows)} conversations)",
+        "",
+        "| question | gold at rank 1 |",
+        "|---|---|",
+        f"| first question (no history) | {share('first_top')} |",
+        f"| follow-up, alone | {share('alone_top')} |",
+        f"| follow-up, with the history | {share('history_top')} |",
+        f"| the original question (before the rewrite), alone | {share('original_top')} |",
+        "",
+        f"With history / alone: {with_history / alone:.2f}x" if alone else "alone: none at rank 1",
+        "",
+        "## TTFT, client side (ms): the same questions through both doors, order alternating",
+        "",
+        "Client: as the client sees it. Server: the server's own TTFT (from the call's arrival, in the",
+        "final event). Door: client minus server per ask, what the protocol and the client library add.",
+        "",
+        "| door | asks | client p50 | client p95 | client p50, asked first | server p50 | door p50 | door p95 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    p50 = {}
+    for door, name in (("grpc", "gRPC (RagClient)"), ("http", "HTTP (openai package, SSE)")):
+        asks = [r for r in results["ttft"] if r["door"] == door]
+        values = [r["ttft_ms"] for r in asks]
+        first = [r["ttft_ms"] for r in asks if r["first"]]
+        overhead = [r["ttft_ms"] - r["server_ttft_ms"] for r in asks]
+        p50[door] = percentile(values, 50)
+        lines.append(
+            f"| {name} | {len(values)} | {p50[door]:.0f} | {percentile(values, 95):.0f} | {percentile(first, 50):.0f} "
+            f"| {percentile([r['server_ttft_ms'] for r in asks], 50):.0f} | {percentile(overhead, 50):.1f} "
+            f"| {percentile(overhead, 95):.1f} |"
+        )
+    lines += ["", f"HTTP / gRPC p50: {p50['http'] / p50['grpc']:.3f}", ""]
+    cost = results["prompt_cost"]
+    lines += [
+        f"## The quoted history's cost: {len(cost) // 2} follow-ups over gRPC, with and without it",
+        "",
+        "| follow-up | TTFT p50 (ms) | prompt tokens (mean) | prefix-cached tokens (mean) |",
+        "|---|---|---|---|",
+    ]
+    for with_history in (False, True):
+        part = [r for r in cost if r["history"] is with_history]
+        mean = lambda key, part=part: sum(r[key] for r in part) / max(1, len(part))  # noqa: E731
+        lines.append(
+            f"| {'with the history' if with_history else 'alone'} | {percentile([r['ttft_ms'] for r in part], 50):.0f} "
+            f"| {mean('prompt_tokens'):.0f} | {mean('cached_tokens'):.0f} |"
+        )
+    sweep = results["sweep"]
+    lines += [
+        "",
+        "## The blend weight, in process: gold at rank 1",
+        "",
+        "Topic switch: a self-contained question after an unrelated first question (its own gold at",
+        f"rank 1 asked alone, through the server above: {share('original_top')}).",
+        "",
+        "| question's share of the vector | follow-up with its history | topic switch |",
+        "|---|---|---|",
+        *(f"| {w} | {hits[0]}/{len(rows)} | {hits[1]}/{len(rows)} |" for w, hits in sweep.items()),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "squad2-dev")
+    parser.add_argument("--out", type=Path, default=REPO / "bench-results" / "conversation")
+    parser.add_argument("--index", type=Path, help="an index root of the corpus; default: built into OUT/index")
+    parser.add_argument("--ttft-questions", type=int, default=80, help="questions asked through both doors")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--prompt-conversations", type=int, default=20, help="follow-ups answered both ways")
+    parser.add_argument("--weights", default="1,0.75,0.5,0.25,0", help="blend weights swept in process")
+    parser.add_argument("--list", action="store_true", help="print the follow-up set and stop")
+    args = parser.parse_args()
+    conversations = follow_ups(args.data)
+    if args.list:
+        for c in conversations:
+            print(f"{c['paragraph']}: {c['first']} -> {c['follow_up']}  [{c['phrase']}]")
+        print(len(conversations), "follow-ups")
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    index = ensure_index(args.index, args.out, args.data / "corpus.jsonl")
+    http_port = free_port()
+    env = {"RAGSERVE_OPENAI_PORT": str(http_port), "RAGSERVE_CACHE_BACKEND": "off"}
+    meta: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": git_head(),
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "cpu": read_host_cpu().model,
+        "load_start": load_avg(),
+        "max_tokens": args.max_tokens,
+    }
+    from ragserve.config import HistorySettings
+
+    meta["history"] = HistorySettings().model_dump()
+    swept = asyncio.run(sweep(index, conversations, [float(w) for w in args.weights.split(",")]))
+    print("blend weight -> gold at rank 1:", swept, flush=True)
+    process, target = start_server(index, env, args.out / "server.log")
+    try:
+        results: dict[str, Any] = asyncio.run(run(args, target, f"http://127.0.0.1:{http_port}/v1", conversations))
+    finally:
+        stop_server(process)
+    results["sweep"] = swept
+    meta["load_end"] = load_avg()
+    write_results(args.out, report(meta, results), {"meta": meta, **results})
+
+
+if __name__ == "__main__":
+    main()
