@@ -45,7 +45,7 @@ from ragserve.server.openai_wire import (
 )
 from ragserve.server.status import to_status
 from ragserve.server.validation import validate_generate, validate_history, validate_retrieve, with_history
-from ragserve.types import FinalSummary, QueryEvent, RequestClass, RetrievalResult
+from ragserve.types import FinalSummary, GenerateParams, QueryEvent, RequestClass, RetrievalResult, RetrieveParams
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ class OpenAIDoor:
             raise Unavailable("server is still loading the index and models")
         return self.pipeline
 
-    def _params(self, chat: ChatRequest, asked: Asked, names: set[str]) -> tuple[Any, Any]:
+    def _params(self, chat: ChatRequest, asked: Asked, names: set[str]) -> tuple[RetrieveParams, GenerateParams]:
         settings = self._settings
         try:
             params = validate_retrieve(settings, asked.question, chat.top_k, chat.budget_ms, chat.dedupe_documents)
