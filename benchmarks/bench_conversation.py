@@ -38,7 +38,6 @@ import collections
 import datetime
 import json
 import random
-import re
 import shlex
 import sys
 import time
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.followups import follow_ups
 from benchmarks.harness import (
     REPO,
     ensure_index,
@@ -59,91 +59,6 @@ from benchmarks.harness import (
 )
 from ragserve.client import RagClient
 from ragserve.generate.host import read_host_cpu
-
-_STOP_WORDS = (
-    "a an the of in on to is was were are be been did does do for by with and or that this these those as at from "
-    "it its their they what which who whom whose when where why how type kind term name many much most some any "
-    "other than into during after before not no one two can could would should may might will has have had"
-)
-STOP = frozenset(_STOP_WORDS.split())
-_WORD = re.compile("[A-Za-z0-9][\\w'\u2019=-]*")
-_POSSESSIVE = re.compile("(?:'s|\u2019s|')$")
-
-
-def _norm(word: str) -> str:
-    return _POSSESSIVE.sub("", word).lower()
-
-
-def _words(text: str) -> list[re.Match[str]]:
-    return list(_WORD.finditer(text))
-
-
-def _grams(words: list[str]) -> set[tuple[str, ...]]:
-    return {tuple(words[i : i + n]) for n in range(1, 5) for i in range(len(words) - n + 1)}
-
-
-def _rewrite(a: str, b: str, rare: collections.Counter[tuple[str, ...]]) -> tuple[str, str] | None:
-    """B with the longest phrase it shares with A replaced by a pronoun, and that phrase; None: none."""
-    shared = _grams([_norm(m.group(0)) for m in _words(a)])
-    found = _words(b)
-    words = [_norm(m.group(0)) for m in found]
-    for n in range(4, 0, -1):
-        for i in range(1, len(words) - n + 1):
-            gram = tuple(words[i : i + n])
-            named = n > 1 or found[i].group(0)[:1].isupper()
-            if (
-                gram in shared
-                and gram[0] not in STOP
-                and gram[-1] not in STOP
-                and sum(map(len, gram)) >= 4
-                and rare[gram] <= 2
-                and named
-            ):
-                start, end = found[i].start(), found[i + n - 1].end()
-                if words[i - 1] in ("the", "a", "an"):
-                    start = found[i - 1].start()
-                last = found[i + n - 1].group(0)
-                plural = gram[-1].endswith("s") and not gram[-1].endswith(("ss", "us", "is"))
-                possessive = bool(_POSSESSIVE.search(last))
-                pronoun = ("their" if plural else "its") if possessive else ("they" if plural else "it")
-                return b[:start] + pronoun + b[end:], " ".join(gram)
-    return None
-
-
-def follow_ups(data: Path) -> list[dict[str, Any]]:
-    rows = [json.loads(line) for line in (data / "questions.jsonl").open() if line.strip()]
-    by_paragraph: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
-    for row in rows:
-        if not row["impossible"]:
-            by_paragraph[row["doc_id"]].append(row)
-    rare: collections.Counter[tuple[str, ...]] = collections.Counter()
-    for questions in by_paragraph.values():
-        grams: set[tuple[str, ...]] = set()
-        for q in questions:
-            grams |= _grams([_norm(m.group(0)) for m in _words(q["question"])])
-        rare.update(grams)  # in how many paragraphs' questions each phrase occurs
-    out = []
-    for paragraph in sorted(by_paragraph):
-        questions = by_paragraph[paragraph]
-        for j, b in enumerate(questions):
-            best: tuple[dict[str, Any], tuple[str, str]] | None = None
-            for a in questions[:j]:
-                made = _rewrite(a["question"].strip(), b["question"].strip(), rare)
-                if made and (best is None or len(made[1]) > len(best[1][1])):
-                    best = (a, made)
-            if best is not None:
-                a, (question, phrase) = best
-                out.append(
-                    {
-                        "paragraph": paragraph,
-                        "first": a["question"].strip(),
-                        "first_answer": a["answers"][0],
-                        "original": b["question"].strip(),
-                        "follow_up": question,
-                        "phrase": phrase,
-                    }
-                )
-    return out
 
 
 async def top_document(client: RagClient, question: str, history: list[tuple[str, str]]) -> str:
@@ -280,13 +195,13 @@ async def run(
     return {"follow_ups": rows, "ttft": ttft, "prompt_cost": cost}
 
 
+def _share(rows: list[dict[str, Any]], key: str) -> str:
+    hits = sum(r[key] == r["paragraph"] for r in rows)
+    return f"{hits}/{len(rows)} ({100.0 * hits / max(1, len(rows)):.1f}%)"
+
+
 def report(meta: dict[str, Any], results: dict[str, Any]) -> str:
     rows = results["follow_ups"]
-
-    def share(key: str) -> str:
-        hits = sum(r[key] == r["paragraph"] for r in rows)
-        return f"{hits}/{len(rows)} ({100.0 * hits / max(1, len(rows)):.1f}%)"
-
     alone = sum(r["alone_top"] == r["paragraph"] for r in rows)
     with_history = sum(r["history_top"] == r["paragraph"] for r in rows)
     lines = [
@@ -300,13 +215,19 @@ def report(meta: dict[str, Any], results: dict[str, Any]) -> str:
         "",
         "| question | gold at rank 1 |",
         "|---|---|",
-        f"| first question (no history) | {share('first_top')} |",
-        f"| follow-up, alone | {share('alone_top')} |",
-        f"| follow-up, with the history | {share('history_top')} |",
-        f"| the original question (before the rewrite), alone | {share('original_top')} |",
+        f"| first question (no history) | {_share(rows, 'first_top')} |",
+        f"| follow-up, alone | {_share(rows, 'alone_top')} |",
+        f"| follow-up, with the history | {_share(rows, 'history_top')} |",
+        f"| the original question (before the rewrite), alone | {_share(rows, 'original_top')} |",
         "",
         f"With history / alone: {with_history / alone:.2f}x" if alone else "alone: none at rank 1",
         "",
+    ]
+    return "\n".join([*lines, *_ttft_report(results["ttft"]), *_cost_report(results, rows)])
+
+
+def _ttft_report(asked: list[dict[str, Any]]) -> list[str]:
+    lines = [
         "## TTFT, client side (ms): the same questions through both doors, order alternating",
         "",
         "Each question is asked through both doors, one after the other: the second ask finds the whole",
@@ -319,7 +240,7 @@ def report(meta: dict[str, Any], results: dict[str, Any]) -> str:
     ]
     p50: dict[tuple[str, bool], float] = {}
     for door, name in (("grpc", "gRPC (RagClient)"), ("http", "HTTP (openai package, SSE)")):
-        asks = [r for r in results["ttft"] if r["door"] == door]
+        asks = [r for r in asked if r["door"] == door]
         for first in (True, False):
             p50[door, first] = percentile([r["ttft_ms"] for r in asks if r["first"] is first], 50)
         overhead = [r["ttft_ms"] - r["server_ttft_ms"] for r in asks]
@@ -330,18 +251,22 @@ def report(meta: dict[str, Any], results: dict[str, Any]) -> str:
             f"| {percentile(overhead, 50):.1f} | {percentile(overhead, 95):.1f} |"
         )
     by_question: dict[str, dict[str, float]] = collections.defaultdict(dict)
-    for r in results["ttft"]:
+    for r in asked:
         by_question[r["question"]][r["door"]] = r["ttft_ms"]
     paired = [q["http"] / q["grpc"] for q in by_question.values() if len(q) == 2]
-    lines += [
+    return [
+        *lines,
         "",
         f"HTTP / gRPC, client TTFT p50: asked first {p50['http', True] / p50['grpc', True]:.3f}, "
         f"asked second {p50['http', False] / p50['grpc', False]:.3f}; median of the per-question ratios "
         f"{percentile(paired, 50):.3f} ({len(paired)} questions)",
         "",
     ]
+
+
+def _cost_report(results: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     cost = results["prompt_cost"]
-    lines += [
+    lines = [
         f"## The quoted history's cost: {len(cost) // 2} follow-ups over gRPC, with and without it",
         "",
         "| follow-up | TTFT p50 (ms) | prompt tokens (mean) | prefix-cached tokens (mean) |",
@@ -354,20 +279,19 @@ def report(meta: dict[str, Any], results: dict[str, Any]) -> str:
             f"| {'with the history' if with_history else 'alone'} | {percentile([r['ttft_ms'] for r in part], 50):.0f} "
             f"| {mean('prompt_tokens'):.0f} | {mean('cached_tokens'):.0f} |"
         )
-    sweep = results["sweep"]
-    lines += [
+    return [
+        *lines,
         "",
         "## The blend weight, in process: gold at rank 1",
         "",
         "Topic switch: a self-contained question after an unrelated first question (its own gold at",
-        f"rank 1 asked alone, through the server above: {share('original_top')}).",
+        f"rank 1 asked alone, through the server above: {_share(rows, 'original_top')}).",
         "",
         "| question's share of the vector | follow-up with its history | topic switch |",
         "|---|---|---|",
-        *(f"| {w} | {hits[0]}/{len(rows)} | {hits[1]}/{len(rows)} |" for w, hits in sweep.items()),
+        *(f"| {w} | {hits[0]}/{len(rows)} | {hits[1]}/{len(rows)} |" for w, hits in results["sweep"].items()),
         "",
     ]
-    return "\n".join(lines)
 
 
 def main() -> None:
