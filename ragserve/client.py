@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
@@ -20,6 +20,17 @@ from ragserve.v1 import rag_pb2_grpc as pb_grpc
 
 RequestClassName = Literal["interactive", "batch"]
 REQUEST_CLASSES = {"interactive": pb.REQUEST_CLASS_INTERACTIVE, "batch": pb.REQUEST_CLASS_BATCH}
+_TURN_ROLES = {"user": pb.Turn.ROLE_USER, "assistant": pb.Turn.ROLE_ASSISTANT}
+
+
+def history_turns(history: Sequence[tuple[str, str]]) -> list[pb.Turn]:
+    """("user" | "assistant", text) pairs as the wire's turns; another role is a ValueError here."""
+    for i, (role, _) in enumerate(history):
+        if role not in _TURN_ROLES:
+            raise ValueError(f"history[{i}].role: must be user or assistant, got {role!r}")
+    return [pb.Turn(role=_TURN_ROLES[role], text=text) for role, text in history]
+
+
 # A metadata filter: the message, its JSON form (a dict, or a JSON string), or None for none.
 FilterSpec = pb.Filter | dict[str, Any] | str | None
 
@@ -238,13 +249,15 @@ class RagClient:
         context_token_budget: int | None = None,
         request_class: RequestClassName = "interactive",
         filter: FilterSpec = None,
+        history: Sequence[tuple[str, str]] = (),
     ) -> AsyncIterator[pb.QueryEvent]:
         """Events in order: one `retrieval`, `token` deltas (with at most one `answer` among them), one
         `final`. `timeout_s` (else the client's default, 30 s) bounds the whole stream.
 
         `context_token_budget`: None for the server's default, 0 for whole passages.
         `request_class`: "batch" for jobs (evaluations, bulk summaries, cache warmers): they yield
-        to people's requests and are refused first when the server is full."""
+        to people's requests and are refused first when the server is full.
+        `history`: the conversation so far, oldest first, as ("user" | "assistant", text) pairs."""
         request = pb.QueryRequest(
             query=query,
             top_k=top_k,
@@ -254,6 +267,7 @@ class RagClient:
             context_token_budget=context_token_budget,
             request_class=REQUEST_CLASSES[request_class],
             filter=filter_message(filter),
+            history=history_turns(history),
         )
         call = self._stub.Query(request, timeout=timeout_s or self.default_timeout_s, metadata=self._metadata)
         try:

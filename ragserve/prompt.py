@@ -1,4 +1,5 @@
-"""The prompt: a fixed system prefix, then the passages in a stable order, then the question.
+"""The prompt: a fixed system prefix, then the passages in a stable order, then the conversation's
+latest turns (if any), then the question.
 
 The system text never changes between requests, so the engine's prefix cache keeps its KV blocks
 warm. Retrieved text is wrapped in <passage> elements and described to the model as data; any tag
@@ -13,7 +14,7 @@ import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ragserve.types import Chunk, Passage
+from ragserve.types import Chunk, Passage, Turn
 
 # The reply the template asks for when the passages do not hold the answer; the server gives the
 # same words when it abstains itself, and an answer that is this sentence is reported as declined.
@@ -49,6 +50,9 @@ _LETTER_LOOKALIKES = str.maketrans(
         "\u0455": "s", "\u0405": "S", "\u0261": "g", "\u050d": "g", "\u050c": "G", "\u03b1": "a",
     }
 )  # fmt: skip
+
+
+_SPEAKERS = {"user": "User", "assistant": "Assistant"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,11 +136,13 @@ def build_prompt(
     layout: str = "stable",
     key_sentence: tuple[int, str] | None = None,
     warmed: bool = False,
+    history: tuple[Turn, ...] = (),
 ) -> Prompt:
     """`layout="naive"` puts the question before the instructions (a baseline for benchmarks only:
     every prompt then differs from its first tokens and the prefix cache cannot help).
     `key_sentence`: (passage number, sentence) quoted again right before the question.
-    `warmed`: warming pre-fills the top passage (`Prompt.warmed`)."""
+    `warmed`: warming pre-fills the top passage (`Prompt.warmed`). `history`: earlier turns, quoted
+    after the passages so the template and passages stay a prefix other questions share."""
     parts = ["<passages>"]
     for number, passage in enumerate(passages, start=1):
         chunk = passage.chunk
@@ -148,6 +154,10 @@ def build_prompt(
     # "<passages>\n<passage ...>\n...\n</passage>\n": what follows differs from question to question.
     reuse_end = len(parts[0]) + len(parts[1]) + 2 if layout == "reusable" and passages else 0
     parts.append("</passages>")
+    if history:
+        # Quoted like the passages: a turn is the caller's text and must not open or close an element.
+        said = (f"{_SPEAKERS[t.role]}: {_neutralize(' '.join(t.text.split()))}" for t in history)
+        parts.append("Conversation so far:\n" + "\n".join(said))
     if key_sentence is not None:
         number, sentence = key_sentence
         parts.append(f"Key sentence from passage {number}: {_neutralize(' '.join(sentence.split()))}")

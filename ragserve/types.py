@@ -178,6 +178,14 @@ WARMING_ENGINE_PRIORITY = 2
 
 
 @dataclass(frozen=True, slots=True)
+class Turn:
+    """One earlier turn of a conversation: who spoke ("user" or "assistant") and what was said."""
+
+    role: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class RetrieveParams:
     """A validated retrieval request."""
 
@@ -191,11 +199,29 @@ class RetrieveParams:
     # What the caller may read (its access grant, set by the server, never by the caller): None
     # where access control is off or the caller may read everything.
     grant: Filter | None = None
+    # A conversation's latest user turns, newest first, that retrieval searches with beside the
+    # question (bounded by the server), and the question's share of the query vector when there are
+    # any (RAGSERVE_HISTORY_QUESTION_WEIGHT). Both change the passages, so both enter cache keys.
+    recent: tuple[str, ...] = ()
+    question_weight: float = 1.0
 
     @property
     def narrowing(self) -> Filter | None:
         """What search must keep to: the caller's filter within its grant."""
         return both(self.filter, self.grant)
+
+    @property
+    def search_text(self) -> str:
+        """What the reranker and the evidence read, and the second text the query vector blends in:
+        the question, then the recent user turns (a follow-up's "it" is named there)."""
+        return "\n".join((self.query, *self.recent))
+
+    @property
+    def lexical_text(self) -> str:
+        """What lexical search reads: with recent turns, the question twice, so BM25 counts its
+        terms double and an unrelated earlier turn cannot outweigh them (BENCHMARKS.md,
+        "Conversations and the OpenAI door")."""
+        return "\n".join((self.query, self.query, *self.recent)) if self.recent else self.query
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +234,9 @@ class GenerateParams:
     context_token_budget: int = 0
     # The engine's scheduling priority (lower first), from the request's class (RequestContext).
     priority: int = 0
+    # The conversation's latest turns the prompt quotes before the question, oldest first (bounded
+    # by the server): the answer depends on them, so the answer cache keys on them.
+    history: tuple[Turn, ...] = ()
 
 
 @dataclass(slots=True)

@@ -9,7 +9,8 @@ ranking (e.g. HNSW ef). The budget is NOT in the key: it changes how much
 work may be done, not what the answer is; a result cut short by the budget is never stored.
 
 An answer key is a retrieval key's parts plus what turns passages into text: the generator model,
-the prompt template, the context token budget and max_tokens. It has its own prefix ("a" against
+the prompt template, the context token budget, max_tokens and the conversation turns the prompt
+quotes (a retrieval key already holds the user turns retrieval searched with). It has its own prefix ("a" against
 "r"), so an answer and a passage list can never be read for each other.
 """
 
@@ -89,8 +90,13 @@ def answer_key(
     prompt_template: str,
     context_token_budget: int,
     max_tokens: int,
+    history: list[list[str]] | None = None,
 ) -> AnswerKey:
     """`retrieval` is the key of the passage list the answer was generated from (its index version
-    must be the one the retrieval used, which may have come from the retrieval cache)."""
-    scope = _scope(retrieval.scope, generator_model, prompt_template, context_token_budget, max_tokens)
+    must be the one the retrieval used, which may have come from the retrieval cache). `history`:
+    the conversation's turns the prompt quotes, as [role, text] pairs (none: a question alone)."""
+    parts: list[object] = [retrieval.scope, generator_model, prompt_template, context_token_budget, max_tokens]
+    if history:  # absent, the key is the one a question alone always had
+        parts.append(history)
+    scope = _scope(*parts)
     return AnswerKey(retrieval.query, scope, retrieval.index_version, retrieval.top_k)

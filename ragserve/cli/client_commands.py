@@ -6,7 +6,7 @@ import asyncio
 import functools
 import inspect
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -140,8 +140,8 @@ def _run_client(main: Callable[[], Coroutine[Any, Any, None]], target: str) -> N
 @app.command()
 @client_command
 def ask(
-    question: Annotated[str, typer.Argument(help="The question")],
-    flags: ClientFlags,
+    question: Annotated[str | None, typer.Argument(help="The question (with --chat: the first one)")] = None,
+    flags: ClientFlags = ClientFlags(),  # a default only so the question may have one (typer reads the wrapper)
     top_k: int = 0,
     max_tokens: int = 0,
     context_tokens: Annotated[
@@ -150,41 +150,60 @@ def ask(
     timeout: float = 60.0,
     batch: Annotated[bool, typer.Option(help="Ask as batch work: yields to interactive requests")] = False,
     filter_json: FilterOption = None,
+    chat: Annotated[
+        bool, typer.Option("--chat", "-i", help="Keep asking follow-ups; each carries the conversation so far")
+    ] = False,
 ) -> None:
     """Stream an answer: citations first, then tokens as they arrive, then timings."""
+    from ragserve.cli.conversation import converse
     from ragserve.client import RagClient
 
     narrowing = filter_or_exit(filter_json)
+    if question is None and not chat:
+        _fail(ValueError("give a question, or --chat to type them"))
 
     async def run() -> None:
         access = flags.access()
         async with RagClient(flags.target, default_timeout_s=timeout, access=access) as client:
-            started = time.perf_counter()
-            passages: list[Any] = []
-            late: list[Any] = []  # the reader's span when it came between the tokens: shown after them
-            async for event in client.query(
-                question,
-                top_k=top_k,
-                max_tokens=max_tokens,
-                context_token_budget=context_tokens,
-                request_class="batch" if batch else "interactive",
-                filter=narrowing,
-            ):
-                kind = event.WhichOneof("event")
-                if kind == "retrieval":
-                    passages = list(event.retrieval.passages)
-                    print_retrieval(event.retrieval)
-                elif kind == "token":
-                    print(event.token.text, end="", flush=True)
-                elif kind == "answer":
-                    late.append(event.answer)
-                elif kind == "final":
-                    for answer in late:
-                        print()
-                        print_span(answer.answer if answer.HasField("answer") else None, passages, answer.reader_ms)
-                    print_final(event.final, time.perf_counter() - started)
+
+            async def one(asked: str, history: list[tuple[str, str]]) -> str:
+                events = client.query(
+                    asked,
+                    top_k=top_k,
+                    max_tokens=max_tokens,
+                    context_token_budget=context_tokens,
+                    request_class="batch" if batch else "interactive",
+                    filter=narrowing,
+                    history=history,
+                )
+                return await _show(events, time.perf_counter())
+
+            await (converse(one, question) if chat else one(question or "", []))
 
     _run_client(run, flags.target)
+
+
+async def _show(events: AsyncIterator[Any], started: float) -> str:
+    """Print one Query's events as they come; the answer's text."""
+    passages: list[Any] = []
+    late: list[Any] = []  # the reader's span when it came between the tokens: shown after them
+    text: list[str] = []
+    async for event in events:
+        kind = event.WhichOneof("event")
+        if kind == "retrieval":
+            passages = list(event.retrieval.passages)
+            print_retrieval(event.retrieval)
+        elif kind == "token":
+            text.append(event.token.text)
+            print(event.token.text, end="", flush=True)
+        elif kind == "answer":
+            late.append(event.answer)
+        elif kind == "final":
+            for answer in late:
+                print()
+                print_span(answer.answer if answer.HasField("answer") else None, passages, answer.reader_ms)
+            print_final(event.final, time.perf_counter() - started)
+    return "".join(text)
 
 
 @app.command()

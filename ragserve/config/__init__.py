@@ -17,6 +17,7 @@ from ragserve.config.base import (
     default_of,
     merged_generator_path,
 )
+from ragserve.config.conversation import HistorySettings, OpenAISettings
 from ragserve.config.filters import FilterSettings, GrantSettings
 from ragserve.config.generator import GeneratorSettings
 from ragserve.config.models import ReaderSettings, RerankSettings
@@ -46,9 +47,11 @@ __all__ = [
     "FilterSettings",
     "GeneratorSettings",
     "GrantSettings",
+    "HistorySettings",
     "IndexSettings",
     "LimitsSettings",
     "ObservabilitySettings",
+    "OpenAISettings",
     "QdrantSettings",
     "ReaderSettings",
     "RequestSettings",
@@ -83,6 +86,8 @@ _SECTIONS: dict[str, type[BaseSettings]] = {
     "warming": WarmingSettings,
     "filters": FilterSettings,
     "grants": GrantSettings,
+    "history": HistorySettings,
+    "openai": OpenAISettings,
 }
 
 
@@ -132,6 +137,8 @@ class Settings(BaseSettings):
     warming: WarmingSettings = Field(default_factory=WarmingSettings)
     filters: FilterSettings = Field(default_factory=FilterSettings)
     grants: GrantSettings = Field(default_factory=GrantSettings)
+    history: HistorySettings = Field(default_factory=HistorySettings)
+    openai: OpenAISettings = Field(default_factory=OpenAISettings)
 
     @classmethod
     def settings_customise_sources(

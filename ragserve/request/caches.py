@@ -171,6 +171,7 @@ class PipelineCaches:
             prompt_template_id(self.scope.prompt_id),
             gen.context_token_budget,
             gen.max_tokens,
+            [[turn.role, turn.text] for turn in gen.history],  # the prompt quotes them
         )
 
     async def lookup_answer(self, key: AnswerKey, timeout_s: float | None) -> CachedAnswer | None:

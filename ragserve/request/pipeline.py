@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import TypeVar
 
 from ragserve import metrics
@@ -29,6 +29,7 @@ from ragserve.generate.host_share import HostSharePace
 from ragserve.index.base import SearchIndex
 from ragserve.request.answer import AnswerStream
 from ragserve.request.caches import PipelineCaches
+from ragserve.request.conversation import search_embedding
 from ragserve.request.evidence import with_answer, with_evidence
 from ragserve.request.hot import HotPassages
 from ragserve.request.model_threads import CURRENT_CLASS
@@ -218,7 +219,7 @@ class RagPipeline:
             # Per request, on whatever the passages came from (a cache hit was another question's).
             # Under a millisecond at the default top_k; at 50 passages ~5 ms, too long for the loop
             # (BENCHMARKS.md, "Highlights and abstention").
-            evidence = functools.partial(self._evidence, params.query, found)
+            evidence = functools.partial(self._evidence, params.search_text, found)
             result, table = (
                 evidence() if len(found.passages) <= _EVIDENCE_ON_LOOP_MAX else await self._off_loop(evidence)
             )
@@ -253,7 +254,7 @@ class RagPipeline:
             return hit.result(index.identity, request.timings), key
         check_client(deadline, "embedding")
         with request.stage("embed"):
-            embedded = await self._off_loop(lambda: serving.embedder.embed_query(params.query))
+            embedded = await self._off_loop(lambda: search_embedding(serving.embedder, params))
         # A query longer than the embedder's window is embedded by its prefix alone: any two sharing
         # that prefix score a cosine near 1, so such a query is never matched or offered semantically.
         semantic_vector = embedded.vector if embedded.fits_window else None
@@ -277,7 +278,7 @@ class RagPipeline:
 
     async def query(
         self, params: RetrieveParams, gen: GenerateParams, request: RequestContext
-    ) -> AsyncIterator[QueryEvent]:
+    ) -> AsyncGenerator[QueryEvent, None]:
         """`_query`'s events; while an interactive one runs, warming waits (and paces itself beside batch ones)."""
         with self._traffic.running(request.interactive):
             async with contextlib.aclosing(self._query(params, gen, request)) as events:
@@ -309,7 +310,7 @@ class RagPipeline:
                     cached,
                     retrieval.index_identity,
                     request,
-                    lambda cited: with_evidence(params.query, cited, self.policy.low_support_below),
+                    lambda cited: with_evidence(params.search_text, cited, self.policy.low_support_below),
                     lambda cited: self._reader_start(params.query, cited),
                 )
                 async with contextlib.aclosing(replayed) as events:
@@ -334,11 +335,8 @@ class RagPipeline:
         generator, deadline, timings = self.generator, request.deadline, request.timings
         assert generator is not None
         budget, policy, warm_top = gen.context_token_budget, self.policy, self._top_is_warm(retrieval)
-        context, prompt = await self._off_loop(
-            lambda: fit_and_build(
-                policy, question, retrieval.passages, table, budget, generator, request, retrieval.answer, warm_top
-            )
-        )
+        fit = (policy, question, retrieval.passages, table, budget, generator, request, retrieval.answer, warm_top)
+        context, prompt = await self._off_loop(lambda: fit_and_build(*fit, gen.history))
         alone = generator.unfinished_requests() == 0
         outcome = Outcome(retrieval)
         async with self._batch_share.hold(request):

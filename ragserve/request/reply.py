@@ -31,6 +31,7 @@ from ragserve.types import (
     RetrievalResult,
     StageTimings,
     TokenDelta,
+    Turn,
     Usage,
 )
 
@@ -282,10 +283,11 @@ def fit_and_build(
     request: RequestContext,
     span: AnswerSpan | None = None,
     warm_top: bool = False,
+    history: tuple[Turn, ...] = (),
 ) -> tuple[FittedContext, Prompt]:
     """The passages fitted to the context budget, and the prompt. Off the event loop: a tokenizer
     call per sentence (and more at a large top_k) would stall every other stream while it runs.
-    `warm_top`: warming pre-filled the top passage."""
+    `warm_top`: warming pre-filled the top passage; `history`: the turns quoted before the question."""
     with request.stage("context"):
         context = fit_context(question, passages, budget, generator.count_tokens, policy.whole_first_max_tokens, table)
     with request.stage("prompt"):
@@ -294,7 +296,7 @@ def fit_and_build(
         whole_top = bool(passages and context.passages) and context.passages[0].chunk == passages[0].chunk
         if layout == "reusable" and not whole_top:
             layout = "stable"  # a top passage cut to the question is shared with no other question
-        prompt = build_prompt(question, context.passages, layout, key, warm_top)
+        prompt = build_prompt(question, context.passages, layout, key, warm_top, history)
     return context, prompt
 
 

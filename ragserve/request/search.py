@@ -70,14 +70,21 @@ class SearchStage:
         with request.stage("search"):
             hits = await self._search(
                 lambda: hybrid_search(
-                    index, params.query, vector, breadth, options, mode, params.dedupe_documents, params.narrowing
+                    index,
+                    params.lexical_text,
+                    vector,
+                    breadth,
+                    options,
+                    mode,
+                    params.dedupe_documents,
+                    params.narrowing,
                 ),
                 deadline,
             )
         outcome = RerankOutcome(stable_order([Passage(hit.chunk, hit.score) for hit in hits]))
         if reranker is not None:
             with request.stage("rerank"):
-                outcome = await self._rerank(reranker, params.query, outcome.passages, deadline)
+                outcome = await self._rerank(reranker, params.search_text, outcome.passages, deadline)
         top = [Passage(p.chunk, p.score, rank) for rank, p in enumerate(outcome.passages[: params.top_k], start=1)]
         degraded = Degraded.of_search(
             breadth_cut=breadth.cut,

@@ -27,8 +27,10 @@ from ragserve.request.pipeline import RagPipeline
 from ragserve.server.auth import BearerTokenInterceptor, ClientIdentityInterceptor, check_exposure
 from ragserve.server.gate import SERVICE_NAME, CallGate
 from ragserve.server.handlers import AroundCallInterceptor
+from ragserve.server.http_listener import HttpListener
 from ragserve.server.limiter import CallerLimits, InFlightLimiter
 from ragserve.server.metrics_http import MetricsServer
+from ragserve.server.openai_http import OpenAIDoor
 from ragserve.server.servicer import RagServicer
 from ragserve.server.tls import CertificateReloader, TlsFiles
 from ragserve.server.unix_socket import private_socket_path
@@ -200,6 +202,9 @@ class RagServer:
         self._metrics: MetricsServer | None = None
         gate = call_gate(settings)
         self._servicer = RagServicer(settings, gate)
+        # The OpenAI-compatible door (RAGSERVE_OPENAI_PORT): the same gate and, once loaded, pipeline.
+        self._door = OpenAIDoor(settings, gate) if settings.openai.port else None
+        self._http: HttpListener | None = None
         self.server, self.health = build_grpc_server(settings, self._servicer, gate)
 
     async def _set_health(self, status: int, names: tuple[str, ...] = ("", SERVICE_NAME, RETRIEVE_HEALTH_NAME)) -> None:
@@ -226,6 +231,11 @@ class RagServer:
                     f"cannot serve metrics on {observability.metrics_host}:{observability.metrics_port} "
                     f"(RAGSERVE_METRICS_PORT): {exc}"
                 ) from exc
+        if self._door is not None:
+            openai = self.settings.openai
+            self._http = HttpListener(self._door.app, openai.host, openai.port, self.settings)
+            await self._http.start()
+            log.info("OpenAI-compatible door on %s:%d", openai.host, openai.port)
         log.info("listening on %s; loading models and index", address)
         loop = asyncio.get_running_loop()
         pipeline = await loop.run_in_executor(
@@ -241,6 +251,8 @@ class RagServer:
             self._background.append(asyncio.create_task(watch))
         self.pipeline = pipeline
         self._servicer.pipeline = pipeline
+        if self._door is not None:
+            self._door.pipeline = pipeline
         if self.settings.index.reload_interval_s > 0:
             self._background.append(asyncio.create_task(self._index_reloader(pipeline).run()))
         if pipeline.generator is not None:
@@ -328,7 +340,8 @@ class RagServer:
         await self.health.enter_graceful_shutdown()
         for task in self._background:
             task.cancel()
-        await self.server.stop(self.settings.transport.shutdown_grace_s)
+        closing = self._http.close() if self._http is not None else asyncio.sleep(0)
+        await asyncio.gather(self.server.stop(self.settings.transport.shutdown_grace_s), closing)
         if self._metrics is not None:
             await self._metrics.close()
         if self.pipeline is not None:

@@ -23,9 +23,14 @@ def check_exposure(settings: Settings) -> None:
     token, and a token only travels inside TLS.
     """
     # RAGSERVE_TLS_ALLOWED_CLIENT_IDS without a client CA is refused by AccessSettings.
-    host, access = settings.transport.host, settings.access
-    if settings.transport.uds_path or is_loopback(host):
-        return
+    if not (settings.transport.uds_path or is_loopback(settings.transport.host)):
+        _check_protected(settings, settings.transport.host)
+    if settings.openai.port and not is_loopback(settings.openai.host):  # the HTTP door: the same rules
+        _check_protected(settings, settings.openai.host)
+
+
+def _check_protected(settings: Settings, host: str) -> None:
+    access = settings.access
     needs = (
         "TLS (RAGSERVE_TLS_CERT_FILE/RAGSERVE_TLS_KEY_FILE) with client certificates "
         "(RAGSERVE_TLS_CLIENT_CA_FILE) or a bearer token (RAGSERVE_AUTH_TOKEN)"

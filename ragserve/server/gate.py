@@ -10,8 +10,9 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -68,6 +69,19 @@ class Call:
         return (time.monotonic() - self.arrived) * 1000.0
 
 
+@dataclass(frozen=True)
+class Door:
+    """What a door (gRPC or HTTP) learnt of a call before admission: its id, the class it asked
+    for, the caller's verified certificate names, the seconds its own deadline leaves (None: none)
+    and the headers that may carry a trace."""
+
+    request_id: str
+    request_class: RequestClass
+    client_ids: set[str]
+    client_left_s: float | None
+    trace_headers: Sequence[tuple[str, Any]] | None
+
+
 class CallGate:
     def __init__(
         self, limiter: InFlightLimiter, side_streams: InFlightLimiter, callers: CallerLimits, max_call_s: float
@@ -94,34 +108,13 @@ class CallGate:
         BaseException: it passes through untouched and is counted as CANCELLED.
         """
         arrived = time.monotonic()
-        left = context.time_remaining()
-        capped = left is None or left > self._max_call_s
-        ends = arrived + (self._max_call_s if capped else left)
         request_id = request_id_of(context)
         code = "CANCELLED"
         try:
             asked = validate_request_class(request_class)  # admission depends on it: checked first
-            with contextlib.ExitStack() as held:
-                held.enter_context(tracing.request_span(f"{SERVICE_NAME}/{method}", context.invocation_metadata()))
-                cls = held.enter_context(self._callers.admit(client_ids(context), asked))  # at most its own class
-                if admit:
-                    held.enter_context(self._limiter.admit(cls))
-                    metrics.IN_FLIGHT.inc()
-                    held.callback(metrics.IN_FLIGHT.dec)
-                call = Call(request_id, method, cls, arrived, ends, capped)
-                loop = asyncio.get_running_loop()
-                clock = asyncio.timeout_at(loop.time() + (ends - time.monotonic()))
-                try:
-                    async with clock:
-                        yield call
-                except TimeoutError as exc:
-                    if not clock.expired():
-                        raise
-                    raise self._expired(call) from exc
-                except DeadlineExpired as exc:  # a stage saw the same end first
-                    if not capped:
-                        raise
-                    raise self._expired(call) from exc
+            door = Door(request_id, asked, client_ids(context), context.time_remaining(), context.invocation_metadata())
+            async with self.enter(method, door, admit, arrived) as call:
+                yield call
             code = "OK"
         except RagError as error:
             status = to_status(error)
@@ -141,6 +134,37 @@ class CallGate:
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error (request id {request_id})")
         finally:
             observe_request(method, code, (time.monotonic() - arrived) * 1000.0)
+
+    @contextlib.asynccontextmanager
+    async def enter(self, method: str, door: Door, admit: bool = True, arrived: float = 0.0) -> AsyncIterator[Call]:
+        """Admission, the span and the call's one clock, whichever door the call came through (gRPC
+        here, HTTP in server/openai_http.py); a refusal or an expired clock raises a RagError, which
+        the door turns into its own status."""
+        arrived = arrived or time.monotonic()
+        left = door.client_left_s
+        capped = left is None or left > self._max_call_s
+        ends = arrived + (self._max_call_s if left is None or capped else left)
+        with contextlib.ExitStack() as held:
+            held.enter_context(tracing.request_span(f"{SERVICE_NAME}/{method}", door.trace_headers))
+            cls = held.enter_context(self._callers.admit(door.client_ids, door.request_class))  # at most its own
+            if admit:
+                held.enter_context(self._limiter.admit(cls))
+                metrics.IN_FLIGHT.inc()
+                held.callback(metrics.IN_FLIGHT.dec)
+            call = Call(door.request_id, method, cls, arrived, ends, capped)
+            loop = asyncio.get_running_loop()
+            clock = asyncio.timeout_at(loop.time() + (ends - time.monotonic()))
+            try:
+                async with clock:
+                    yield call
+            except TimeoutError as exc:
+                if not clock.expired():
+                    raise
+                raise self._expired(call) from exc
+            except DeadlineExpired as exc:  # a stage saw the same end first
+                if not capped:
+                    raise
+                raise self._expired(call) from exc
 
     def _expired(self, call: Call) -> DeadlineExpired:
         if call.capped:

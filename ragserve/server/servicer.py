@@ -17,10 +17,17 @@ from ragserve.request.pipeline import RagPipeline
 from ragserve.server.auth import client_ids
 from ragserve.server.convert import info_response_pb, query_event_pb, retrieve_response_pb
 from ragserve.server.gate import CallGate, log_answer, log_retrieval
-from ragserve.server.validation import validate_generate, validate_retrieve
+from ragserve.server.validation import validate_generate, validate_history, validate_retrieve, with_history
 from ragserve.types import FinalSummary, RetrievalResult, RetrieveParams
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
+
+# The wire's Turn.Role numbers (rag.proto) as the core names them; others are refused by validation.
+_ROLES = {pb.Turn.ROLE_USER: "user", pb.Turn.ROLE_ASSISTANT: "assistant"}
+
+
+def _role_name(number: int) -> str:
+    return pb.Turn.Role.Name(number) if number in pb.Turn.Role.values() else str(number)
 
 
 class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
@@ -69,6 +76,10 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
                 request.temperature,
                 request.context_token_budget if request.HasField("context_token_budget") else None,
             )
+            turns = validate_history(
+                self._settings, [(_ROLES.get(t.role, _role_name(t.role)), t.text) for t in request.history]
+            )
+            params, gen = with_history(self._settings.history, params, gen, turns)
             events = self._ready().query(params, gen, call.request(params.budget_ms))
             try:
                 async for event in events:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Sequence
 
-from ragserve.config import Settings
+from ragserve.config import HistorySettings, Settings
 from ragserve.errors import InvalidArgument
-from ragserve.types import GenerateParams, RequestClass, RetrieveParams
+from ragserve.types import GenerateParams, RequestClass, RetrieveParams, Turn
+
+ROLES = ("user", "assistant")
+# Marks where the oldest quoted turn was cut to fit the prompt's history characters.
+_CUT = "…"
 
 # The wire's RequestClass numbers (rag.proto); 0 (unspecified) is interactive.
 _CLASSES = {0: RequestClass.INTERACTIVE, 1: RequestClass.INTERACTIVE, 2: RequestClass.BATCH}
@@ -87,3 +93,61 @@ def validate_generate(
         if context_token_budget is None
         else context_token_budget,
     )
+
+
+def validate_history(
+    settings: Settings, turns: Sequence[tuple[str, str]], field: str = "history", positions: Sequence[int] = ()
+) -> tuple[Turn, ...]:
+    """(role, text) pairs, oldest first, checked against the server's bounds. `field` and
+    `positions` name a turn as the caller sent it (the HTTP door's `messages[3]`)."""
+    bounds = settings.history
+    if len(turns) > bounds.max_history_turns:
+        raise InvalidArgument(
+            field,
+            f"must hold at most {bounds.max_history_turns} turns, got {len(turns)} "
+            "(the server's RAGSERVE_MAX_HISTORY_TURNS raises it)",
+        )
+    checked = []
+    for i, (role, text) in enumerate(turns):
+        where = f"{field}[{positions[i] if positions else i}]"
+        if role not in ROLES:
+            raise InvalidArgument(f"{where}.role", f"must be user or assistant, got {role!r}")
+        if len(text) > bounds.max_turn_chars:
+            raise InvalidArgument(
+                f"{where}.text",
+                f"must be at most {bounds.max_turn_chars} characters, got {len(text)} "
+                "(the server's RAGSERVE_MAX_TURN_CHARS raises it)",
+            )
+        if "\x00" in text:
+            raise InvalidArgument(f"{where}.text", "must not contain NUL characters")
+        if text.strip():  # an empty turn says nothing to search or to quote
+            checked.append(Turn(role, text.strip()))
+    return tuple(checked)
+
+
+def with_history(
+    bounds: HistorySettings, params: RetrieveParams, gen: GenerateParams, turns: tuple[Turn, ...]
+) -> tuple[RetrieveParams, GenerateParams]:
+    """The request with the parts of its history retrieval and the prompt use (validated turns)."""
+    if not turns:
+        return params, gen
+    wanted = bounds.history_retrieval_turns
+    recent = tuple(t.text for t in reversed(turns) if t.role == "user")[:wanted] if wanted else ()
+    weight = bounds.history_question_weight if recent else 1.0
+    params = dataclasses.replace(params, recent=recent, question_weight=weight)
+    return params, dataclasses.replace(gen, history=prompt_turns(turns, bounds))
+
+
+def prompt_turns(turns: tuple[Turn, ...], bounds: HistorySettings) -> tuple[Turn, ...]:
+    """The latest turns within the prompt's bounds, oldest first: older turns are dropped first,
+    then the oldest kept one is cut to the characters left (its end kept: it leads to the question)."""
+    kept: list[Turn] = []
+    left = bounds.history_prompt_chars
+    for turn in reversed(turns[-bounds.history_prompt_turns :] if bounds.history_prompt_turns else ()):
+        if left <= len(_CUT):
+            break
+        if len(turn.text) > left:
+            turn = Turn(turn.role, _CUT + turn.text[len(turn.text) - left + len(_CUT) :])
+        kept.append(turn)
+        left -= len(turn.text)
+    return tuple(reversed(kept))

@@ -206,7 +206,7 @@ class RetrieveResponse(_message.Message):
     def __init__(self, passages: _Optional[_Iterable[_Union[Passage, _Mapping]]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., index_version: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., cache_hit: _Optional[bool] = ..., support: _Optional[_Union[Support, _Mapping]] = ..., answer: _Optional[_Union[AnswerSpan, _Mapping]] = ...) -> None: ...
 
 class QueryRequest(_message.Message):
-    __slots__ = ("query", "top_k", "budget_ms", "max_tokens", "temperature", "dedupe_documents", "context_token_budget", "request_class", "filter")
+    __slots__ = ("query", "top_k", "budget_ms", "max_tokens", "temperature", "dedupe_documents", "context_token_budget", "request_class", "filter", "history")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +216,7 @@ class QueryRequest(_message.Message):
     CONTEXT_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
     REQUEST_CLASS_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
     query: str
     top_k: int
     budget_ms: int
@@ -225,7 +226,24 @@ class QueryRequest(_message.Message):
     context_token_budget: int
     request_class: RequestClass
     filter: Filter
-    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., dedupe_documents: _Optional[bool] = ..., context_token_budget: _Optional[int] = ..., request_class: _Optional[_Union[RequestClass, str]] = ..., filter: _Optional[_Union[Filter, _Mapping]] = ...) -> None: ...
+    history: _containers.RepeatedCompositeFieldContainer[Turn]
+    def __init__(self, query: _Optional[str] = ..., top_k: _Optional[int] = ..., budget_ms: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., dedupe_documents: _Optional[bool] = ..., context_token_budget: _Optional[int] = ..., request_class: _Optional[_Union[RequestClass, str]] = ..., filter: _Optional[_Union[Filter, _Mapping]] = ..., history: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ...) -> None: ...
+
+class Turn(_message.Message):
+    __slots__ = ("role", "text")
+    class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        ROLE_UNSPECIFIED: _ClassVar[Turn.Role]
+        ROLE_USER: _ClassVar[Turn.Role]
+        ROLE_ASSISTANT: _ClassVar[Turn.Role]
+    ROLE_UNSPECIFIED: Turn.Role
+    ROLE_USER: Turn.Role
+    ROLE_ASSISTANT: Turn.Role
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    role: Turn.Role
+    text: str
+    def __init__(self, role: _Optional[_Union[Turn.Role, str]] = ..., text: _Optional[str] = ...) -> None: ...
 
 class RetrievalEvent(_message.Message):
     __slots__ = ("passages", "timings", "degraded", "index_version", "rerank_tiers", "cache_hit", "support", "answer")

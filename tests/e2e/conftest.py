@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.servers import FLOAT32_ENV, LIVE_ENV, LiveServer, SessionServers
+from tests.helpers import free_port
 
 RETRIEVAL_ENV = {"RAGSERVE_GENERATION_ENABLED": "false"}
 
@@ -19,7 +20,11 @@ def session_servers(sample_index: Path, tmp_path_factory: pytest.TempPathFactory
     servers = SessionServers(
         sample_index,
         tmp_path_factory.mktemp("session-servers"),
-        [{"live": LIVE_ENV, "retrieval": RETRIEVAL_ENV}, {"float32": FLOAT32_ENV}],
+        # The live server's OpenAI-compatible door on a port of its own (tests/e2e/test_openai_door.py).
+        [
+            {"live": {**LIVE_ENV, "RAGSERVE_OPENAI_PORT": str(free_port())}, "retrieval": RETRIEVAL_ENV},
+            {"float32": FLOAT32_ENV},
+        ],
     )
     yield servers
     codes = servers.stop_all()

@@ -31,6 +31,11 @@ class LiveServer:
     env: dict[str, str] = field(default_factory=dict)
     metrics_port: int = 0
 
+    @property
+    def openai_url(self) -> str:
+        """The OpenAI-compatible door's base URL (a server started with RAGSERVE_OPENAI_PORT)."""
+        return f"http://127.0.0.1:{self.env['RAGSERVE_OPENAI_PORT']}/v1"
+
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
 

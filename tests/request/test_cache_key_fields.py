@@ -20,6 +20,8 @@ _OTHER: dict[str, Any] = {
     "dedupe_documents": True,
     "filter": Filter(must=(Match("lang", ("de",)),)),
     "grant": Filter(must=(Match("groups", ("public", "eng"), any=True),)),
+    "recent": ("What is the Bank of Sydney?",),
+    "question_weight": 0.5,
 }
 
 

@@ -1,0 +1,54 @@
+"""The settings of conversations (history on Query) and of the OpenAI-compatible HTTP door."""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class HistorySettings(BaseSettings):
+    """Bounds on a Query's history and how much of it retrieval and the prompt use.
+    Variables: RAGSERVE_MAX_HISTORY_TURNS, RAGSERVE_HISTORY_PROMPT_TURNS, ..."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_", extra="forbid", frozen=True)
+
+    # Most earlier turns a request may carry; beyond, INVALID_ARGUMENT (field history).
+    max_history_turns: int = Field(default=32, ge=0, le=1024)
+    # Most characters in one turn; beyond, INVALID_ARGUMENT (field history[i].text).
+    max_turn_chars: int = Field(default=4000, ge=1)
+    # The latest user turns retrieval searches with beside the question (0: the question alone).
+    history_retrieval_turns: int = Field(default=1, ge=0, le=16)
+    # The question's share of the query vector when user turns join it (the rest: the question
+    # and those turns embedded together). Lexical search reads the question twice and the turns
+    # once; the reranker reads the question and the turns. 1: the question's vector alone.
+    history_question_weight: float = Field(default=0.75, ge=0.0, le=1.0)
+    # The latest turns the prompt quotes between the passages and the question, and the most
+    # characters they may take together (older turns are dropped first, then the oldest kept one
+    # is cut): each quoted token is an uncached prompt token (time to first token).
+    history_prompt_turns: int = Field(default=4, ge=0, le=64)
+    history_prompt_chars: int = Field(default=1200, ge=0)
+
+
+class OpenAISettings(BaseSettings):
+    """The OpenAI-compatible HTTP door (POST /v1/chat/completions, GET /v1/models; docs/api.md).
+    Variables use the RAGSERVE_OPENAI_ prefix. Off while `port` is 0."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_OPENAI_", extra="forbid", frozen=True)
+
+    # Its own TCP port (0: off). It serves the same pipeline as the gRPC port, in the same process.
+    port: int = Field(default=0, ge=0, le=65535)
+    # Its address. Off loopback, the same rules as the gRPC port (RAGSERVE_ALLOW_NON_LOOPBACK with
+    # TLS and client certificates or a bearer token); the same TLS files and token apply.
+    host: str = "127.0.0.1"
+    # The model id /v1/models lists and replies carry; a request may name it or any other id.
+    model_name: str = "ragserve"
+    # Most bytes in a request body; beyond, 413 (a history at its bounds fits well within it).
+    max_body_bytes: int = Field(default=1_048_576, ge=1024)
+
+    @model_validator(mode="after")
+    def _named(self) -> Self:
+        if not self.model_name.strip():
+            raise ValueError("RAGSERVE_OPENAI_MODEL_NAME must not be empty")
+        return self

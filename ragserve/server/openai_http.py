@@ -1,0 +1,280 @@
+"""The OpenAI-compatible HTTP door: POST /v1/chat/completions (server-sent events or one JSON body)
+and GET /v1/models, on Starlette served by uvicorn on the gRPC server's event loop. The same
+pipeline, call gate (admission by class and caller, the call's clock), access grants, bearer token
+and TLS files as the gRPC port; conversion lives in server/openai_wire.py.
+
+A client gone (the connection closed) cancels the call: the pipeline's stream is closed, which
+aborts the engine request, as a cancelled gRPC call does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hmac
+import logging
+import time
+import uuid
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from ragserve.access import AccessPolicy
+from ragserve.config import Settings
+from ragserve.errors import InvalidArgument, RagError, Unavailable
+from ragserve.filters import FilterLimits, parse_filter
+from ragserve.request.pipeline import RagPipeline
+from ragserve.server.gate import CallGate, Door, log_answer, log_retrieval
+from ragserve.server.observability import observe_request
+from ragserve.server.openai_wire import (
+    Asked,
+    ChatRequest,
+    Reply,
+    error_body,
+    http_error,
+    max_tokens_of,
+    parse_chat,
+    temperature_of,
+)
+from ragserve.server.status import to_status
+from ragserve.server.validation import validate_generate, validate_history, validate_retrieve, with_history
+from ragserve.types import FinalSummary, GenerateParams, QueryEvent, RequestClass, RetrievalResult, RetrieveParams
+
+log = logging.getLogger(__name__)
+
+METHOD = "ChatCompletions"  # the metrics' and logs' method name for this door's calls
+_MAX_REQUEST_ID = 64
+_SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+
+def json_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body), status, headers, media_type="application/json")
+
+
+class Refused(Exception):
+    """A call turned away before it reaches the gate (the token, the certificate, the body's size)."""
+
+    def __init__(self, status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.response = json_response(status, error_body(message, kind), headers)
+
+
+class OpenAIDoor:
+    """The door's ASGI app (`app`); `pipeline` is None until loading finishes (503 until then)."""
+
+    def __init__(self, settings: Settings, gate: CallGate) -> None:
+        self.pipeline: RagPipeline | None = None
+        self._settings = settings
+        self._gate = gate
+        grants = settings.grants
+        self._access = AccessPolicy(grants.field, grants.grant_table(), grants.public_value)
+        bounds = settings.filters
+        self._filter_limits = FilterLimits(bounds.max_conditions, bounds.max_depth, bounds.max_values)
+        token = settings.access.auth_token
+        self._expected = f"Bearer {token}".encode() if token else None
+        ids = settings.access.tls_allowed_client_ids.split(",")
+        self._allowed = frozenset(name.strip() for name in ids if name.strip())
+        self._model = settings.openai.model_name
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", _ChatEndpoint(self), methods=["POST"]),
+                Route("/v1/models", self.models, methods=["GET"]),
+            ],
+            exception_handlers={HTTPException: _http_exception},
+        )
+
+    def caller(self, request: Request) -> set[str]:
+        """The caller's verified certificate names, once its token and certificate pass."""
+        if self._expected is not None:
+            presented = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(presented, self._expected):
+                headers = {"www-authenticate": "Bearer"}
+                raise Refused(401, "missing or invalid bearer token", "authentication_error", headers)
+        names: set[str] = request.scope.get("state", {}).get("client_ids", set())
+        if self._allowed and not names & self._allowed:
+            raise Refused(403, "client certificate is not allowed", "permission_error")
+        return names
+
+    async def models(self, request: Request) -> Response:
+        try:
+            self.caller(request)
+        except Refused as refused:
+            return refused.response
+        model = {"id": self._model, "object": "model", "created": 0, "owned_by": "ragserve"}
+        return json_response(200, {"object": "list", "data": [model]})
+
+    async def read_body(self, request: Request) -> bytes:
+        """The body, refused (413) past RAGSERVE_OPENAI_MAX_BODY_BYTES before it is all read."""
+        limit = self._settings.openai.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        too_big = Refused(
+            413, f"the body is over {limit} bytes (RAGSERVE_OPENAI_MAX_BODY_BYTES)", "invalid_request_error"
+        )
+        if declared.isdigit() and int(declared) > limit:
+            raise too_big
+        body = bytearray()
+        async for part in request.stream():
+            body += part
+            if len(body) > limit:
+                raise too_big
+        return bytes(body)
+
+    async def chat(self, request: Request, body: bytes, names: set[str], send: Send) -> None:
+        """One chat completion, from the parsed body to its last byte; every failure a status."""
+        arrived = time.monotonic()
+        request_id = _request_id(request)
+        sse = _Stream(send, request_id)
+        code = "CANCELLED"
+        try:
+            chat, asked = parse_chat(body)
+            door = Door(request_id, _class_of(request, chat), names, None, list(request.headers.items()))
+            async with self._gate.enter(METHOD, door, arrived=arrived) as call:
+                params, gen = self._params(chat, asked, names)
+                events = self._ready().query(params, gen, call.request(params.budget_ms))
+                async with contextlib.aclosing(events):  # closed now: a client gone aborts the engine request
+                    reply = Reply(
+                        request_id, self._model, bool(chat.stream_options and chat.stream_options.include_usage)
+                    )
+                    if chat.stream:
+                        async for event in events:
+                            _log_event(call, event)
+                            await sse.send(reply.chunks(event))
+                        await sse.done()
+                    else:
+                        collected = [event async for event in events]
+                        for event in collected:
+                            _log_event(call, event)
+                        await sse.whole(json_response(200, reply.completion(collected), sse.id_header))
+            code = "OK"
+        except RagError as error:
+            code = to_status(error).code.name
+            log.info("request failed", extra={"request_id": request_id, "method": METHOD, "code": code})
+            await sse.fail(*http_error(error))
+        except Exception:
+            code = "INTERNAL"  # a bug: its traceback in the log, none to the caller
+            log.exception("request crashed", extra={"request_id": request_id, "method": METHOD})
+            await sse.fail(500, error_body(f"internal error (request id {request_id})", "server_error"), {})
+        finally:
+            observe_request(METHOD, code, (time.monotonic() - arrived) * 1000.0)
+
+    def _ready(self) -> RagPipeline:
+        if self.pipeline is None:
+            raise Unavailable("server is still loading the index and models")
+        return self.pipeline
+
+    def _params(self, chat: ChatRequest, asked: Asked, names: set[str]) -> tuple[RetrieveParams, GenerateParams]:
+        settings = self._settings
+        try:
+            params = validate_retrieve(settings, asked.question, chat.top_k, chat.budget_ms, chat.dedupe_documents)
+        except InvalidArgument as error:  # the question is a message here, not a field
+            field = f"messages[{asked.question_at}].content" if error.field == "query" else error.field
+            raise InvalidArgument(field, error.description) from None
+        gen = validate_generate(settings, max_tokens_of(chat), temperature_of(chat), chat.context_token_budget)
+        checked = parse_filter(chat.filter, self._ready().serving.index.fields, self._filter_limits)
+        params = dataclasses.replace(params, filter=checked, grant=self._access.grant_for(names))
+        turns = validate_history(settings, asked.turns, "messages", asked.positions)
+        return with_history(settings.history, params, gen, turns)
+
+
+class _ChatEndpoint:
+    """The chat route as an ASGI app: the body is read first, then the call runs in a task of its
+    own while this one waits for the client to go (and then cancels it)."""
+
+    def __init__(self, door: OpenAIDoor) -> None:
+        self._door = door
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        try:
+            names = self._door.caller(request)
+            body = await self._door.read_body(request)
+        except Refused as refused:
+            await refused.response(scope, receive, send)
+            return
+        work = asyncio.create_task(self._door.chat(request, body, names, send))
+        gone = asyncio.create_task(_disconnected(receive))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                work.cancel()  # the client left (or this task was cancelled): stop the call's work
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class _Stream:
+    """The response as it goes out: server-sent events once the first chunk is sent, else one JSON
+    body (a failure before any byte gets its own status)."""
+
+    def __init__(self, send: Send, request_id: str) -> None:
+        self._send = send
+        self.started = False
+        self.id_header = {"x-request-id": request_id}
+
+    async def send(self, chunks: list[dict[str, Any]]) -> None:
+        if not self.started:
+            headers = [*_SSE_HEADERS, (b"x-request-id", self.id_header["x-request-id"].encode())]
+            await self._send({"type": "http.response.start", "status": 200, "headers": headers})
+            self.started = True
+        data = b"".join(b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks)
+        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def done(self) -> None:
+        await self._send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+    async def whole(self, response: Response) -> None:
+        self.started = True
+        await response({"type": "http"}, _no_receive, self._send)
+
+    async def fail(self, status: int, body: dict[str, Any], headers: dict[str, str]) -> None:
+        """An error as its status and body, or, once events went out, as a last `error` event (the
+        OpenAI SDKs raise it)."""
+        if not self.started:
+            await self.whole(json_response(status, body, {**headers, **self.id_header}))
+            return
+        data = b"data: " + orjson.dumps(body) + b"\n\n"
+        await self._send({"type": "http.response.body", "body": data, "more_body": False})
+
+
+async def _no_receive() -> dict[str, Any]:  # a whole response never reads the request
+    return {"type": "http.disconnect"}
+
+
+def _log_event(call: Any, event: QueryEvent) -> None:
+    if isinstance(event, RetrievalResult):
+        log_retrieval(call, event)
+    elif isinstance(event, FinalSummary):
+        log_answer(call, event)
+
+
+def _request_id(request: Request) -> str:
+    given = request.headers.get("x-request-id", "")
+    return given if 0 < len(given) <= _MAX_REQUEST_ID and given.isprintable() else uuid.uuid4().hex
+
+
+def _class_of(request: Request, chat: ChatRequest) -> RequestClass:
+    """The `x-request-class` header, else the body's `request_class`, else interactive."""
+    named = request.headers.get("x-request-class") or chat.request_class or "interactive"
+    if named not in ("interactive", "batch"):
+        raise InvalidArgument("x-request-class", f"must be interactive or batch, got {named!r}")
+    return RequestClass(named)
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (an unknown path, a wrong method) in the OpenAI error shape."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    kind = "not_found_error" if status == 404 else "invalid_request_error"
+    return json_response(status, error_body(f"{request.method} {request.url.path}: {exc}", kind))
