@@ -33,13 +33,13 @@ from ragserve.types import Chunk
 # breadth (ef) comes from settings per request.
 DEFAULT_M = 32
 DEFAULT_EF_CONSTRUCTION = 200
-# A filtered search scans the passing chunks' vectors exactly, or walks the graph skipping the others
-# with ef widened by the filter's selectivity, whichever costs less: a scan costs about its n passing
-# vectors, a walk about ef / selectivity visits, each some 32 times a vector's dot product (the
-# filter is a Python call per visit; measured on SciFact: BENCHMARKS.md, "Filters"). So scan when
-# n^2 <= 32 * ef * count, and never more than the setting's cap of vectors.
+# A filtered search scans the passing chunks' vectors exactly, or asks the graph for enough
+# neighbours that k of them pass (about 2k / selectivity), whichever costs less: a scan costs some
+# 0.25 us a passing vector, a walk some 10 us a neighbour asked for (measured on SciFact,
+# BENCHMARKS.md "Filters"). So scan when n^2 <= 80 * k * count for n passing chunks, and never more
+# than the setting's cap of vectors.
 DEFAULT_EXACT_SCAN_MAX = 20_000
-_WALK_VISIT_COST_IN_DOTS = 32
+_WALK_OVER_SCAN_COST = 80
 # The widest a filtered HNSW search may look, as a multiple of its unfiltered ef.
 _FILTERED_EF_GROWTH_MAX = 16
 
@@ -199,28 +199,40 @@ class HnswIndex:
         if k <= 0:
             return []
         if flt is None:
-            return self._walk(query_vector, k, max(ef, k))
+            return self._scored(*self._knn(query_vector, k, max(ef, k)))
         mask = self._columns.mask(flt)
         allowed, ef = int(np.count_nonzero(mask)), max(ef, k)
-        if allowed <= self.exact_scan_max and allowed * allowed <= _WALK_VISIT_COST_IN_DOTS * ef * self.count:
+        if allowed <= self.exact_scan_max and allowed * allowed <= _WALK_OVER_SCAN_COST * ef * self.count:
             return self._scan(query_vector, k, np.flatnonzero(mask))
-        # The walk visits about ef / selectivity nodes to find ef that pass.
-        widened = min(int(ef * self.count / allowed) + 1, ef * _FILTERED_EF_GROWTH_MAX)
+        # The walk looks about 1 / selectivity times as far to find as many that pass. It asks the
+        # graph for that many neighbours and keeps those that pass: no Python call per visited node,
+        # which on a server's threads waits for the GIL at every visit (BENCHMARKS.md, "Filters").
+        widened = min(int(ef * self.count / allowed) + 1, ef * _FILTERED_EF_GROWTH_MAX, self.count)
+        wanted = min(2 * int(k * self.count / allowed) + 10, self.count)  # twice what k passing needs
+        labels, distances = self._knn(query_vector, wanted, max(widened, wanted))
+        passing = mask[labels]
+        if int(np.count_nonzero(passing)) >= min(k, allowed):
+            return self._scored(labels[passing][:k], distances[passing][:k])
+        # Too few passed (a filter that keeps far from the question): the graph walked with the filter.
         try:
-            return self._walk(query_vector, min(k, allowed), widened, lambda label: bool(mask[label]))
+            return self._scored(*self._knn(query_vector, min(k, allowed), widened, lambda label: bool(mask[label])))
         except RuntimeError:  # hnswlib found fewer than k that pass: the exact scan finds them all
             return self._scan(query_vector, k, np.flatnonzero(mask))
 
-    def _walk(self, query_vector: np.ndarray, k: int, ef: int, keep: Any = None) -> list[ScoredChunk]:
+    def _knn(self, query_vector: np.ndarray, k: int, ef: int, keep: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """Labels (rows) and distances of the k nearest, best first; `keep`: hnswlib's filter callback."""
         # hnswlib's ef is index-wide state: set it and query under one lock so concurrent
         # requests with different breadths do not see each other's setting (a query is < 1 ms).
         with self._lock:
             self._index.set_ef(ef)
             labels, distances = self._index.knn_query(query_vector.reshape(1, -1), k=k, filter=keep)
+        return labels[0], distances[0]
+
+    def _scored(self, labels: np.ndarray, distances: np.ndarray) -> list[ScoredChunk]:
         # "ip" distance is 1 - dot product.
         return [
             ScoredChunk(self._chunks[int(label)], float(1.0 - dist))
-            for label, dist in zip(labels[0], distances[0], strict=True)
+            for label, dist in zip(labels, distances, strict=True)
         ]
 
     def _scan(self, query_vector: np.ndarray, k: int, rows: np.ndarray) -> list[ScoredChunk]:
@@ -231,7 +243,7 @@ class HnswIndex:
             vectors = np.asarray(self._vectors[rows], dtype=np.float32)
         else:
             vectors = np.asarray(self._index.get_items(rows), dtype=np.float32)
-        scores = vectors @ np.asarray(query_vector, dtype=np.float32).reshape(-1)
+        scores = vectors.dot(np.asarray(query_vector, dtype=np.float32).reshape(-1))
         k = min(k, rows.size)
         best = np.argpartition(-scores, k - 1)[:k]
         best = best[np.lexsort((rows[best], -scores[best]))]  # by score, then row: a stable order
