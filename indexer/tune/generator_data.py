@@ -207,4 +207,3 @@ def prepare_generator_data(
     }
     (out / DATA_MANIFEST).write_text(json.dumps(manifest, indent=2))
     return manifest
-
