@@ -153,7 +153,7 @@ def main() -> None:
     index = ensure_index(args.index, args.out, args.data / "corpus.jsonl")
     configs = dict(spec.split("=", 1) for spec in args.configs)
     servers = {}
-    load_before = load_avg()
+    load_before, commit = load_avg(), git_head()  # the code the servers start from
     try:
         for name, adapter in configs.items():
             prepare(adapter)
@@ -165,7 +165,7 @@ def main() -> None:
             stop_server(process)
     summaries = {name: summarize(r) for name, r in rows.items()}
     meta = {
-        "commit": git_head(),
+        "commit": commit,
         "data": args.data.name,
         "questions": len(next(iter(rows.values()))),
         "load_before": load_before,

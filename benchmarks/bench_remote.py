@@ -56,7 +56,7 @@ from benchmarks.workloads import (  # noqa: E402
     wait_warm,
 )
 from ragserve.client import RagClient  # noqa: E402
-from ragserve.config import GeneratorSettings, default_generator_path  # noqa: E402
+from ragserve.config import GeneratorSettings  # noqa: E402
 from ragserve.generate.host import read_host_cpu, resolve_engine  # noqa: E402
 
 
@@ -161,7 +161,7 @@ def main() -> None:
         return {"RAGSERVE_GENERATOR_BACKEND": "remote", "RAGSERVE_GENERATOR_REMOTE_URLS": ",".join(urls), **extra}
 
     run("local", {})
-    model = default_generator_path()
+    model = Path(GeneratorSettings().resolved_model())  # the folder the sidecar serves
     server = spawn_vllm_server(model, args.out / "vllm-both.log", "0-1", dtype)
     try:
         wait_http_ok(server)

@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from benchmarks.workloads import HttpProcess, reset_prefix_cache, spawn_router, spawn_vllm_server, wait_http_ok
 from ragserve.client import RagClient
-from ragserve.config import GeneratorSettings, default_generator_path
+from ragserve.config import GeneratorSettings
 from ragserve.generate.remote import RemoteVllmGenerator
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc
@@ -63,7 +63,7 @@ def stack(
     sample_index: Path, tmp_path_factory: pytest.TempPathFactory, session_servers: SessionServers
 ) -> Iterator[RemoteStack]:
     logs = tmp_path_factory.mktemp("remote")
-    model = default_generator_path()
+    model = Path(GeneratorSettings().resolved_model())  # the folder the sidecar serves
     servers = [spawn_vllm_server(model, logs / f"vllm-{i}.log", cpus=str(i % 2), dtype=DTYPE) for i in range(2)]
     sidecar: LiveServer | None = None
     try:

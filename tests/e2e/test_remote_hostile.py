@@ -20,7 +20,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ragserve.config import default_generator_path
+from ragserve.config import GeneratorSettings
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc
 from tests.e2e.servers import LiveServer, spawn_server, wait_serving
@@ -47,7 +47,7 @@ class FakesOnAThread:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
-        model = str(default_generator_path())
+        model = GeneratorSettings().resolved_model()  # the folder the sidecar serves
         self.fakes = [self.run(FakeVllmServer(model=model).start()) for _ in range(count)]
 
     def run(self, work: Coroutine[Any, Any, T]) -> T:

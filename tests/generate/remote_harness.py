@@ -7,13 +7,14 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from ragserve.config import GeneratorSettings, default_generator_path
+from ragserve.config import GeneratorSettings
 from ragserve.generate.remote import RemoteVllmGenerator
 from ragserve.prompt import Prompt, build_prompt
 from ragserve.types import Chunk, GenerationChunk, Passage
 from tests.generate.fake_vllm_server import FakeVllmServer
 
-MODEL = str(default_generator_path())
+# The folder the sidecar serves (the base with the shipped adapter merged): what servers run.
+MODEL = GeneratorSettings().resolved_model()
 RemoteTest = Callable[[RemoteVllmGenerator, list[FakeVllmServer]], Awaitable[None]]
 
 
