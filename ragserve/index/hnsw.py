@@ -34,12 +34,12 @@ from ragserve.types import Chunk
 DEFAULT_M = 32
 DEFAULT_EF_CONSTRUCTION = 200
 # A filtered search scans the passing chunks' vectors exactly, or asks the graph for enough
-# neighbours that k of them pass (about 2k / selectivity), whichever costs less: a scan costs some
-# 0.25 us a passing vector, a walk some 10 us a neighbour asked for (measured on SciFact,
-# BENCHMARKS.md "Filters"). So scan when n^2 <= 80 * k * count for n passing chunks, and never more
-# than the setting's cap of vectors.
+# neighbours that k of them pass and keeps those, whichever costs less. A scan costs some 0.27 us a
+# passing vector; the graph some 5.5 us per unit of the breadth it needs, max(ef, 2k) / selectivity
+# (measured on SciFact, BENCHMARKS.md "Filters"). So scan when n^2 <= 20 * max(ef, 2k) * count for
+# n passing chunks, and never more than the setting's cap of vectors.
 DEFAULT_EXACT_SCAN_MAX = 20_000
-_WALK_OVER_SCAN_COST = 80
+_WALK_OVER_SCAN_COST = 20
 # The widest a filtered HNSW search may look, as a multiple of its unfiltered ef.
 _FILTERED_EF_GROWTH_MAX = 16
 
@@ -202,7 +202,7 @@ class HnswIndex:
             return self._scored(*self._knn(query_vector, k, max(ef, k)))
         mask = self._columns.mask(flt)
         allowed, ef = int(np.count_nonzero(mask)), max(ef, k)
-        if allowed <= self.exact_scan_max and allowed * allowed <= _WALK_OVER_SCAN_COST * ef * self.count:
+        if allowed <= self.exact_scan_max and allowed * allowed <= _WALK_OVER_SCAN_COST * max(ef, 2 * k) * self.count:
             return self._scan(query_vector, k, np.flatnonzero(mask))
         # The walk looks about 1 / selectivity times as far to find as many that pass. It asks the
         # graph for that many neighbours and keeps those that pass: no Python call per visited node,
@@ -243,7 +243,9 @@ class HnswIndex:
             vectors = np.asarray(self._vectors[rows], dtype=np.float32)
         else:
             vectors = np.asarray(self._index.get_items(rows), dtype=np.float32)
-        scores = vectors.dot(np.asarray(query_vector, dtype=np.float32).reshape(-1))
+        # einsum, not a BLAS call: OpenBLAS's threads made this product 10-60x slower, erratically,
+        # on a two-core host whose other core was busy (the server's model threads, the engine).
+        scores = np.einsum("ij,j->i", vectors, np.asarray(query_vector, dtype=np.float32).reshape(-1))
         k = min(k, rows.size)
         best = np.argpartition(-scores, k - 1)[:k]
         best = best[np.lexsort((rows[best], -scores[best]))]  # by score, then row: a stable order
