@@ -155,12 +155,12 @@ def test_the_adapter_setting_picks_the_served_folder() -> None:
 
 
 def test_ask_prints_a_decline_plainly(capsys: pytest.CaptureFixture[str]) -> None:
-    from ragserve.cli.client_commands import _print_final
+    from ragserve.cli.printing import print_final
     from ragserve.v1 import rag_pb2 as pb
 
-    _print_final(pb.FinalEvent(finish_reason="stop", declined=True), 0.1)
+    print_final(pb.FinalEvent(finish_reason="stop", declined=True), 0.1)
     assert "declined: the retrieved documents do not contain the answer" in capsys.readouterr().out
-    _print_final(pb.FinalEvent(finish_reason="stop"), 0.1)
+    print_final(pb.FinalEvent(finish_reason="stop"), 0.1)
     assert "declined" not in capsys.readouterr().out
 
 

@@ -86,7 +86,7 @@ def test_the_evidence_is_a_later_passages_highlight_only_when_it_covers_clearly_
 
 
 def test_ask_prints_the_evidence_passages_highlight_with_its_citation(capsys: pytest.CaptureFixture[str]) -> None:
-    from ragserve.cli.client_commands import _print_retrieval
+    from ragserve.cli.printing import print_retrieval
     from ragserve.v1 import rag_pb2 as pb
 
     event = pb.RetrievalEvent(
@@ -101,7 +101,7 @@ def test_ask_prints_the_evidence_passages_highlight_with_its_citation(capsys: py
         ],
         support=pb.Support(coverage=0.9, evidence_passage=1),
     )
-    _print_retrieval(event)
+    print_retrieval(event)
     assert "evidence [2]: The run encodes distance." in capsys.readouterr().out
-    _print_retrieval(pb.RetrievalEvent(passages=list(event.passages)))  # an older server: no support
+    print_retrieval(pb.RetrievalEvent(passages=list(event.passages)))  # an older server: no support
     assert "evidence [1]: TCP" in capsys.readouterr().out

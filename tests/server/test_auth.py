@@ -53,3 +53,17 @@ def test_refused(settings: dict[str, object], reason: str) -> None:
 def test_pinned_client_ids_need_client_certificates() -> None:
     with pytest.raises(ValidationError, match="RAGSERVE_TLS_CLIENT_CA_FILE"):
         _settings({"tls_allowed_client_ids": "app"})
+
+
+def test_the_openai_door_keeps_the_same_exposure_rules() -> None:
+    """The HTTP door off loopback needs what the gRPC port needs off loopback; on loopback, nothing."""
+    check_exposure(Settings(openai={"port": 8000}))  # 127.0.0.1 by default
+    with pytest.raises(ConfigError, match="RAGSERVE_ALLOW_NON_LOOPBACK"):
+        check_exposure(Settings(openai={"port": 8000, "host": "0.0.0.0"}))
+    with pytest.raises(ConfigError, match="plaintext"):
+        check_exposure(
+            Settings(openai={"port": 8000, "host": "0.0.0.0"}, access={"allow_non_loopback": True, "auth_token": "t"})
+        )
+    protected = {"allow_non_loopback": True, "auth_token": "t", **TLS}
+    check_exposure(Settings(openai={"port": 8000, "host": "0.0.0.0"}, access=protected))
+    check_exposure(Settings(openai={"port": 0, "host": "0.0.0.0"}))  # off: its host is never bound

@@ -300,3 +300,16 @@ def test_tls_with_client_certificates_names_the_caller(tmp_path: Path) -> None:
         assert status == 503 and "loading" in body["error"]["message"]
         plain = subprocess.run(["curl", "-sS", "--cacert", str(pki.ca_cert), f"{url}/models"], capture_output=True)
         assert plain.returncode != 0  # no client certificate: no TLS session at all
+
+
+def test_the_request_class_comes_from_the_header_or_the_body(door: Door) -> None:
+    ask = {"model": "ragserve", "messages": [{"role": "user", "content": "What is a Raft leader?"}]}
+    client = door.client()
+    by_header = client.chat.completions.create(**ask, extra_headers={"x-request-class": "batch"})
+    by_body = client.chat.completions.create(**ask, extra_body={"request_class": "batch"})
+    plain = client.chat.completions.create(**ask)
+    classes = [r.model_extra["ragserve"]["final"]["request_class"] for r in (by_header, by_body, plain)]
+    assert classes == ["REQUEST_CLASS_BATCH", "REQUEST_CLASS_BATCH", "REQUEST_CLASS_INTERACTIVE"]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(**ask, extra_headers={"x-request-class": "urgent"})
+    assert refused.value.body["param"] == "x-request-class"
