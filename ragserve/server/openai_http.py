@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hmac
 import logging
 import time
@@ -26,10 +25,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from ragserve.access import AccessPolicy
 from ragserve.config import Settings
 from ragserve.errors import InvalidArgument, RagError, Unavailable
-from ragserve.filters import FilterLimits, parse_filter
 from ragserve.request.pipeline import RagPipeline
 from ragserve.server.gate import CallGate, Door, log_answer, log_retrieval
 from ragserve.server.observability import observe_request
@@ -44,7 +41,13 @@ from ragserve.server.openai_wire import (
     temperature_of,
 )
 from ragserve.server.status import to_status
-from ragserve.server.validation import validate_generate, validate_history, validate_retrieve, with_history
+from ragserve.server.validation import (
+    Narrowing,
+    validate_generate,
+    validate_history,
+    validate_retrieve,
+    with_history,
+)
 from ragserve.types import FinalSummary, GenerateParams, QueryEvent, RequestClass, RetrievalResult, RetrieveParams
 
 log = logging.getLogger(__name__)
@@ -73,10 +76,7 @@ class OpenAIDoor:
         self.pipeline: RagPipeline | None = None
         self._settings = settings
         self._gate = gate
-        grants = settings.grants
-        self._access = AccessPolicy(grants.field, grants.grant_table(), grants.public_value)
-        bounds = settings.filters
-        self._filter_limits = FilterLimits(bounds.max_conditions, bounds.max_depth, bounds.max_values)
+        self._narrowing = Narrowing(settings)
         token = settings.access.auth_token
         self._expected = f"Bearer {token}".encode() if token else None
         ids = settings.access.tls_allowed_client_ids.split(",")
@@ -177,8 +177,7 @@ class OpenAIDoor:
             field = f"messages[{asked.question_at}].content" if error.field == "query" else error.field
             raise InvalidArgument(field, error.description) from None
         gen = validate_generate(settings, max_tokens_of(chat), temperature_of(chat), chat.context_token_budget)
-        checked = parse_filter(chat.filter, self._ready().serving.index.fields, self._filter_limits)
-        params = dataclasses.replace(params, filter=checked, grant=self._access.grant_for(names))
+        params = self._narrowing.apply(params, chat.filter, self._ready().serving.index.fields, names)
         turns = validate_history(settings, asked.turns, "messages", asked.positions)
         return with_history(settings.history, params, gen, turns)
 

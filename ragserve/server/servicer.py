@@ -3,21 +3,24 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncGenerator
 
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from ragserve.access import AccessPolicy
 from ragserve.config import Settings
 from ragserve.errors import Unavailable
-from ragserve.filters import FilterLimits, parse_filter
 from ragserve.request.pipeline import RagPipeline
 from ragserve.server.auth import client_ids
 from ragserve.server.convert import info_response_pb, query_event_pb, retrieve_response_pb
 from ragserve.server.gate import CallGate, log_answer, log_retrieval
-from ragserve.server.validation import validate_generate, validate_history, validate_retrieve, with_history
+from ragserve.server.validation import (
+    Narrowing,
+    validate_generate,
+    validate_history,
+    validate_retrieve,
+    with_history,
+)
 from ragserve.types import FinalSummary, RetrievalResult, RetrieveParams
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
@@ -36,10 +39,7 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
         self.pipeline = pipeline
         self._settings = settings
         self._gate = gate
-        grants = settings.grants
-        self._access = AccessPolicy(grants.field, grants.grant_table(), grants.public_value)
-        bounds = settings.filters
-        self._filter_limits = FilterLimits(bounds.max_conditions, bounds.max_depth, bounds.max_values)
+        self._narrowing = Narrowing(settings)
 
     def _ready(self) -> RagPipeline:
         if self.pipeline is None:
@@ -53,9 +53,7 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
             self._settings, request.query, request.top_k, request.budget_ms, request.dedupe_documents
         )
         raw = MessageToDict(request.filter, preserving_proto_field_name=True) if request.HasField("filter") else None
-        checked = parse_filter(raw, self._ready().serving.index.fields, self._filter_limits)
-        # The grant comes from who the caller is, never from the request: the caller cannot widen it.
-        return dataclasses.replace(params, filter=checked, grant=self._access.grant_for(client_ids(context)))
+        return self._narrowing.apply(params, raw, self._ready().serving.index.fields, client_ids(context))
 
     async def Retrieve(self, request: pb.RetrieveRequest, context: grpc.aio.ServicerContext) -> pb.RetrieveResponse:
         async with self._gate.call("Retrieve", context, request.request_class) as call:
@@ -95,6 +93,6 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
 
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
         async with self._gate.call("Info", context, admit=False):  # counted like every call, no slot
-            info = self._ready().info(self._access.grant_for(client_ids(context)))
+            info = self._ready().info(self._narrowing.access.grant_for(client_ids(context)))
             return info_response_pb(info, self._settings.requests.retrieval_budget_ms, self._gate.in_flight)
         raise AssertionError("the gate returned without a response")  # pragma: no cover (it aborts instead)

@@ -6,8 +6,10 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from ragserve.access import AccessPolicy
 from ragserve.config import HistorySettings, Settings
 from ragserve.errors import InvalidArgument
+from ragserve.filters import FieldSchema, FilterLimits, parse_filter
 from ragserve.types import GenerateParams, RequestClass, RetrieveParams, Turn
 
 ROLES = ("user", "assistant")
@@ -151,3 +153,20 @@ def prompt_turns(turns: tuple[Turn, ...], bounds: HistorySettings) -> tuple[Turn
         kept.append(turn)
         left -= len(turn.text)
     return tuple(reversed(kept))
+
+
+class Narrowing:
+    """What keeps a request to part of the corpus, the same on every door: its own filter (checked
+    against the serving version's fields) and the caller's access grant, which comes from who the
+    caller is, never from the request, so the caller cannot widen it."""
+
+    def __init__(self, settings: Settings) -> None:
+        grants, bounds = settings.grants, settings.filters
+        self.access = AccessPolicy(grants.field, grants.grant_table(), grants.public_value)
+        self._limits = FilterLimits(bounds.max_conditions, bounds.max_depth, bounds.max_values)
+
+    def apply(
+        self, params: RetrieveParams, raw_filter: object, fields: FieldSchema, caller_names: set[str]
+    ) -> RetrieveParams:
+        checked = parse_filter(raw_filter, fields, self._limits)
+        return dataclasses.replace(params, filter=checked, grant=self.access.grant_for(caller_names))
