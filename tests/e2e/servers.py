@@ -109,9 +109,15 @@ def spawn_server(
     return LiveServer(target, process, log, env or {}, metrics_port)
 
 
+# The base model, without the shipped adapter: the stream, deadline, cancellation and overload
+# tests need answers that run long, and the adapter answers in a few tokens or declines. The
+# adapter's own serving is tested by test_generator_contract and test_document_access.
+BASE_MODEL_ENV = {"RAGSERVE_GENERATOR_ADAPTER": "none"}
+
 # The shared full server: the real engine, a small in-flight bound (for the overload test) and
 # client pings allowed every second (for the keepalive test).
 LIVE_ENV = {
+    **BASE_MODEL_ENV,
     "RAGSERVE_MAX_IN_FLIGHT": "4",
     "RAGSERVE_KEEPALIVE_MIN_PING_MS": "1000",
     "RAGSERVE_KEEPALIVE_TIME_MS": "2000",
@@ -126,6 +132,7 @@ LIVE_ENV = {
 # keeps no answer cache: greedy answers are then token-exact between engines (test_speculation
 # compares it with plain decoding, test_remote with vLLM servers). One server serves both modules.
 FLOAT32_ENV = {
+    **BASE_MODEL_ENV,
     "RAGSERVE_GENERATOR_SPECULATIVE": "ngram",
     "RAGSERVE_CACHE_ANSWERS": "false",
     "RAGSERVE_GENERATOR_DTYPE": "float32",

@@ -23,7 +23,15 @@ from ragserve.config import GeneratorSettings
 from ragserve.generate.remote import RemoteVllmGenerator
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc
-from tests.e2e.servers import LiveServer, SessionServers, running_requests, spawn_server, wait_serving, wait_warm
+from tests.e2e.servers import (
+    BASE_MODEL_ENV,
+    LiveServer,
+    SessionServers,
+    running_requests,
+    spawn_server,
+    wait_serving,
+    wait_warm,
+)
 from tests.e2e.test_grpc_stream import _template_tokens
 from tests.generate import contract
 
@@ -63,7 +71,8 @@ def stack(
     sample_index: Path, tmp_path_factory: pytest.TempPathFactory, session_servers: SessionServers
 ) -> Iterator[RemoteStack]:
     logs = tmp_path_factory.mktemp("remote")
-    model = Path(GeneratorSettings().resolved_model())  # the folder the sidecar serves
+    # The folder the sidecars serve: the base model, as the float32 server it is compared with.
+    model = Path(GeneratorSettings(adapter=BASE_MODEL_ENV["RAGSERVE_GENERATOR_ADAPTER"]).resolved_model())
     servers = [spawn_vllm_server(model, logs / f"vllm-{i}.log", cpus=str(i % 2), dtype=DTYPE) for i in range(2)]
     sidecar: LiveServer | None = None
     try:
@@ -103,6 +112,7 @@ def _remote_env(urls: list[str], **extra: str) -> dict[str, str]:
         "RAGSERVE_GENERATOR_REMOTE_URLS": ",".join(urls),
         "RAGSERVE_CACHE_ANSWERS": "false",
         "RAGSERVE_HEALTH_PROBE_INTERVAL_S": "0.5",
+        **BASE_MODEL_ENV,
         **extra,
     }
 
