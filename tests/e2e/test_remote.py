@@ -262,7 +262,8 @@ def test_the_remote_generator_meets_the_generator_contract_on_a_real_vllm_server
     server = stack.servers[0]
 
     async def run() -> None:
-        settings = GeneratorSettings(backend="remote", remote_urls=server.url)
+        adapter = BASE_MODEL_ENV["RAGSERVE_GENERATOR_ADAPTER"]  # what the stack's servers serve
+        settings = GeneratorSettings(backend="remote", remote_urls=server.url, adapter=adapter)
         generator = RemoteVllmGenerator(settings, 4, 5.0)
         await generator.start()
         try:

@@ -20,7 +20,14 @@ import pytest
 
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
-from tests.e2e.servers import LiveServer, cancel_mid_stream, spawn_server, wait_engine_idle, wait_serving
+from tests.e2e.servers import (
+    BASE_MODEL_ENV,
+    LiveServer,
+    cancel_mid_stream,
+    spawn_server,
+    wait_engine_idle,
+    wait_serving,
+)
 
 QUESTIONS = [
     "How many bits per element does a Bloom filter need for a 1 percent false positive rate?",
@@ -38,6 +45,7 @@ def _env(speculative: str) -> dict[str, str]:
     # greedy answers needs it; in bf16 (chosen on hosts with native bf16) checking a draft and
     # decoding plainly, or one sequence and two at once, round differently and flip near-ties.
     return {
+        **BASE_MODEL_ENV,  # the long answers a speculation comparison needs (tests/e2e/servers.py)
         "RAGSERVE_GENERATOR_SPECULATIVE": speculative,
         "RAGSERVE_CACHE_ANSWERS": "false",
         "RAGSERVE_GENERATOR_DTYPE": "float32",
