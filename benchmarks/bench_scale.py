@@ -1,0 +1,396 @@
+"""What a sidecar costs as its corpus grows: 10 thousand to a million chunks, on this host.
+
+    python benchmarks/bench_scale.py run --base-index IDX --data ../shared/data/scifact \
+        --work /tmp/bench-scale --sizes 10000,100000,1000000
+    python benchmarks/bench_scale.py quality --data ../shared/data/scifact --work /tmp/bench-scale \
+        --distractors 100000
+
+`run`, per size: a corpus recombined from the base index's real chunks (benchmarks/scale_corpus.py:
+real text; vectors are the source chunks' real vectors mixed, not the texts' embeddings), built by
+the real indexer (`build_index`, the embedder replaced by that lookup, so the time is everything
+but embedding: bench_embed.py measures that); then HNSW recall@10 against exact search over the
+same vectors for SciFact's real query embeddings; then retrieval-only `ragserve serve` processes
+(no cache): seconds to SERVING, RSS at SERVING and after load, Retrieve p50/p99 (top_k 10, one
+request at a time) for dense, lexical and hybrid without a reranker and hybrid with the two test
+tiers; then, with load running, a hot reload to a version with 1% more documents (the indexer's
+incremental build, timed): peak RSS and the p99 of requests while it loads. Disk per version.
+
+`quality`: SciFact's queries against its corpus alone, and against its corpus hidden among
+`--distractors` passages recombined from the sentences of SciFact documents no query judges,
+embedded for real by the indexer (ONNX int8): nDCG@10 and recall@100 of each, one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.bench_sizing import tree_rss_mib  # noqa: E402
+from benchmarks.harness import git_head, load_avg, percentile  # noqa: E402
+from benchmarks.workloads import Server, evaluate, load_qrels, load_queries  # noqa: E402
+from ragserve.client import RagClient  # noqa: E402
+from ragserve.config import EmbedderSettings, default_of  # noqa: E402
+
+SERVER_ENV = {"RAGSERVE_RERANK_MODE": "off", "RAGSERVE_RETRIEVAL_BUDGET_MS": "70"}
+# (name, settings): the Retrieve layouts timed at each size.
+LAYOUTS = [
+    ("dense", {"RAGSERVE_RETRIEVAL_MODE": "dense"}),
+    ("lexical", {"RAGSERVE_RETRIEVAL_MODE": "bm25"}),
+    ("hybrid", {"RAGSERVE_RETRIEVAL_MODE": "hybrid"}),
+    ("hybrid + two tiers", {"RAGSERVE_RETRIEVAL_MODE": "hybrid", "RAGSERVE_RERANK_MODE": "two-tier"}),
+]
+ADD_SHARE = 0.01
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def embedder_tokenizer() -> Any:
+    from indexer.cli import load_embedder
+
+    return load_embedder(default_of(EmbedderSettings, "model"), "onnx", "cpu", True).tokenizer
+
+
+# --- building -------------------------------------------------------------------------------------
+
+
+def build_one(corpus: Path, index: Path, vectors: Path) -> None:
+    """Subprocess body: the real indexer over `corpus`, vectors looked up; prints a JSON report."""
+    from benchmarks.scale_corpus import RecombinedVectors, corpus_texts
+    from indexer.build import build_index
+    from indexer.cli import load_embedder
+
+    real = load_embedder(default_of(EmbedderSettings, "model"), "onnx", "cpu", True)
+    fake = RecombinedVectors(real.tokenizer, real.model_id, corpus_texts(corpus), np.load(vectors, mmap_mode="r"))
+    started = time.perf_counter()
+    report = build_index(corpus / "corpus.jsonl", index, fake, progress=False, embedder_backend="onnx-int8")
+    seconds = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out = {"seconds": seconds, "chunks": report.chunks, "embedded": report.embedded, "peak_rss_mib": peak}
+    print(json.dumps(out))
+
+
+def timed_build(corpus: Path, index: Path, vectors: Path) -> dict[str, Any]:
+    command = [sys.executable, __file__, "build-one", str(corpus), str(index), str(vectors)]
+    run = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    if run.returncode:
+        raise SystemExit(f"build failed:\n{run.stderr[-3000:]}")
+    return dict(json.loads(run.stdout.strip().splitlines()[-1]))
+
+
+def make_corpus(base: Path, size: int, folder: Path) -> None:
+    """corpus.jsonl + vectors.npy of `size` passages, and `add/` with 1% more (same seed: a superset)."""
+    from benchmarks.scale_corpus import SourceChunks, write_corpus
+
+    if (folder / "vectors.npy").is_file():
+        return
+    source = SourceChunks(base)
+    extra = int(size * ADD_SHARE)
+    vectors = write_corpus(source, size + extra, folder / "add", embedder_tokenizer(), seed=size)
+    lines = (folder / "add" / "corpus.jsonl").read_bytes().splitlines(keepends=True)
+    (folder / "corpus.jsonl").write_bytes(b"".join(lines[:size]))
+    np.save(folder / "vectors.npy", vectors[:size])
+    np.save(folder / "add" / "vectors.npy", vectors)
+
+
+# --- recall ---------------------------------------------------------------------------------------
+
+
+def query_vectors(data: Path, limit: int) -> np.ndarray:
+    from indexer.cli import load_embedder
+
+    queries = list(load_queries(data).values())[:limit]
+    embedder: Any = load_embedder(default_of(EmbedderSettings, "model"), "onnx", "cpu", True)
+    return np.asarray(embedder.embed_queries(queries), dtype=np.float32)
+
+
+def recall_at_10(index_root: Path, queries: np.ndarray, efs: list[int]) -> dict[str, float]:
+    """HNSW top 10 against an exact search over the version's own vectors, per ef."""
+    from ragserve.index.hnsw import HnswIndex
+
+    index = HnswIndex.load(index_root)
+    vectors = np.load(index.folder / "vectors.npy", mmap_mode="r")
+    best = np.full((len(queries), 10), -1, dtype=np.int64)
+    best_scores = np.full((len(queries), 10), -np.inf, dtype=np.float32)
+    for start in range(0, len(vectors), 65536):  # exact top 10, a slab of vectors at a time
+        scores = queries @ np.asarray(vectors[start : start + 65536]).T
+        merged = np.concatenate([best_scores, scores], axis=1)
+        rows = np.concatenate([best, np.broadcast_to(np.arange(start, start + scores.shape[1]), scores.shape)], axis=1)
+        top = np.argsort(-merged, axis=1)[:, :10]
+        best, best_scores = np.take_along_axis(rows, top, 1), np.take_along_axis(merged, top, 1)
+    out: dict[str, float] = {}
+    for ef in efs:
+        hits = 0
+        for q, truth in zip(queries, best, strict=True):
+            # Passage n is one chunk, "s<n>#0", at row n (rows follow the corpus's order).
+            rows = {int(s.chunk.doc_id[1:]) for s in index.search(q, 10, ef)}
+            hits += sum(1 for row in truth if int(row) in rows)
+        out[f"ef {ef}"] = hits / (10 * len(queries))
+    return out
+
+
+# --- serving --------------------------------------------------------------------------------------
+
+
+async def timed_retrieves(target: str, queries: list[str]) -> list[float]:
+    async with RagClient(target, default_timeout_s=30) as client:
+        for q in queries[:5]:
+            await client.retrieve(q, top_k=10)  # first calls load lazy parts
+        times = []
+        for q in queries:
+            started = time.perf_counter()
+            await client.retrieve(q, top_k=10)
+            times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+def tier_env(work: Path) -> dict[str, str]:
+    """The test tiers: random-weight cross-encoders with the MiniLM shapes (benchmarks/workloads.py)."""
+    from benchmarks.workloads import build_all
+
+    models = build_all(work / "tiers")
+    return {
+        "RAGSERVE_RERANK_TIER1_MODEL": str(models["minilm-l2-random"]),
+        "RAGSERVE_RERANK_TIER2_MODEL": str(models["minilm-l6-random"]),
+        "RAGSERVE_RERANK_ALLOW_RANDOM_HEADS": "true",
+        "RAGSERVE_RERANK_ONNX_CACHE_DIR": str(work / "tiers" / "onnx"),
+    }
+
+
+def serve_layouts(index: Path, queries: list[str], work: Path) -> dict[str, Any]:
+    rows: dict[str, Any] = {}
+    tiers = tier_env(work.parent)
+    for name, env in LAYOUTS:
+        server = Server(index, {**SERVER_ENV, **tiers, **env}, work / f"server-{name.replace(' ', '_')}.log")
+        started = time.perf_counter()
+        asyncio.run(server.wait_ready(900))
+        to_serving = time.perf_counter() - started
+        rss_serving = tree_rss_mib(server.proc.pid)
+        times = asyncio.run(timed_retrieves(server.target, queries))
+        rows[name] = {
+            "to_serving_s": to_serving,
+            "rss_serving_mib": rss_serving,
+            "rss_after_mib": tree_rss_mib(server.proc.pid),
+            "p50_ms": percentile(times, 50),
+            "p99_ms": percentile(times, 99),
+        }
+        server.stop()
+    return rows
+
+
+class RssPeak:
+    """The highest RSS of a process tree, sampled every 50 ms on a thread."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self._stop = pid, 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self.peak = max(self.peak, tree_rss_mib(self.pid))
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+async def reload_under_load(target: str, queries: list[str], publish: Any) -> dict[str, Any]:
+    """Retrieves one at a time before, during and after a reload to the version `publish` makes."""
+    async with RagClient(target, default_timeout_s=30) as client:
+        first = (await client.info()).index_version
+        steady, during, after = [], [], []
+        task = asyncio.get_running_loop().run_in_executor(None, publish)
+        n = 0
+        reload_started = reload_done = 0.0
+        while not reload_done or len(after) < len(queries) // 2:
+            q = queries[n % len(queries)]
+            n += 1
+            started = time.perf_counter()
+            await client.retrieve(q, top_k=10)
+            ms = (time.perf_counter() - started) * 1000
+            if not task.done():
+                steady.append(ms)
+            elif not reload_done:
+                reload_started = reload_started or time.perf_counter()
+                during.append(ms)
+                if n % 5 == 0 and (await client.info()).index_version != first:
+                    reload_done = time.perf_counter()
+            else:
+                after.append(ms)
+        build = await task
+    return {
+        "steady_p99_ms": percentile(steady, 99),
+        "during_p99_ms": percentile(during, 99),
+        "during_requests": len(during),
+        "after_p99_ms": percentile(after, 99),
+        "reload_s": reload_done - reload_started,
+        "add_build": build,
+    }
+
+
+def disk_mib(index: Path) -> float:
+    folder = (index / "CURRENT").resolve()
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / (1 << 20)
+
+
+def measure_size(args: argparse.Namespace, size: int, queries: list[str], qvecs: np.ndarray) -> dict[str, Any]:
+    folder = args.work / f"n{size}"
+    started = time.perf_counter()
+    make_corpus(args.base_index, size, folder)
+    print(f"[{size}] corpus in {time.perf_counter() - started:.0f} s; load {load_avg()}", flush=True)
+    index = folder / "index"
+    if not (index / "CURRENT").exists():
+        row: dict[str, Any] = {"build": timed_build(folder, index, folder / "vectors.npy")}
+    else:
+        row = {"build": json.loads((folder / "build.json").read_text())}
+    (folder / "build.json").write_text(json.dumps(row["build"]))
+    print(f"[{size}] build {row['build']}; load {load_avg()}", flush=True)
+    row["disk_mib"] = disk_mib(index)
+    row["recall@10"] = recall_at_10(index, qvecs, args.efs)
+    print(f"[{size}] recall {row['recall@10']}", flush=True)
+    row["layouts"] = serve_layouts(index, queries, folder)
+    print(f"[{size}] layouts {row['layouts']}; load {load_avg()}", flush=True)
+    env = {**SERVER_ENV, "RAGSERVE_INDEX_RELOAD_INTERVAL_S": "1"}
+    server = Server(index, env, folder / "server-reload.log")
+    asyncio.run(server.wait_ready(900))
+    peak = RssPeak(server.proc.pid)
+    publish = lambda: timed_build(folder / "add", index, folder / "add" / "vectors.npy")  # noqa: E731
+    row["reload"] = asyncio.run(reload_under_load(server.target, queries, publish))
+    row["reload"]["peak_rss_mib"] = peak.stop()
+    server.stop()
+    print(f"[{size}] reload {row['reload']}; load {load_avg()}", flush=True)
+    return row
+
+
+# --- quality --------------------------------------------------------------------------------------
+
+
+def quality(args: argparse.Namespace) -> dict[str, Any]:
+    """SciFact alone and among real distractors: two indexes by the real indexer, one server each."""
+    from benchmarks.bench_quality import retrieve_all
+    from benchmarks.scale_corpus import SourceChunks, write_corpus
+
+    qrels = load_qrels(args.data)
+    judged = frozenset(doc for rels in qrels.values() for doc in rels)
+    mixed = args.work / f"scifact+{args.distractors}"
+    if not (mixed / "corpus.jsonl").is_file():
+        source = SourceChunks(args.base_index, exclude_docs=judged)
+        write_corpus(source, args.distractors, mixed, embedder_tokenizer(), seed=7, id_prefix="d")
+        with (mixed / "corpus.jsonl").open("ab") as out:
+            out.write((args.data / "corpus.jsonl").read_bytes())
+    results: dict[str, Any] = {}
+    for name, corpus in (("SciFact alone", args.data), (f"among {args.distractors:,} distractors", mixed)):
+        index = args.work / f"quality-{'alone' if corpus == args.data else 'mixed'}"
+        started = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "indexer", "build", str(corpus), "--out", str(index), "--no-progress"],
+            check=True,
+            cwd=REPO,
+        )
+        built = time.perf_counter() - started
+        server = Server(index, {"RAGSERVE_RERANK_MODE": "off"}, args.work / f"quality-{len(results)}.log")
+        asyncio.run(server.wait_ready(900))
+        queries = load_queries(args.data)
+        runs = asyncio.run(retrieve_all(server.target, queries, 100, 2))
+        server.stop()
+        chunks = json.loads(((index / "CURRENT").resolve() / "manifest.json").read_text())["count"]
+        results[name] = {**evaluate(runs, qrels, list(queries)), "chunks": chunks, "build_s": built}
+        print(f"{name}: {results[name]}; load {load_avg()}", flush=True)
+    return results
+
+
+# --- report ---------------------------------------------------------------------------------------
+
+
+def table(rows: dict[int, dict[str, Any]]) -> str:
+    lines = [
+        "| chunks | build s | build peak RSS MiB | disk MiB | recall@10 | to SERVING s | RSS at SERVING MiB "
+        "| dense p50/p99 ms | lexical p50/p99 | hybrid p50/p99 | hybrid + tiers p50/p99 | +1% build s "
+        "| reload s | p99 steady / during reload ms | peak RSS in reload MiB |",
+        "|" + "---|" * 15,
+    ]
+    for size, r in rows.items():
+        lay, rel = r["layouts"], r["reload"]
+        cells = [
+            f"{size:,}",
+            f"{r['build']['seconds']:.0f}",
+            f"{r['build']['peak_rss_mib']:.0f}",
+            f"{r['disk_mib']:.0f}",
+            " ".join(f"{k}: {v:.3f}" for k, v in r["recall@10"].items()),
+            f"{lay['hybrid']['to_serving_s']:.1f}",
+            f"{lay['hybrid']['rss_serving_mib']:.0f}",
+        ]
+        cells += [f"{lay[n]['p50_ms']:.1f} / {lay[n]['p99_ms']:.1f}" for n, _ in LAYOUTS]
+        cells += [
+            f"{rel['add_build']['seconds']:.0f}",
+            f"{rel['reload_s']:.1f}",
+            f"{rel['steady_p99_ms']:.1f} / {rel['during_p99_ms']:.1f}",
+            f"{rel['peak_rss_mib']:.0f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    one = sub.add_parser("build-one")
+    for name in ("corpus", "index", "vectors"):
+        one.add_argument(name, type=Path)
+    for name in ("run", "quality"):
+        p = sub.add_parser(name)
+        p.add_argument("--base-index", type=Path, required=True, help="a SciFact index root or version folder")
+        p.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "scifact")
+        p.add_argument("--work", type=Path, required=True)
+        p.add_argument("--sizes", default="10000,100000,1000000")
+        p.add_argument("--efs", default="64,128,256")
+        p.add_argument("--queries", type=int, default=300)
+        p.add_argument("--distractors", type=int, default=100_000)
+    args = parser.parse_args()
+    if args.command == "build-one":
+        build_one(args.corpus, args.index, args.vectors)
+        return
+    args.base_index = (
+        (args.base_index / "CURRENT").resolve() if (args.base_index / "CURRENT").exists() else args.base_index
+    )
+    args.work.mkdir(parents=True, exist_ok=True)
+    header = f"{cpu_name()}, {os.cpu_count()} CPUs, commit {git_head()}, load at start {load_avg()}"
+    if args.command == "quality":
+        results = quality(args)
+        text = header + "\n\n" + "\n".join(f"- {k}: {v}" for k, v in results.items())
+    else:
+        args.efs = [int(x) for x in args.efs.split(",")]
+        queries = list(load_queries(args.data).values())[: args.queries]
+        qvecs = query_vectors(args.data, args.queries)
+        rows = {}
+        for size in (int(x) for x in args.sizes.split(",")):
+            rows[size] = measure_size(args, size, queries, qvecs)
+            (args.work / "results.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1))
+        text = header + "\n\n" + table(rows)
+    (args.work / f"{args.command}.md").write_text(text + f"\n\nload at end {load_avg()}\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
