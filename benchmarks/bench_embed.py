@@ -30,9 +30,9 @@ from indexer.chunking import ChunkingConfig, chunk_document, embedding_text
 from indexer.loaders import Document, iter_source
 from ragserve.index.base import ScoredChunk
 from ragserve.index.bm25 import Bm25Index, build_bm25
+from ragserve.index.chunk_store import read_chunks
 from ragserve.index.format import CHUNKS_FILE, VECTORS_FILE, resolve_current
 from ragserve.index.fusion import rrf
-from ragserve.index.hnsw import read_chunks
 
 
 def make(backend: str) -> Any:

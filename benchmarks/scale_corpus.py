@@ -19,7 +19,7 @@ import numpy as np
 import orjson
 
 from indexer.chunking import ChunkingConfig
-from ragserve.index.hnsw import read_chunks
+from ragserve.index.chunk_store import read_chunks
 from ragserve.request.sentences import split_sentences
 
 # A passage stays one chunk (at most the indexer's 200 tokens): at ~4.5 characters per word piece

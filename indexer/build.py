@@ -24,10 +24,11 @@ from tqdm import tqdm
 from indexer.chunking import ChunkingConfig, chunk_document, embedding_text
 from indexer.loaders import Document, LoadLimits, Skipped, SourceError, iter_source
 from indexer.metadata import Fields, MetadataError, choose_fields, normalized
+from indexer.previous import Previous, chunking_dict, extend_graph, load_previous
 from indexer.root_lock import index_root_lock
 from ragserve.digests import sha256_file
-from ragserve.errors import IndexLoadError
 from ragserve.index.bm25 import build_bm25
+from ragserve.index.chunk_store import write_chunks
 from ragserve.index.format import (
     CHUNKS_FILE,
     DOCUMENTS_FILE,
@@ -40,7 +41,8 @@ from ragserve.index.format import (
     read_verified_manifest,
     resolve_current,
 )
-from ragserve.index.hnsw import DEFAULT_EF_CONSTRUCTION, DEFAULT_M, HnswIndex, build_hnsw, read_chunks, write_chunks
+from ragserve.index.hnsw import DEFAULT_EF_CONSTRUCTION, DEFAULT_M, HnswIndex, build_hnsw
+from ragserve.request.sentences import analyse_text
 from ragserve.types import Chunk
 
 
@@ -69,6 +71,7 @@ class BuildReport:
     reused: int = 0  # unchanged documents whose vectors were kept
     removed: int = 0  # documents of the previous version no longer in the source
     relabeled: int = 0  # unchanged text, changed metadata: kept vectors, new metadata
+    graph_extended: bool = False  # documents only added: the previous HNSW graph was extended
     # Metadata fields left out of filters, with why (mixed types, objects).
     fields_left_out: dict[str, str] = field(default_factory=dict)
     chunks: int = 0
@@ -79,48 +82,6 @@ class BuildReport:
     @property
     def docs_per_second(self) -> float:
         return self.documents / self.seconds if self.seconds else 0.0
-
-
-@dataclass(frozen=True)
-class _Previous:
-    """What an incremental build may reuse from the published version."""
-
-    hashes: dict[str, str]
-    chunks: dict[str, list[Chunk]]
-    vectors: dict[str, np.ndarray]
-    # Each document's metadata hash (a metadata-only change republishes without re-embedding).
-    meta_hashes: dict[str, str] = field(default_factory=dict)
-    fields: dict[str, str] = field(default_factory=dict)
-
-
-def _load_previous(out: Path, embedder_id: str, chunking: ChunkingConfig) -> _Previous | None:
-    try:
-        folder = resolve_current(out)
-        manifest = read_verified_manifest(folder)
-    except IndexLoadError:
-        return None  # nothing published, or corrupt: build from scratch
-    same_settings = manifest.embedder_id == embedder_id and manifest.chunking == _chunking_dict(chunking)
-    if not same_settings or VECTORS_FILE not in manifest.files or DOCUMENTS_FILE not in manifest.files:
-        return None
-    chunks = read_chunks(folder / CHUNKS_FILE)
-    matrix = np.load(folder / VECTORS_FILE, allow_pickle=False)
-    hashes: dict[str, str] = {}
-    meta_hashes: dict[str, str] = {}
-    by_doc: dict[str, list[Chunk]] = {}
-    vectors: dict[str, np.ndarray] = {}
-    with (folder / DOCUMENTS_FILE).open("rb") as handle:
-        for line in handle:
-            rec = orjson.loads(line)
-            first, n = int(rec["first_row"]), int(rec["chunks"])
-            hashes[rec["doc_id"]] = rec["hash"]
-            meta_hashes[rec["doc_id"]] = str(rec.get("meta", ""))
-            by_doc[rec["doc_id"]] = chunks[first : first + n]
-            vectors[rec["doc_id"]] = matrix[first : first + n]
-    return _Previous(hashes, by_doc, vectors, meta_hashes, dict(manifest.fields))
-
-
-def _chunking_dict(chunking: ChunkingConfig) -> dict[str, Any]:
-    return {"size_tokens": chunking.size_tokens, "overlap_tokens": chunking.overlap_tokens}
 
 
 def load_documents(
@@ -197,7 +158,7 @@ def _build_locked(
     report = BuildReport()
     documents = load_documents(source, report, on_skip, limits)
     documents, fields = _checked_metadata(documents, declared_fields or {}, report, on_skip)
-    previous = _load_previous(out, embedder.model_id, chunking) if incremental else None
+    previous = load_previous(out, embedder.model_id, chunking) if incremental else None
     work = _diff_documents(documents, previous, report)
 
     unchanged_fields = previous is not None and previous.fields == dict(fields.schema)
@@ -213,20 +174,42 @@ def _build_locked(
     _chunk_and_embed(work, embedder, chunking, batch_size, progress)
     report.embed_seconds = time.perf_counter() - embed_started
 
-    content = _assemble(documents, work)
+    base = _graph_to_extend(previous, work, report, unchanged_fields)
+    report.graph_extended = base is not None
+    content = _assemble(_row_order(documents, base), work)
     version = latest_version(out) + 1
     build = new_build_dir(out)
-    names = _write_index_files(build, content)
+    names, ef_search = _write_index_files(build, content, base)
     manifest = _manifest(
         version, build, names, len(content.chunks), embedder, chunking, len(documents), embedder_backend
     )
-    manifest = dataclasses.replace(manifest, fields=dict(fields.schema))
+    hnsw = {**manifest.hnsw, "ef_search": ef_search}
+    manifest = dataclasses.replace(manifest, fields=dict(fields.schema), hnsw=hnsw)
     report.folder = _publish_verified(out, build, manifest)
     report.version = version
     report.published = True
     report.chunks = len(content.chunks)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _graph_to_extend(previous: Previous | None, work: _Work, report: BuildReport, same_fields: bool) -> Previous | None:
+    """The previous version, when this one only adds documents to it (none removed, changed or
+    relabelled, same fields): its graph is extended, not rebuilt."""
+    if previous is None or previous.folder is None or report.removed or report.relabeled or not same_fields:
+        return None
+    if any(doc.doc_id in previous.hashes for doc in work.todo):
+        return None
+    return previous
+
+
+def _row_order(documents: list[Document], base: Previous | None) -> list[Document]:
+    """Source order; or, extending a graph, the previous version's rows first, as they were."""
+    if base is None:
+        return documents
+    by_id = {doc.doc_id: doc for doc in documents}
+    kept = set(base.order)
+    return [by_id[doc_id] for doc_id in base.order] + [doc for doc in documents if doc.doc_id not in kept]
 
 
 def metadata_hash(doc: Document) -> str:
@@ -266,7 +249,7 @@ class _Work:
     vectors: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def _diff_documents(documents: list[Document], previous: _Previous | None, report: BuildReport) -> _Work:
+def _diff_documents(documents: list[Document], previous: Previous | None, report: BuildReport) -> _Work:
     """Keep unchanged documents' chunks and vectors; count what is new, kept and gone."""
     work = _Work(todo=[])
     for doc in documents:
@@ -317,7 +300,7 @@ def _embed_group(
 
 @dataclass(frozen=True)
 class _Content:
-    """The version's rows in source order: chunks, their vectors, and one record per document."""
+    """The version's rows (`_row_order`): chunks, their vectors, and one record per document."""
 
     chunks: list[Chunk]
     matrix: np.ndarray
@@ -339,14 +322,18 @@ def _assemble(documents: list[Document], work: _Work) -> _Content:
     return _Content(chunks, matrix, records)
 
 
-def _write_index_files(build: Path, content: _Content) -> list[str]:
-    """HNSW graph, chunks, vectors, document records and BM25 into `build`; returns the file names."""
-    build_hnsw(content.matrix, build / HNSW_FILE)
-    write_chunks(build / CHUNKS_FILE, content.chunks)
+def _write_index_files(build: Path, content: _Content, base: Previous | None) -> tuple[list[str], int]:
+    """HNSW graph (`base`'s extended, or a new one), chunks, vectors, document records and BM25
+    into `build`; returns the file names and the search breadth the graph needs."""
+    if base is not None:
+        ef_search = extend_graph(base, content.matrix, build / HNSW_FILE)
+    else:
+        ef_search = build_hnsw(content.matrix, build / HNSW_FILE)
+    write_chunks(build / CHUNKS_FILE, content.chunks, analyse_text)
     np.save(build / VECTORS_FILE, content.matrix, allow_pickle=False)
     (build / DOCUMENTS_FILE).write_bytes(b"\n".join(content.records) + b"\n")
     bm25_files = build_bm25([embedding_text(c) for c in content.chunks], build)
-    return [HNSW_FILE, CHUNKS_FILE, VECTORS_FILE, DOCUMENTS_FILE, *bm25_files]
+    return [HNSW_FILE, CHUNKS_FILE, VECTORS_FILE, DOCUMENTS_FILE, *bm25_files], ef_search
 
 
 def _manifest(
@@ -366,7 +353,7 @@ def _manifest(
         count=count,
         files={name: sha256_file(build / name) for name in names},
         hnsw={"M": DEFAULT_M, "ef_construction": DEFAULT_EF_CONSTRUCTION},
-        chunking=_chunking_dict(chunking),
+        chunking=chunking_dict(chunking),
         documents=documents,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         bm25={"library": "bm25s", "stopwords": "en", "stemmer": "english"},

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from indexer.chunking import embedding_text
+from ragserve.index.chunk_store import read_chunks
 from ragserve.index.format import CHUNKS_FILE, VECTORS_FILE, read_verified_version, require_listed, resolve_current
-from ragserve.index.hnsw import read_chunks
 from ragserve.index.qdrant_index import publish_collection
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ragserve.filters import Filter, both
+from ragserve.sentence_spans import PassageSentences
 
 
 def model_name(model: str) -> str:
@@ -21,7 +22,7 @@ def model_name(model: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """A piece of a source document, as stored in the docstore."""
+    """A piece of a source document, as stored in the docstore (`sentences`: as analysed at indexing)."""
 
     chunk_id: str
     doc_id: str
@@ -30,9 +31,9 @@ class Chunk:
     source: str = ""
     start: int = 0
     end: int = 0
-    # The document's filterable fields (index manifest `fields`), values as ragserve/filters.py
-    # stores them; the same on every chunk of a document.
+    # The document's filterable fields (manifest `fields`; values as ragserve/filters.py stores them).
     metadata: dict[str, Any] = field(default_factory=dict)
+    sentences: PassageSentences | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -101,7 +101,7 @@ class PromptMaker:
         from ragserve.request.reply import fit_and_build
         from ragserve.request.sentences import SentenceTable
 
-        table = SentenceTable.of(question, [p.chunk.text for p in passages])
+        table = SentenceTable.of(question, [p.chunk for p in passages])
         request = RequestContext(Deadline(1000))
         context, prompt = fit_and_build(
             self._policy, question, passages, table, self._options.context_token_budget, self._renderer, request

@@ -87,7 +87,7 @@ def build_tuned_version(
     onnx = export_tuned(model_dir, build / TUNED_DIR, max_seq_length)
     embedder = OnnxEmbedder.from_export(onnx, build / TUNED_DIR, "tuning", threads=0, spin=True)
     matrix = embed_chunks(embedder, current, batch_size, progress)
-    build_hnsw(matrix, build / HNSW_FILE)
+    ef_search = build_hnsw(matrix, build / HNSW_FILE)
     np.save(build / VECTORS_FILE, matrix, allow_pickle=False)
     files = _carry_over(current.folder, build, current.manifest)
     for path in sorted((build / TUNED_DIR).iterdir()):
@@ -105,6 +105,7 @@ def build_tuned_version(
         tuned_embedder=spec,
         tuned_reranker={},
         tuning={},
+        hnsw={**current.manifest.hnsw, "ef_search": ef_search},
     )
     (build / MANIFEST).write_text(manifest.to_json())  # provisional: lets the build be loaded and scored
     return build, manifest

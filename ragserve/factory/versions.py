@@ -98,7 +98,7 @@ class VersionBuilder:
             folder, manifest = index.folder, index.manifest
             embedder = load_tuned_embedder(folder, manifest, self._embedder_threads) or embedder
             tuned_reranker = load_tuned_reranker(folder, manifest, self._reranker_threads, self._reranker_cpus)
-            options = options.for_version(fitted_weight(folder, manifest))
+            options = options.for_version(fitted_weight(folder, manifest), manifest.hnsw.get("ef_search", 0))
         check_compatible(embedder, index)
         if embedder is not self._configured:
             log.info(

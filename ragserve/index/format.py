@@ -25,7 +25,11 @@ from ragserve.digests import sha256_file
 from ragserve.errors import IndexLoadError
 from ragserve.filters import FIELD_TYPES
 
-FORMAT_VERSION = 1
+# 2: docstore records carry their sentences as analysed at build time, and the manifest's `hnsw`
+# the search breadth measured for the graph (ef_search). A server reads both; format 1 versions
+# are served as before (sentences analysed on first use, ef from settings).
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)
 MANIFEST = "manifest.json"
 CURRENT = "CURRENT"
 HNSW_FILE = "hnsw.bin"
@@ -75,8 +79,11 @@ class Manifest:
         data = json.loads(text)
         if not isinstance(data, dict):
             raise ValueError("manifest is not a JSON object")
-        if data.get("format") != FORMAT_VERSION:
-            raise ValueError(f"unsupported index format {data.get('format')!r}")
+        if data.get("format") not in READABLE_FORMATS:
+            raise ValueError(
+                f"unsupported index format {data.get('format')!r}: this server reads formats "
+                f"{', '.join(map(str, READABLE_FORMATS))} (a newer indexer wrote it: upgrade the server)"
+            )
         unknown = sorted(set(data) - set(_FIELD_TYPES))
         if unknown:
             raise ValueError(f"unknown field {unknown[0]!r}")

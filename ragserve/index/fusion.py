@@ -36,13 +36,18 @@ class RetrievalOptions:
     dedupe_depth_factor: int = 3
     # Serve a version with the dense weight fitted for it, if it records one (`for_version`).
     weight_from_index: bool = default_of(RetrievalSettings, "fusion_weight_from_index")
+    # The least HNSW breadth for this version: what the indexer measured its graph needs for recall
+    # (manifest hnsw.ef_search; it grows with the corpus). The configured ef_search is a floor too.
+    ef_floor: int = 0
 
-    def for_version(self, fitted_weight: float | None) -> RetrievalOptions:
+    def for_version(self, fitted_weight: float | None, ef_floor: int = 0) -> RetrievalOptions:
         """The options one version is searched with: the dense weight `ragserve-index tune` fitted for it
-        (its manifest's) replaces the configured one, unless that is switched off."""
+        (its manifest's) replaces the configured one, unless that is switched off; and the breadth
+        its graph was measured to need."""
+        options = replace(self, ef_floor=ef_floor) if ef_floor != self.ef_floor else self
         if not self.weight_from_index or fitted_weight is None or fitted_weight == self.dense_weight:
-            return self
-        return replace(self, dense_weight=fitted_weight)
+            return options
+        return replace(options, dense_weight=fitted_weight)
 
     def cache_tag(self, dedupe: bool) -> str:
         """Everything here that changes a result list, for cache keys. (A version's fitted weight
@@ -126,7 +131,7 @@ def plan_breadth(
     really less (a hybrid search's candidate lists already ask for more than ef_search)."""
     depth = k * options.dedupe_depth_factor if dedupe else k
     candidates = max(options.candidates, depth) if mode == "hybrid" else depth
-    ef = max(ef_search, candidates)
+    ef = max(ef_search, options.ef_floor, candidates)
     if narrow and candidates < ef:
         return SearchBreadth(k, depth, candidates, candidates, cut=True)
     return SearchBreadth(k, depth, candidates, ef)

@@ -9,12 +9,12 @@ from typing import Any
 
 import hnswlib
 import numpy as np
-import orjson
 
 from ragserve.errors import IndexLoadError
 from ragserve.filters import FieldSchema, Filter
 from ragserve.index.base import ScoredChunk
 from ragserve.index.bm25 import BM25_DIR, Bm25Index
+from ragserve.index.chunk_store import ChunkStore
 from ragserve.index.format import (
     CHUNKS_FILE,
     HNSW_FILE,
@@ -40,42 +40,64 @@ DEFAULT_EF_CONSTRUCTION = 200
 # n passing chunks, and never more than the setting's cap of vectors.
 DEFAULT_EXACT_SCAN_MAX = 20_000
 _WALK_OVER_SCAN_COST = 20
+# A version's search breadth is measured when it is built (`measure_ef`): recall@10 against exact
+# search, over this many probes, must reach the target. Probes halfway between two stored vectors
+# are harder than questions: on SciFact they need about twice the ef for the same recall
+# (BENCHMARKS.md, "A million passages"), which is the margin.
+EF_RECALL_TARGET = 0.95
+EF_STEPS = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+_EF_PROBES = 200
+_RECALL_AT = 10
+_EXACT_SLAB = 65536
 # The widest a filtered HNSW search may look, as a multiple of its unfiltered ef.
 _FILTERED_EF_GROWTH_MAX = 16
 
 
-def chunk_to_json(chunk: Chunk) -> bytes:
-    return orjson.dumps(chunk)  # orjson writes dataclasses field by field
-
-
-def write_chunks(path: Path, chunks: list[Chunk]) -> None:
-    with path.open("wb") as handle:
-        for chunk in chunks:
-            handle.write(chunk_to_json(chunk))
-            handle.write(b"\n")
-
-
-def read_chunks(path: Path) -> list[Chunk]:
-    chunks = []
-    with path.open("rb") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            try:
-                chunks.append(Chunk(**orjson.loads(line)))
-            except (orjson.JSONDecodeError, TypeError) as exc:
-                raise IndexLoadError(f"{path}:{line_no}: bad docstore record: {exc}") from exc
-    return chunks
-
-
 def build_hnsw(
     vectors: np.ndarray, path: Path, m: int = DEFAULT_M, ef_construction: int = DEFAULT_EF_CONSTRUCTION
-) -> None:
-    """Label i is row i of `vectors` and line i of the docstore."""
+) -> int:
+    """Label i is row i of `vectors` and line i of the docstore. Returns the search breadth the
+    graph needs (`measure_ef`), for the manifest."""
     count, dim = vectors.shape
     index = hnswlib.Index(space="ip", dim=dim)  # vectors are L2-normalized: ip == cosine
     index.init_index(max_elements=max(1, count), M=m, ef_construction=ef_construction, random_seed=100)
     if count:
         index.add_items(vectors, np.arange(count))
     index.save_index(str(path))
+    return measure_ef(index, vectors)
+
+
+def measure_ef(index: hnswlib.Index, vectors: np.ndarray, seed: int = 0) -> int:
+    """The least ef (of EF_STEPS) at which the graph's top 10 holds EF_RECALL_TARGET of the exact
+    top 10, for probes halfway between two stored vectors (away from any one, as questions are);
+    0 for a corpus too small to ask. A bigger graph needs a wider search for the same recall."""
+    count = len(vectors)
+    if count <= _RECALL_AT:
+        return 0
+    rng = np.random.default_rng(seed)
+    probes = vectors[rng.integers(0, count, _EF_PROBES)] + vectors[rng.integers(0, count, _EF_PROBES)]
+    probes /= np.maximum(np.linalg.norm(probes, axis=1, keepdims=True), 1e-12)
+    truth = _exact_top(probes, vectors, _RECALL_AT)
+    for ef in EF_STEPS:
+        index.set_ef(ef)
+        labels, _ = index.knn_query(probes, k=_RECALL_AT)
+        found = sum(len(set(row.tolist()) & set(best.tolist())) for row, best in zip(labels, truth, strict=True))
+        if found >= EF_RECALL_TARGET * _RECALL_AT * len(probes):
+            return ef
+    return EF_STEPS[-1]
+
+
+def _exact_top(queries: np.ndarray, vectors: np.ndarray, k: int) -> np.ndarray:
+    """Rows of the k best dot products per query, a slab of vectors at a time (bounded memory)."""
+    best = np.zeros((len(queries), 0), dtype=np.int64)
+    best_scores = np.zeros((len(queries), 0), dtype=np.float32)
+    for start in range(0, len(vectors), _EXACT_SLAB):
+        scores = queries @ np.asarray(vectors[start : start + _EXACT_SLAB], dtype=np.float32).T
+        rows = np.broadcast_to(np.arange(start, start + scores.shape[1]), scores.shape)
+        merged, merged_rows = np.hstack([best_scores, scores]), np.hstack([best, rows])
+        top = np.argpartition(-merged, min(k, merged.shape[1]) - 1, axis=1)[:, :k]
+        best, best_scores = np.take_along_axis(merged_rows, top, 1), np.take_along_axis(merged, top, 1)
+    return best
 
 
 def _require_bm25_listed(folder: Path, manifest: Manifest) -> None:
@@ -97,7 +119,7 @@ class HnswIndex:
         manifest: Manifest,
         identity: str,
         index: hnswlib.Index,
-        chunks: list[Chunk],
+        chunks: Sequence[Chunk],
         bm25: Bm25Index | None = None,
         vectors: np.ndarray | None = None,
         exact_scan_max: int = DEFAULT_EXACT_SCAN_MAX,
@@ -111,7 +133,7 @@ class HnswIndex:
         self._bm25 = bm25
         self._identity = identity
         self._lock = threading.Lock()
-        self._by_id: dict[str, Chunk] | None = None  # built on first use (warming only)
+        self._rows_by_id: dict[str, int] | None = None  # built on first use (warming only)
         self._fields = FieldSchema(manifest.fields)
         self._columns = FieldColumns(chunks, self._fields)
         self._vectors = vectors
@@ -126,11 +148,7 @@ class HnswIndex:
         require_listed(folder, manifest, HNSW_FILE, CHUNKS_FILE)
         if manifest.bm25:
             _require_bm25_listed(folder, manifest)
-        chunks = read_chunks(folder / CHUNKS_FILE)
-        if len(chunks) != manifest.count:
-            raise IndexLoadError(
-                f"index at {folder}: docstore has {len(chunks)} chunks, manifest says {manifest.count}"
-            )
+        chunks = ChunkStore(folder / CHUNKS_FILE, manifest.count)
         # hnswlib trusts its file (a bad id is a segfault at the first search): check it first.
         check_hnsw_file(folder / HNSW_FILE, manifest.count, manifest.dim)
         index = hnswlib.Index(space="ip", dim=manifest.dim)
@@ -151,17 +169,17 @@ class HnswIndex:
         return cls(folder, manifest, identity, index, chunks, bm25, vectors, exact_scan_max)
 
     @property
-    def chunks(self) -> list[Chunk]:
-        """Row i of the version (the docstore); do not modify."""
+    def chunks(self) -> Sequence[Chunk]:
+        """Row i of the version (the docstore, decoded row by row)."""
         return self._chunks
 
     def chunks_in_order(self, limit: int) -> list[Chunk]:
-        return self._chunks[:limit]
+        return [self._chunks[row] for row in range(min(limit, self.count))]
 
     def chunks_by_id(self, chunk_ids: Sequence[str]) -> list[Chunk]:
-        if self._by_id is None:
-            self._by_id = {chunk.chunk_id: chunk for chunk in self._chunks}
-        return [self._by_id[c] for c in chunk_ids if c in self._by_id]
+        if self._rows_by_id is None:
+            self._rows_by_id = {chunk.chunk_id: row for row, chunk in enumerate(self._chunks)}
+        return [self._chunks[self._rows_by_id[c]] for c in chunk_ids if c in self._rows_by_id]
 
     @property
     def version(self) -> str:

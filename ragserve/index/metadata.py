@@ -37,7 +37,8 @@ class FieldColumns:
         self.count = len(chunks)
         self.schema = dict(schema)
         columns = {name: _Column(kind) for name, kind in schema.items()}
-        for row, chunk in enumerate(chunks):
+        # No fields, no pass over the chunks (a mapped docstore would decode every one).
+        for row, chunk in enumerate(chunks if columns else ()):
             for name, column in columns.items():
                 values = values_of(chunk.metadata, name)
                 if values:

@@ -96,7 +96,10 @@ def sparse_bm25(terms: Sequence[str], avgdl: float) -> tuple[list[int], list[flo
 
 
 def _chunk_payload(chunk: Chunk, row: int) -> dict[str, Any]:
-    return {**dataclasses.asdict(chunk), "row": row}
+    # The stored sentence analysis stays in folder versions; a Qdrant point's chunk is analysed
+    # when a request first needs it.
+    fields = {f.name: getattr(chunk, f.name) for f in dataclasses.fields(chunk) if f.name != "sentences"}
+    return {**fields, "row": row}
 
 
 def _chunk_of(payload: dict[str, Any]) -> Chunk:

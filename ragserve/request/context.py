@@ -63,7 +63,7 @@ def fit_context(
     full = [count_tokens(p.chunk.text.strip()) for p in passages]
     if budget_tokens <= 0 or titles + sum(full) <= budget_tokens:
         return FittedContext(list(passages), titles + sum(full), titles + sum(full))
-    table = table or SentenceTable.of(question, [p.chunk.text for p in passages])
+    table = table or SentenceTable.of(question, [p.chunk for p in passages])
     if passages and 0 < full[0] <= whole_first_max_tokens:
         rest = _fit_sentences(table, 1, passages[1:], budget_tokens - titles - full[0], count_tokens)
         # A passage reduced to a gap marker tells the model nothing and costs uncached tokens on

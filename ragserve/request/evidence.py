@@ -24,7 +24,7 @@ def highlight_passages(
 ) -> tuple[list[Passage], float]:
     """The passages, each with its best sentence (ties: the earlier one), and the best coverage.
     `table`: the request's sentences over these passages (built here when not given)."""
-    table = table or SentenceTable.of(question, [p.chunk.text for p in passages])
+    table = table or SentenceTable.of(question, [p.chunk for p in passages])
     out: list[Passage] = []
     best = 0.0
     for i, passage in enumerate(passages):
@@ -69,7 +69,7 @@ def with_answer(
     sentence holding it its passage's highlight, and that passage the evidence shown."""
     if not highlight or answer is None or not answer.answers or answer.passage >= len(result.passages):
         return dataclasses.replace(result, answer=answer)
-    table = table or SentenceTable.of(question, [p.chunk.text for p in result.passages])
+    table = table or SentenceTable.of(question, [p.chunk for p in result.passages])
     passages = list(result.passages)
     shown = passages[answer.passage]
     sentence = shown.chunk.text[answer.sentence_start : answer.sentence_end]

@@ -237,7 +237,7 @@ class RagPipeline:
         return result, key, table
 
     def _evidence(self, query: str, found: RetrievalResult) -> tuple[RetrievalResult, SentenceTable]:
-        table = SentenceTable.of(query, [p.chunk.text for p in found.passages])
+        table = SentenceTable.of(query, [p.chunk for p in found.passages])
         return with_evidence(query, found, self.policy.low_support_below, table), table
 
     async def _find(

@@ -18,6 +18,9 @@ from functools import lru_cache
 import Stemmer
 from bm25s.stopwords import STOPWORDS_EN_PLUS
 
+from ragserve.sentence_spans import PassageSentences
+from ragserve.types import Chunk
+
 # A sentence ends at . ! or ? followed by space and something that starts a sentence.
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
 _ABBREVIATION_END = re.compile(r"\b(?:Dr|Mr|Mrs|Ms|Prof|St|Jr|Sr|Inc|Ltd|Co|vs|No|Fig|e\.g|i\.e|etc)\.$")
@@ -96,23 +99,25 @@ def question_weights(question: str, sentence_terms: Sequence[set[str] | frozense
     return QuestionWeights(idf)
 
 
-@dataclass(frozen=True, slots=True)
-class PassageSentences:
-    """A passage's sentences: (start, end) offsets in its text and each one's content terms."""
-
-    spans: tuple[tuple[int, int], ...]
-    terms: tuple[frozenset[str], ...]
-
-
 # Chunks analysed at most once while they stay among the most recently retrieved.
 _ANALYSED_CHUNKS = 32768
 
 
-@lru_cache(maxsize=_ANALYSED_CHUNKS)
-def analyse(text: str) -> PassageSentences:
-    """`text` split and stemmed, once per text (a str caches its own hash: the lookup is cheap)."""
+def analyse_text(text: str) -> PassageSentences:
+    """`text` split into sentences, each stemmed (the indexer stores this with every chunk)."""
     spans = tuple(sentence_spans(text))
     return PassageSentences(spans, tuple(frozenset(content_terms(text[s:e])) for s, e in spans))
+
+
+@lru_cache(maxsize=_ANALYSED_CHUNKS)
+def analyse(text: str) -> PassageSentences:
+    """`analyse_text`, once per text (a str caches its own hash: the lookup is cheap)."""
+    return analyse_text(text)
+
+
+def analysis_of(chunk: Chunk) -> PassageSentences:
+    """What the indexer stored with the chunk, else its text analysed now (once while cached)."""
+    return chunk.sentences if chunk.sentences is not None else analyse(chunk.text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +128,8 @@ class SentenceTable:
     weights: QuestionWeights
 
     @classmethod
-    def of(cls, question: str, texts: Sequence[str]) -> SentenceTable:
-        passages = tuple(analyse(text) for text in texts)
+    def of(cls, question: str, chunks: Sequence[Chunk]) -> SentenceTable:
+        passages = tuple(analysis_of(chunk) for chunk in chunks)
         return cls(passages, question_weights(question, [t for p in passages for t in p.terms]))
 
     def scores(self, passage: int) -> list[float]:

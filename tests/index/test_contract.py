@@ -16,9 +16,10 @@ from indexer.qdrant_publish import publish_folder_to_qdrant
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import IndexLoadError
 from ragserve.index.base import SearchIndex
+from ragserve.index.chunk_store import read_chunks
 from ragserve.index.format import CHUNKS_FILE, VECTORS_FILE, read_verified_manifest, resolve_current
 from ragserve.index.fusion import RetrievalOptions, effective_mode, hybrid_search, plan_breadth
-from ragserve.index.hnsw import HnswIndex, read_chunks
+from ragserve.index.hnsw import HnswIndex
 from ragserve.index.qdrant_index import QdrantIndex, point_id
 
 

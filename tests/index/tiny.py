@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ragserve.index.bm25 import build_bm25
+from ragserve.index.chunk_store import write_chunks
 from ragserve.index.format import (
     CHUNKS_FILE,
     HNSW_FILE,
@@ -23,7 +24,7 @@ from ragserve.index.format import (
     resolve_current,
     sha256_file,
 )
-from ragserve.index.hnsw import build_hnsw, write_chunks
+from ragserve.index.hnsw import build_hnsw
 from ragserve.types import Chunk
 from tests import fakes
 

@@ -88,3 +88,29 @@ def test_full_rebuild_when_chunking_changes(tmp_path: Path, embedder: SentenceTr
     build_index(docs, root, embedder, progress=False)
     other = build_index(docs, root, embedder, ChunkingConfig(64, 8), progress=False)
     assert other.embedded == 5 and other.reused == 0 and other.version == 2
+
+
+def test_added_documents_extend_the_previous_graph_and_others_rebuild_it(
+    tmp_path: Path, embedder: SentenceTransformerEmbedder
+) -> None:
+    docs = write_docs(tmp_path / "docs")
+    root = tmp_path / "idx"
+    first = build_index(docs, root, embedder, progress=False)
+    before = HnswIndex.load(root)
+    old_rows = [(c.chunk_id, c.text) for c in before.chunks]
+    assert not first.graph_extended
+
+    # An added file sorts between the others: the new version keeps the old rows first, as they were.
+    (docs / "bravo.txt").write_text("Bravo\nA bravo is a cheer of approval shouted at the end of a show.")
+    added = build_index(docs, root, embedder, progress=False)
+    index = HnswIndex.load(root)
+    assert added.graph_extended and (added.embedded, added.reused) == (1, 5)
+    assert [(c.chunk_id, c.text) for c in index.chunks][: len(old_rows)] == old_rows
+    vector = embedder.embed_queries(["a cheer of approval at the end of a show"])[0]
+    assert index.search(vector, k=1, ef=64)[0].chunk.doc_id == "bravo.txt"
+    assert index.manifest.hnsw["ef_search"] >= 0
+
+    (docs / "gamma.txt").unlink()  # a removal cannot extend: rows would shift
+    removed = build_index(docs, root, embedder, progress=False)
+    assert not removed.graph_extended and removed.removed == 1
+    assert "gamma.txt" not in {c.doc_id for c in HnswIndex.load(root).chunks}

@@ -162,7 +162,7 @@ def test_the_prompt_marks_the_top_passage_as_shared_only_when_it_went_in_whole()
     from ragserve.request.sentences import SentenceTable
 
     question = "How does the waggle dance encode distance?"
-    table = SentenceTable.of(question, [BEES.chunk.text, TCP.chunk.text])
+    table = SentenceTable.of(question, [BEES.chunk, TCP.chunk])
 
     def prompt(whole_max: int):  # type: ignore[no-untyped-def]
         policy = AnswerPolicy(prompt_layout="reusable", whole_passage_max_tokens=whole_max)

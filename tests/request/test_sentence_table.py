@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ragserve.request.context import _title_tokens, fit_context
 from ragserve.request.evidence import highlight_passages
-from ragserve.request.sentences import SentenceTable, analyse
+from ragserve.request.sentences import SentenceTable, analyse, analyse_text
 from ragserve.types import Chunk, Passage
 
 QUESTION = "Which river flows through Lyon?"
@@ -26,7 +26,7 @@ def test_the_sentence_kept_in_the_prompt_is_the_one_highlighted() -> None:
     # Weighed over the other passages alone, "river" is rare and "The river flows fast here." wins;
     # over the request's passages (what the highlight weighs), "Lyon" is the rarer evidence.
     passages = _passages()
-    table = SentenceTable.of(QUESTION, [p.chunk.text for p in passages])
+    table = SentenceTable.of(QUESTION, [p.chunk for p in passages])
     highlighted, _ = highlight_passages(QUESTION, passages, table)
     shown = highlighted[1].highlight
     assert shown is not None and SECOND[shown.start : shown.end] == "Lyon sits on the Saone."
@@ -42,6 +42,14 @@ def test_a_chunk_is_analysed_once_while_it_stays_in_memory() -> None:
     text = "A chunk never seen before by this test. It has two sentences."
     first = analyse(text)
     hits = analyse.cache_info().hits
-    table = SentenceTable.of("What has two sentences?", [text])
+    table = SentenceTable.of("What has two sentences?", [Chunk("c", "d", text)])
     assert analyse.cache_info().hits == hits + 1 and table.passages[0] is first
     assert first.spans == ((0, 39), (40, 61)) and "sentenc" in first.terms[1]
+
+
+def test_a_chunk_indexed_with_its_sentences_is_not_analysed_again() -> None:
+    text = "Another chunk this test alone has. Its sentences were stored."
+    stored = analyse_text(text)  # as the indexer stores them, outside the cache
+    misses = analyse.cache_info().misses
+    table = SentenceTable.of("What was stored?", [Chunk("c", "d", text, sentences=stored)])
+    assert analyse.cache_info().misses == misses and table.passages[0] is stored

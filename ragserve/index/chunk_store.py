@@ -1,0 +1,132 @@
+"""The docstore of a folder version: `chunks.jsonl`, one chunk a line, row i = line i.
+
+Served memory-mapped: a chunk is decoded when a request asks for its row, so a version's texts
+cost page cache, not the server's heap, and loading one does not decode a million records
+(BENCHMARKS.md, "A million passages"). Since index format 2 each record also holds its text's
+sentences as analysed at build time (offsets and stemmed terms), so no request analyses them.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, overload
+
+import numpy as np
+import orjson
+
+from ragserve.errors import IndexLoadError
+from ragserve.sentence_spans import PassageSentences
+from ragserve.types import Chunk
+
+_SENTENCES = "sentences"
+_NEWLINE = 10
+# Newlines are found a slab at a time: a whole-file comparison would allocate the file's size again.
+_SCAN_BYTES = 1 << 26
+
+
+def chunk_record(chunk: Chunk, sentences: PassageSentences | None) -> bytes:
+    """One docstore line (no newline): the chunk's fields, and its sentences as [start, end,
+    "term term ..."] (stems hold no space)."""
+    record: dict[str, Any] = {
+        "chunk_id": chunk.chunk_id,
+        "doc_id": chunk.doc_id,
+        "text": chunk.text,
+        "title": chunk.title,
+        "source": chunk.source,
+        "start": chunk.start,
+        "end": chunk.end,
+        "metadata": chunk.metadata,
+    }
+    if sentences is not None:
+        record[_SENTENCES] = [
+            [s, e, " ".join(sorted(terms))] for (s, e), terms in zip(sentences.spans, sentences.terms, strict=True)
+        ]
+    return orjson.dumps(record)
+
+
+def write_chunks(path: Path, chunks: Sequence[Chunk], analyse: Callable[[str], PassageSentences] | None = None) -> None:
+    """`analyse`: works out a chunk's sentences when it does not carry them (a new chunk)."""
+    with path.open("wb") as handle:
+        for chunk in chunks:
+            sentences = chunk.sentences
+            if sentences is None and analyse is not None:
+                sentences = analyse(chunk.text)
+            handle.write(chunk_record(chunk, sentences))
+            handle.write(b"\n")
+
+
+def decode_chunk(line: bytes, where: str) -> Chunk:
+    try:
+        record = orjson.loads(line)
+        stored = record.pop(_SENTENCES, None)
+        return Chunk(**record, sentences=None if stored is None else _sentences(stored))
+    except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError) as exc:
+        raise IndexLoadError(f"{where}: bad docstore record: {exc}") from exc
+
+
+def _sentences(stored: list[list[Any]]) -> PassageSentences:
+    spans = tuple((int(s), int(e)) for s, e, _ in stored)
+    if any(not 0 <= s <= e for s, e in spans):
+        raise ValueError("a sentence span is out of order")
+    return PassageSentences(spans, tuple(frozenset(str(terms).split()) for _, _, terms in stored))
+
+
+def read_chunks(path: Path) -> list[Chunk]:
+    """Every record, decoded (the indexer's incremental builds; a server maps them: ChunkStore)."""
+    with path.open("rb") as handle:
+        return [decode_chunk(line, f"{path}:{n}") for n, line in enumerate(handle, start=1)]
+
+
+class ChunkStore(Sequence[Chunk]):
+    """A docstore mapped read-only; `store[row]` decodes one record. Safe from several threads."""
+
+    def __init__(self, path: Path, count: int) -> None:
+        self._path = path
+        size = path.stat().st_size
+        self._map: mmap.mmap | None = None
+        self._ends = np.zeros(0, dtype=np.int64)
+        if size:
+            with path.open("rb") as handle:
+                self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            self._ends = _line_ends(self._map, size)
+        if len(self._ends) != count:
+            raise IndexLoadError(
+                f"index at {path.parent}: docstore has {len(self._ends)} chunks, manifest says {count}"
+            )
+        self._starts = np.concatenate([[0], self._ends[:-1] + 1]) if count else self._ends
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    @overload
+    def __getitem__(self, row: int) -> Chunk: ...
+
+    @overload
+    def __getitem__(self, row: slice) -> list[Chunk]: ...
+
+    def __getitem__(self, row: int | slice) -> Chunk | list[Chunk]:
+        if isinstance(row, slice):
+            return [self[i] for i in range(*row.indices(len(self)))]
+        if not -len(self) <= row < len(self):
+            raise IndexError(row)
+        row %= len(self)
+        assert self._map is not None  # a row exists, so the file is not empty
+        line = self._map[int(self._starts[row]) : int(self._ends[row])]
+        return decode_chunk(line, f"{self._path}:{row + 1}")
+
+    def __iter__(self) -> Iterator[Chunk]:
+        return (self[i] for i in range(len(self)))
+
+
+def _line_ends(data: mmap.mmap, size: int) -> np.ndarray:
+    """Offsets of every line's end (its newline, or the end of a last line without one)."""
+    parts = []
+    for start in range(0, size, _SCAN_BYTES):
+        slab = np.frombuffer(data, dtype=np.uint8, count=min(_SCAN_BYTES, size - start), offset=start)
+        parts.append(np.flatnonzero(slab == _NEWLINE).astype(np.int64) + start)
+    ends = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    if data[size - 1] != _NEWLINE:
+        ends = np.append(ends, size)
+    return ends

@@ -1,0 +1,70 @@
+"""The docstore as served: mapped and decoded a row at a time, with each chunk's sentences stored
+at build time (index format 2); format 1 versions still load, a newer format is refused by name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ragserve.errors import IndexLoadError
+from ragserve.index.chunk_store import ChunkStore, read_chunks, write_chunks
+from ragserve.index.format import CHUNKS_FILE, FORMAT_VERSION, MANIFEST, Manifest, resolve_current
+from ragserve.index.hnsw import HnswIndex
+from ragserve.request.sentences import analyse_text
+from ragserve.types import Chunk
+
+TEXTS = [
+    "Bloom filters answer membership queries. They never give false negatives.",
+    "A B-tree keeps keys sorted. Dr. Bayer and Dr. McCreight described it in 1970.",
+    "Plain text with no stop at the end",
+]
+
+
+def _chunks() -> list[Chunk]:
+    return [Chunk(f"c{i}", f"d{i}", text, metadata={"n": i}) for i, text in enumerate(TEXTS)]
+
+
+def test_rows_decode_to_the_chunks_written_with_their_sentences(tmp_path: Path) -> None:
+    path = tmp_path / CHUNKS_FILE
+    write_chunks(path, _chunks(), analyse_text)
+    store = ChunkStore(path, len(TEXTS))
+    assert list(store) == _chunks() == read_chunks(path) and store[-1] == _chunks()[-1]
+    assert [c.sentences for c in store] == [analyse_text(t) for t in TEXTS]
+    assert store[1:3] == _chunks()[1:3]
+    with pytest.raises(IndexError):
+        store[len(TEXTS)]
+
+
+def test_a_docstore_without_sentences_is_analysed_on_demand(tmp_path: Path) -> None:
+    path = tmp_path / CHUNKS_FILE
+    write_chunks(path, _chunks())  # as format 1 wrote them
+    assert all(c.sentences is None for c in ChunkStore(path, len(TEXTS)))
+
+
+def test_counts_and_records_are_checked(tmp_path: Path) -> None:
+    path = tmp_path / CHUNKS_FILE
+    write_chunks(path, _chunks(), analyse_text)
+    with pytest.raises(IndexLoadError, match="docstore has 3 chunks, manifest says 4"):
+        ChunkStore(path, 4)
+    lines = path.read_bytes().splitlines(keepends=True)
+    bad = json.loads(lines[1])
+    bad["sentences"] = [[30, 2, "x"]]  # a span that ends before it starts
+    path.write_bytes(lines[0] + json.dumps(bad).encode() + b"\n" + lines[2] + b"{not json")
+    store = ChunkStore(path, 4)  # the last line has no newline: still a row
+    assert store[0] == _chunks()[0]
+    for row in (1, 3):
+        with pytest.raises(IndexLoadError, match=f"{CHUNKS_FILE}:{row + 1}: bad docstore record"):
+            store[row]
+
+
+def test_format_1_loads_and_a_newer_format_is_refused_by_name(sample_index: Path) -> None:
+    folder = resolve_current(sample_index)
+    data = json.loads((folder / MANIFEST).read_text())
+    assert data["format"] == FORMAT_VERSION == 2 and data["hnsw"]["ef_search"] >= 0
+    assert Manifest.from_json(json.dumps({**data, "format": 1})).format == 1
+    with pytest.raises(ValueError, match="unsupported index format 3: this server reads formats 1, 2"):
+        Manifest.from_json(json.dumps({**data, "format": 3}))
+    index = HnswIndex.load(sample_index)
+    assert all(c.sentences is not None for c in index.chunks)
