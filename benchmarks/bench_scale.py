@@ -2,8 +2,6 @@
 
     python benchmarks/bench_scale.py run --base-index IDX --data ../shared/data/scifact \
         --work /tmp/bench-scale --sizes 10000,100000,1000000
-    python benchmarks/bench_scale.py quality --data ../shared/data/scifact --work /tmp/bench-scale \
-        --distractors 100000
 
 `run`, per size: a corpus recombined from the base index's real chunks (benchmarks/scale_corpus.py:
 real text; vectors are the source chunks' real vectors mixed, not the texts' embeddings), built by
@@ -14,10 +12,7 @@ same vectors for SciFact's real query embeddings; then retrieval-only `ragserve 
 request at a time) for dense, lexical and hybrid without a reranker and hybrid with the two test
 tiers; then, with load running, a hot reload to a version with 1% more documents (the indexer's
 incremental build, timed): peak RSS and the p99 of requests while it loads. Disk per version.
-
-`quality`: SciFact's queries against its corpus alone, and against its corpus hidden among
-`--distractors` passages recombined from the sentences of SciFact documents no query judges,
-embedded for real by the indexer (ONNX int8): nDCG@10 and recall@100 of each, one run.
+Retrieval quality at scale and the evidence stage's cost: bench_scale_quality.py.
 """
 
 from __future__ import annotations
@@ -42,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_sizing import tree_rss_mib  # noqa: E402
 from benchmarks.harness import git_head, load_avg, percentile  # noqa: E402
-from benchmarks.workloads import Server, evaluate, load_qrels, load_queries  # noqa: E402
+from benchmarks.workloads import Server, load_queries  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
 from ragserve.config import EmbedderSettings, default_of  # noqa: E402
 
@@ -266,6 +261,8 @@ def measure_size(args: argparse.Namespace, size: int, queries: list[str], qvecs:
         row = {"build": json.loads((folder / "build.json").read_text())}
     (folder / "build.json").write_text(json.dumps(row["build"]))
     print(f"[{size}] build {row['build']}; load {load_avg()}", flush=True)
+    if args.build_only:
+        return row
     row["disk_mib"] = disk_mib(index)
     row["recall@10"] = recall_at_10(index, qvecs, args.efs)
     print(f"[{size}] recall {row['recall@10']}", flush=True)
@@ -281,43 +278,6 @@ def measure_size(args: argparse.Namespace, size: int, queries: list[str], qvecs:
     server.stop()
     print(f"[{size}] reload {row['reload']}; load {load_avg()}", flush=True)
     return row
-
-
-# --- quality --------------------------------------------------------------------------------------
-
-
-def quality(args: argparse.Namespace) -> dict[str, Any]:
-    """SciFact alone and among real distractors: two indexes by the real indexer, one server each."""
-    from benchmarks.bench_quality import retrieve_all
-    from benchmarks.scale_corpus import SourceChunks, write_corpus
-
-    qrels = load_qrels(args.data)
-    judged = frozenset(doc for rels in qrels.values() for doc in rels)
-    mixed = args.work / f"scifact+{args.distractors}"
-    if not (mixed / "corpus.jsonl").is_file():
-        source = SourceChunks(args.base_index, exclude_docs=judged)
-        write_corpus(source, args.distractors, mixed, embedder_tokenizer(), seed=7, id_prefix="d")
-        with (mixed / "corpus.jsonl").open("ab") as out:
-            out.write((args.data / "corpus.jsonl").read_bytes())
-    results: dict[str, Any] = {}
-    for name, corpus in (("SciFact alone", args.data), (f"among {args.distractors:,} distractors", mixed)):
-        index = args.work / f"quality-{'alone' if corpus == args.data else 'mixed'}"
-        started = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "indexer", "build", str(corpus), "--out", str(index), "--no-progress"],
-            check=True,
-            cwd=REPO,
-        )
-        built = time.perf_counter() - started
-        server = Server(index, {"RAGSERVE_RERANK_MODE": "off"}, args.work / f"quality-{len(results)}.log")
-        asyncio.run(server.wait_ready(900))
-        queries = load_queries(args.data)
-        runs = asyncio.run(retrieve_all(server.target, queries, 100, 2))
-        server.stop()
-        chunks = json.loads(((index / "CURRENT").resolve() / "manifest.json").read_text())["count"]
-        results[name] = {**evaluate(runs, qrels, list(queries)), "chunks": chunks, "build_s": built}
-        print(f"{name}: {results[name]}; load {load_avg()}", flush=True)
-    return results
 
 
 # --- report ---------------------------------------------------------------------------------------
@@ -358,7 +318,7 @@ def main() -> None:
     one = sub.add_parser("build-one")
     for name in ("corpus", "index", "vectors"):
         one.add_argument(name, type=Path)
-    for name in ("run", "quality"):
+    for name in ("run",):
         p = sub.add_parser(name)
         p.add_argument("--base-index", type=Path, required=True, help="a SciFact index root or version folder")
         p.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "scifact")
@@ -366,7 +326,7 @@ def main() -> None:
         p.add_argument("--sizes", default="10000,100000,1000000")
         p.add_argument("--efs", default="64,128,256")
         p.add_argument("--queries", type=int, default=300)
-        p.add_argument("--distractors", type=int, default=100_000)
+        p.add_argument("--build-only", action="store_true", help="make and build the corpora, measure nothing else")
     args = parser.parse_args()
     if args.command == "build-one":
         build_one(args.corpus, args.index, args.vectors)
@@ -376,18 +336,14 @@ def main() -> None:
     )
     args.work.mkdir(parents=True, exist_ok=True)
     header = f"{cpu_name()}, {os.cpu_count()} CPUs, commit {git_head()}, load at start {load_avg()}"
-    if args.command == "quality":
-        results = quality(args)
-        text = header + "\n\n" + "\n".join(f"- {k}: {v}" for k, v in results.items())
-    else:
-        args.efs = [int(x) for x in args.efs.split(",")]
-        queries = list(load_queries(args.data).values())[: args.queries]
-        qvecs = query_vectors(args.data, args.queries)
-        rows = {}
-        for size in (int(x) for x in args.sizes.split(",")):
-            rows[size] = measure_size(args, size, queries, qvecs)
-            (args.work / "results.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1))
-        text = header + "\n\n" + table(rows)
+    args.efs = [int(x) for x in args.efs.split(",")]
+    queries = list(load_queries(args.data).values())[: args.queries]
+    qvecs = query_vectors(args.data, args.queries)
+    rows = {}
+    for size in (int(x) for x in args.sizes.split(",")):
+        rows[size] = measure_size(args, size, queries, qvecs)
+        (args.work / "results.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1))
+    text = header + "\n\n" + ("builds only" if args.build_only else table(rows))
     (args.work / f"{args.command}.md").write_text(text + f"\n\nload at end {load_avg()}\n")
     print(text)
 
