@@ -12,6 +12,8 @@ questions arrive at a steady rate (`--interval`), one at a time, through `Query`
   neighbour (2 threads)         a 2-thread torch job beside the server (what `ragserve-index` was)
   neighbour (nice 10 1 thread)  the same job at nice 10 on one thread (the indexer's default)
   alone again                   nothing else, once more (the first phase also warms the server)
+  alone during warming          right after SERVING, while warming pre-fills the corpus (not by default:
+  batch flood during warming    put them first, with RAGSERVE_WARM_WHOLE_CORPUS=true in --config)
 
 `--phases` picks some of them (comma-separated, in the order given); `--repeat N` runs them N times;
 `--config "name:KEY=VALUE,KEY=VALUE"` (repeatable) compares server settings, one server each.
@@ -61,7 +63,12 @@ PHASES: dict[str, tuple[RequestClassName | None, tuple[int, int] | None]] = {
     "neighbour (2 threads)": (None, (0, 2)),
     "neighbour (nice 10 1 thread)": (None, (10, 1)),
     "alone again": (None, None),
+    # Right after SERVING, while warming pre-fills the corpus (run these first, on a server with
+    # RAGSERVE_WARM_WHOLE_CORPUS=true so warming lasts): warming must yield to both classes.
+    "alone during warming": (None, None),
+    "batch flood during warming": ("batch", None),
 }
+USUAL_PHASES = ",".join(name for name in PHASES if "warming" not in name)
 
 
 async def interactive(client: RagClient, questions: list[str], interval_s: float) -> list[dict[str, Any]]:
@@ -121,6 +128,7 @@ async def phase(
         rows = await interactive(client, questions, args.interval)
         seconds = time.perf_counter() - started
         info = await client.info()
+        warming = "" if not info.HasField("warming") else ("done" if info.warming.done else "still warming")
         pace = info.generator_pace
         share = (
             f"neighbours {info.host_share.neighbour_cpus:.1f} of {info.host_share.usable_cpus} CPUs, "
@@ -133,7 +141,15 @@ async def phase(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-    return {"rows": rows, "batch": stats, "seconds": seconds, "pace": pace, "share": share, "load": load_avg()}
+    return {
+        "rows": rows,
+        "batch": stats,
+        "seconds": seconds,
+        "pace": pace,
+        "share": share,
+        "load": load_avg(),
+        "warming_at_end": warming,
+    }
 
 
 def summarize(repeats: list[dict[str, Any]]) -> dict[str, Any]:
@@ -155,6 +171,7 @@ def summarize(repeats: list[dict[str, Any]]) -> dict[str, Any]:
         "batch_refused": sum(result["batch"]["refused"] for result in repeats),
         "pace": repeats[-1]["pace"],
         "share": repeats[-1]["share"],
+        "warming_at_end": repeats[-1].get("warming_at_end", ""),
     }
 
 
@@ -162,6 +179,13 @@ def parse_config(text: str) -> tuple[str, dict[str, str]]:
     """ "name:KEY=VALUE,KEY=VALUE" -> (name, settings)."""
     name, _, settings = text.partition(":")
     return name, dict(item.split("=", 1) for item in settings.split(",") if item)
+
+
+def print_phase(label: str, s: dict[str, Any]) -> None:
+    print(f"[{label}] TTFT p50 {s['p50']:.0f} p95 {s['p95']:.0f} "
+          f"p99 {s['p99']:.0f} max {s['max']:.0f} ms; retrieval p99 {s['retrieval_p99']:.1f} ms; "
+          f"batch {s['batch_per_min']:.1f}/min; pace {s['pace']}; {s['share']}; "
+          f"warming at the end: {s['warming_at_end'] or 'no report'}", flush=True)  # fmt: skip
 
 
 def run_config(
@@ -194,10 +218,7 @@ def run_config(
                         job.kill()
                         job.wait()
                 results[phase_name].append(result)
-                s = summarize([result])
-                print(f"[{name} / {phase_name} #{repeat + 1}] TTFT p50 {s['p50']:.0f} p95 {s['p95']:.0f} "
-                      f"p99 {s['p99']:.0f} max {s['max']:.0f} ms; retrieval p99 {s['retrieval_p99']:.1f} ms; "
-                      f"batch {s['batch_per_min']:.1f}/min; pace {s['pace']}; {s['share']}", flush=True)  # fmt: skip
+                print_phase(f"{name} / {phase_name} #{repeat + 1}", summarize([result]))
     finally:
         stop_server(process)
     return results
@@ -211,7 +232,7 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=40, help="interactive questions per phase")
     parser.add_argument("--interval", type=float, default=0.6)
     parser.add_argument("--batch-clients", type=int, default=6)
-    parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of: {', '.join(PHASES)}")
+    parser.add_argument("--phases", default=USUAL_PHASES, help=f"comma-separated, of: {', '.join(PHASES)}")
     parser.add_argument("--repeat", type=int, default=1, help="run the phases this many times per configuration")
     parser.add_argument(
         "--config",
@@ -231,7 +252,7 @@ def main() -> None:
     pool = [q.question for q in load_questions(args.data, seed=3)]
     load_before = load_avg()
     results = {name: run_config(name, env, args, pool, plan) for name, env in configs}
-    idle = [p for p in plan if PHASES[p] == (None, None)]
+    idle = [p for p in plan if PHASES[p] == (None, None) and "warming" not in p]
     lines = [
         "# Interactive TTFT on a shared host (SQuAD v2 dev, through Query)",
         "",
