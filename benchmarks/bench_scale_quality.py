@@ -55,7 +55,16 @@ def quality(args: argparse.Namespace) -> dict[str, Any]:
         index = args.work / f"quality-{'alone' if corpus == args.data else 'mixed'}"
         started = time.perf_counter()
         subprocess.run(
-            [sys.executable, "-m", "indexer", "build", str(corpus), "--out", str(index), "--no-progress"],
+            [
+                sys.executable,
+                "-m",
+                "indexer",
+                "build",
+                str(corpus / "corpus.jsonl"),
+                "--out",
+                str(index),
+                "--no-progress",
+            ],
             check=True,
             cwd=REPO,
         )
