@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -55,10 +56,15 @@ def quality(args: argparse.Namespace) -> dict[str, Any]:
         index = args.work / f"quality-{'alone' if corpus == args.data else 'mixed'}"
         started = time.perf_counter()
         subprocess.run(
+            # The whole host: not the defaults for building beside a serving sidecar (nice 10, a core left).
             [
                 sys.executable,
                 "-m",
                 "indexer",
+                "--nice",
+                "0",
+                "--threads",
+                str(os.cpu_count() or 1),
                 "build",
                 str(corpus / "corpus.jsonl"),
                 "--out",
