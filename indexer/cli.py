@@ -272,8 +272,8 @@ def _summary(report: BuildReport) -> str:
         f"{report.chunks} chunks, "
         f"{sum(not s.ignored for s in report.skipped)} skipped, "
         f"{sum(s.ignored for s in report.skipped)} ignored{_ignored_names(report.skipped)}, "
-        f"{report.seconds:.1f} s ({report.docs_per_second:.1f} documents/s; embedding "
-        f"{report.chunks_per_second:.1f} chunks/s)"
+        f"{report.seconds:.1f} s ({report.docs_per_second:.1f} documents/s"
+        + (f"; embedding {report.chunks_per_second:.1f} chunks/s)" if report.chunks_embedded else ")")
     ) + left_out
 
 
