@@ -7,6 +7,12 @@ scored by their best chunk, queries embedded by the same backend.
 
     python benchmarks/bench_embed.py --data ../shared/data/scifact --out /tmp/scifact-idx
 
+Dense quality of an index another command built (say `ragserve-index build` of two commits, for
+their throughput; queries embedded by BACKEND here):
+
+    python benchmarks/bench_embed.py --data ../shared/data/scifact --out /tmp/x --max-docs 1000 \
+        --backends onnx-int8 --eval-index /tmp/idx-before,/tmp/idx-after
+
 Chunk-size sweep (dense, BM25 and RRF quality per setting, exact search, no publish):
 
     python benchmarks/bench_embed.py --data ../shared/data/scifact --out /tmp/x \
@@ -121,7 +127,18 @@ def sub_corpus(corpus: Path, judged: set[str], extra: int, out: Path) -> Path:
     return target
 
 
-def main() -> None:
+def evaluate_roots(emb: Any, roots: list[Path], queries: dict[str, str], qrels: dict) -> None:
+    qids = list(queries)
+    qvecs = emb.embed_queries([queries[q] for q in qids])
+    for root in roots:
+        folder = resolve_current(root)
+        chunks = read_chunks(folder / CHUNKS_FILE)
+        matrix = np.load(folder / VECTORS_FILE)
+        m = evaluate(doc_runs(matrix, [c.doc_id for c in chunks], qvecs, qids), qrels, qids)
+        print(f"{root}: {len(chunks)} chunks | dense exact nDCG@10 {m['ndcg@10']:.4f} recall@100 {m['recall@100']:.4f}")
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True, help="index roots are written to OUT/<backend>")
@@ -136,7 +153,12 @@ def main() -> None:
         default=0,
         help="a sub-corpus: every judged document plus the first N others (for a busy machine); 0 = all",
     )
-    args = ap.parse_args()
+    ap.add_argument("--eval-index", default="", help="root,...: only evaluate these indexes (dense, exact)")
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
 
     queries = load_queries(args.data)
     qrels = load_qrels(args.data)
@@ -146,6 +168,9 @@ def main() -> None:
         corpus = sub_corpus(corpus, {d for rel in qrels.values() for d in rel}, args.max_docs, args.out)
     if args.chunk_sweep:
         sweep(args, queries, qrels, corpus)
+        return
+    if args.eval_index:
+        evaluate_roots(make(args.backends.split(",")[0]), [Path(r) for r in args.eval_index.split(",")], queries, qrels)
         return
 
     rows = []

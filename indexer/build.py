@@ -15,13 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import orjson
-from tqdm import tqdm
 
-from indexer.chunking import ChunkingConfig, chunk_document, embedding_text
+from indexer.checkpoint import Checkpoints, clear_checkpoints
+from indexer.chunking import ChunkingConfig, embedding_text
+from indexer.embedding import GROUP_CHUNKS, IndexingEmbedder, embed_all
 from indexer.loaders import Document, LoadLimits, Skipped, SourceError, iter_source
 from indexer.metadata import Fields, MetadataError, choose_fields, normalized
 from indexer.previous import Previous, chunking_dict, extend_graph, load_previous
@@ -46,21 +47,6 @@ from ragserve.request.sentences import analyse_text
 from ragserve.types import Chunk
 
 
-class IndexingEmbedder(Protocol):
-    """An Embedder that also exposes its tokenizer (chunks are cut in the model's own tokens)."""
-
-    @property
-    def model_id(self) -> str: ...
-
-    @property
-    def dim(self) -> int: ...
-
-    @property
-    def tokenizer(self) -> Any: ...
-
-    def embed_documents(self, texts: list[str], batch_size: int = 64) -> np.ndarray: ...
-
-
 @dataclass
 class BuildReport:
     version: int = 0
@@ -68,6 +54,7 @@ class BuildReport:
     published: bool = False
     documents: int = 0
     embedded: int = 0  # documents (re-)embedded in this run
+    resumed: int = 0  # new or changed documents whose vectors came from an interrupted build's checkpoints
     reused: int = 0  # unchanged documents whose vectors were kept
     removed: int = 0  # documents of the previous version no longer in the source
     relabeled: int = 0  # unchanged text, changed metadata: kept vectors, new metadata
@@ -78,10 +65,16 @@ class BuildReport:
     skipped: list[Skipped] = field(default_factory=list)
     seconds: float = 0.0
     embed_seconds: float = 0.0
+    chunks_embedded: int = 0  # chunks embedded in this run (not reused, not resumed)
 
     @property
     def docs_per_second(self) -> float:
         return self.documents / self.seconds if self.seconds else 0.0
+
+    @property
+    def chunks_per_second(self) -> float:
+        """The embedding's throughput: chunks embedded in this run per second of embedding."""
+        return self.chunks_embedded / self.embed_seconds if self.embed_seconds else 0.0
 
 
 def load_documents(
@@ -121,9 +114,11 @@ def build_index(
     embedder_backend: str = "torch",
     limits: LoadLimits | None = None,
     declared_fields: dict[str, str] | None = None,
+    group_chunks: int = GROUP_CHUNKS,
 ) -> BuildReport:
     """`declared_fields`: filterable fields with their types, as `--field name:type` gives them
-    (others are chosen from the values: indexer/metadata.py)."""
+    (others are chosen from the values: indexer/metadata.py). `group_chunks`: chunks embedded and
+    checkpointed together (indexer/embedding.py)."""
     with index_root_lock(out):
         return _build_locked(
             source,
@@ -137,6 +132,7 @@ def build_index(
             embedder_backend,
             limits,
             declared_fields,
+            group_chunks,
         )
 
 
@@ -151,7 +147,8 @@ def _build_locked(
     incremental: bool,
     embedder_backend: str,
     limits: LoadLimits | None,
-    declared_fields: dict[str, str] | None = None,
+    declared_fields: dict[str, str] | None,
+    group_chunks: int,
 ) -> BuildReport:
     started = time.perf_counter()
     chunking = chunking or ChunkingConfig()
@@ -168,11 +165,17 @@ def _build_locked(
         report.folder = resolve_current(out)
         report.chunks = sum(len(c) for c in work.chunks.values())
         report.seconds = time.perf_counter() - started
+        clear_checkpoints(out)
         return report
 
     embed_started = time.perf_counter()
-    _chunk_and_embed(work, embedder, chunking, batch_size, progress)
+    checkpoints = Checkpoints(out, _embedding_settings(embedder, chunking, embedder_backend), embedder.dim)
+    outcome = embed_all(work.todo, embedder, chunking, batch_size, checkpoints, progress, group_chunks)
+    for doc_id, item in outcome.embedded.items():
+        work.chunks[doc_id], work.vectors[doc_id] = item.chunks, item.vectors
     report.embed_seconds = time.perf_counter() - embed_started
+    report.resumed, report.chunks_embedded = outcome.resumed, outcome.chunks_embedded
+    report.embedded -= outcome.resumed
 
     base = _graph_to_extend(previous, work, report, unchanged_fields)
     report.graph_extended = base is not None
@@ -186,6 +189,7 @@ def _build_locked(
     hnsw = {**manifest.hnsw, "ef_search": ef_search}
     manifest = dataclasses.replace(manifest, fields=dict(fields.schema), hnsw=hnsw)
     report.folder = _publish_verified(out, build, manifest)
+    clear_checkpoints(out)
     report.version = version
     report.published = True
     report.chunks = len(content.chunks)
@@ -267,35 +271,9 @@ def _diff_documents(documents: list[Document], previous: Previous | None, report
     return work
 
 
-def _chunk_and_embed(
-    work: _Work, embedder: IndexingEmbedder, chunking: ChunkingConfig, batch_size: int, progress: bool
-) -> None:
-    bar = tqdm(total=len(work.todo), unit="doc", desc="chunk+embed", disable=not progress)
-    # Groups of documents, so the bar shows documents/s and an ETA; large enough that the
-    # embedder's length-sorted batches pad little.
-    group = max(1, batch_size * 4)
-    for i in range(0, len(work.todo), group):
-        docs = work.todo[i : i + group]
-        _embed_group(work, docs, embedder, chunking, batch_size)
-        bar.update(len(docs))
-    bar.close()
-
-
-def _embed_group(
-    work: _Work, docs: list[Document], embedder: IndexingEmbedder, chunking: ChunkingConfig, batch_size: int
-) -> None:
-    doc_chunks = [chunk_document(doc, embedder.tokenizer, chunking) for doc in docs]
-    flat = [c for cs in doc_chunks for c in cs]
-    matrix = (
-        embedder.embed_documents([embedding_text(c) for c in flat], batch_size)
-        if flat
-        else np.zeros((0, embedder.dim), dtype=np.float32)
-    )
-    row = 0
-    for doc, cs in zip(docs, doc_chunks, strict=True):
-        work.chunks[doc.doc_id] = cs
-        work.vectors[doc.doc_id] = matrix[row : row + len(cs)]
-        row += len(cs)
+def _embedding_settings(embedder: IndexingEmbedder, chunking: ChunkingConfig, backend: str) -> dict[str, Any]:
+    """What a checkpoint's vectors depend on besides each document's text."""
+    return {"embedder": embedder.model_id, "backend": backend, "dim": embedder.dim, **_chunking_dict(chunking)}
 
 
 @dataclass(frozen=True)

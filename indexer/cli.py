@@ -10,8 +10,9 @@ from typing import Annotated
 import typer
 
 from indexer import host_share
-from indexer.build import BuildReport, IndexingEmbedder, build_index
+from indexer.build import BuildReport, build_index
 from indexer.chunking import ChunkingConfig
+from indexer.embedding import IndexingEmbedder
 from indexer.loaders import (
     DEFAULT_MAX_FILE_MB,
     DEFAULT_MAX_TEXT_CHARS,
@@ -266,11 +267,13 @@ def _summary(report: BuildReport) -> str:
     )
     return (
         f"{what} at {report.folder}: {report.documents} documents ({report.embedded} embedded, "
-        f"{report.reused} unchanged, {report.relabeled} with new metadata, {report.removed} removed), "
+        f"{report.resumed} resumed from an interrupted build, {report.reused} unchanged, "
+        f"{report.relabeled} with new metadata, {report.removed} removed), "
         f"{report.chunks} chunks, "
         f"{sum(not s.ignored for s in report.skipped)} skipped, "
         f"{sum(s.ignored for s in report.skipped)} ignored{_ignored_names(report.skipped)}, "
-        f"{report.seconds:.1f} s ({report.docs_per_second:.1f} documents/s)"
+        f"{report.seconds:.1f} s ({report.docs_per_second:.1f} documents/s"
+        + (f"; embedding {report.chunks_per_second:.1f} chunks/s)" if report.chunks_embedded else ")")
     ) + left_out
 
 

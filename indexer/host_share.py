@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import os
 
+from ragserve.generate.host import read_cpu_quota
+
 log = logging.getLogger(__name__)
 
 # Thread pools that read these when they start (torch/OpenMP, MKL, OpenBLAS); ONNX Runtime gets the
@@ -17,7 +19,10 @@ threads = 0  # the count chosen by `share_host` (0: not called; each library's o
 
 
 def usable_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    """CPUs this process may run on, or fewer under a container's CPU quota (cgroup v2 cpu.max)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = read_cpu_quota()
+    return min(cpus, quota) if quota else cpus
 
 
 def share_host(nice: int, thread_cap: int) -> int:

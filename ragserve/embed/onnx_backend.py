@@ -11,6 +11,8 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +94,7 @@ class OnnxEmbedder(NamedEmbedder):
         *,
         threads: int,
         spin: bool,
+        workers: int = 1,
     ) -> None:
         path = Path(resolve_embedder_path(model))
         if not (path / "config.json").is_file():
@@ -104,6 +107,10 @@ class OnnxEmbedder(NamedEmbedder):
         self._open(onnx_path, path, threads, spin)
         self._set_identity(model, int(json.loads((path / "config.json").read_text())["hidden_size"]))
         self.quantized = quantize
+        # Batches run side by side on this many threads (each session run on its caller's thread when
+        # `threads` is 1): no barrier between cores inside an operator, so a core taken by another
+        # process stalls one batch, not every operator of every batch.
+        self._workers = max(1, workers)
 
     @classmethod
     def from_export(cls, onnx_path: Path, model_dir: Path, model_id: str, *, threads: int, spin: bool) -> OnnxEmbedder:
@@ -113,6 +120,7 @@ class OnnxEmbedder(NamedEmbedder):
         embedder._open(onnx_path, model_dir, threads, spin)
         embedder._set_identity(model_id, int(json.loads((model_dir / "config.json").read_text())["hidden_size"]))
         embedder.quantized = True
+        embedder._workers = 1
         return embedder
 
     def _open(self, onnx_path: Path, model_dir: Path, threads: int, spin: bool) -> None:
@@ -151,26 +159,56 @@ class OnnxEmbedder(NamedEmbedder):
 
     def _run_counted(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The vectors and each text's token count as the model saw it (after truncation)."""
-        enc = self._tokenizer(texts, padding=True, truncation=True, max_length=self._max_len, return_tensors="np")
-        feeds = {k: v.astype(np.int64) for k, v in enc.items() if k in self._inputs}
-        if "token_type_ids" in self._inputs and "token_type_ids" not in feeds:
-            feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
+        return self._run_ids(self._token_ids(texts))
+
+    def _token_ids(self, texts: list[str]) -> list[list[int]]:
+        enc = self._tokenizer(
+            texts,
+            truncation=True,
+            max_length=self._max_len,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+            verbose=False,
+        )
+        return list(enc["input_ids"])
+
+    def _run_ids(self, rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """Pad the rows to the longest of them (right, with the pad id) and run the model."""
+        width = max(len(r) for r in rows)
+        ids = np.full((len(rows), width), self._tokenizer.pad_token_id or 0, dtype=np.int64)
+        mask = np.zeros((len(rows), width), dtype=np.int64)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = row
+            mask[i, : len(row)] = 1
+        given = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        feeds = {name: value for name, value in given.items() if name in self._inputs}
         hidden = np.asarray(self._session.run(None, feeds)[0], dtype=np.float32)
-        mask = feeds["attention_mask"][..., None].astype(np.float32)
-        pooled: np.ndarray = (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
+        weights = mask[..., None].astype(np.float32)
+        pooled: np.ndarray = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
         out: np.ndarray = (pooled / np.clip(norms, 1e-12, None)).astype(np.float32)
-        return out, feeds["attention_mask"].sum(axis=1)
+        return out, mask.sum(axis=1)
 
     def _encode(self, texts: list[str], batch_size: int) -> np.ndarray:
         if not texts:
             return np.zeros((0, self._dim), dtype=np.float32)
-        # Sort by length so each batch pads to a similar length: less wasted compute.
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
+        # Tokenized once, unpadded; sorted by token count so each batch pads to little more than
+        # its own rows (sorting by characters left about 15% padding on SciFact's chunks, by
+        # tokens under 1% over a group of a thousand chunks).
+        ids = self._token_ids(texts)
+        order = sorted(range(len(texts)), key=lambda i: len(ids[i]), reverse=True)
+        batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
         out = np.empty((len(texts), self._dim), dtype=np.float32)
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            out[idx] = self._run([texts[i] for i in idx])
+
+        def run(rows: list[int]) -> None:
+            out[rows] = self._run_ids([ids[i] for i in rows])[0]
+
+        if self._workers > 1 and len(batches) > 1:
+            with ThreadPoolExecutor(self._workers, thread_name_prefix="embed") as pool:
+                list(pool.map(run, batches))
+        else:
+            for rows in batches:
+                run(rows)
         return out
 
     def embed_queries(self, texts: list[str]) -> np.ndarray:

@@ -31,10 +31,15 @@ log = logging.getLogger(__name__)
 def make_embedder(cfg: EmbedderSettings, *, indexing: bool = False) -> OnnxEmbedder | SentenceTransformerEmbedder:
     """The server's query embedder, or (indexing) the indexer's document embedder: the same choice
     of backend for both. ONNX Runtime's idle threads spin only when indexing (throughput); in the
-    server they would steal the cores the reranker and the generator need between queries."""
+    server they would steal the cores the reranker and the generator need between queries. The
+    indexer runs `cfg.threads` one-thread batches side by side rather than one batch on that many
+    threads: more chunks per CPU-second, and a core lent to another process slows one batch, not
+    every operator (BENCHMARKS.md, "Indexing throughput at scale")."""
     if cfg.backend == "onnx" and cfg.device == "cpu":
         from ragserve.embed.onnx_backend import OnnxEmbedder
 
+        if indexing and cfg.threads:
+            return OnnxEmbedder(cfg.model, quantize=cfg.onnx_int8, threads=1, spin=True, workers=cfg.threads)
         return OnnxEmbedder(cfg.model, quantize=cfg.onnx_int8, threads=cfg.threads, spin=indexing)
     if cfg.backend == "onnx":
         log.info("embedder on %s: using torch (the ONNX backend is the CPU path)", cfg.device)

@@ -5,6 +5,7 @@ Layout of an index root:
     <root>/CURRENT        symlink to the published version folder (replaced atomically)
     <root>/v000003/       manifest.json, hnsw.bin, chunks.jsonl, vectors.npy, documents.jsonl, bm25/
     <root>/.build-*/      a build in progress (ignored; removed by the next build)
+    <root>/.checkpoints/  embedded groups of an unfinished build (the indexer's; never served)
 
 A reader resolves CURRENT once and then only touches that folder, so a publish never changes
 files under a running server.
