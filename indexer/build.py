@@ -273,7 +273,7 @@ def _diff_documents(documents: list[Document], previous: Previous | None, report
 
 def _embedding_settings(embedder: IndexingEmbedder, chunking: ChunkingConfig, backend: str) -> dict[str, Any]:
     """What a checkpoint's vectors depend on besides each document's text."""
-    return {"embedder": embedder.model_id, "backend": backend, "dim": embedder.dim, **_chunking_dict(chunking)}
+    return {"embedder": embedder.model_id, "backend": backend, "dim": embedder.dim, **chunking_dict(chunking)}
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from indexer.build import BuildReport, build_index
 from indexer.checkpoint import CHECKPOINTS
 from indexer.chunking import ChunkingConfig
 from indexer.progress import EmbedProgress
+from ragserve.index.chunk_store import read_chunks
 from ragserve.index.format import CHUNKS_FILE, CURRENT, VECTORS_FILE, resolve_current
-from ragserve.index.hnsw import read_chunks
 from tests.fakes import FakeEmbedder
 
 REPO = Path(__file__).resolve().parents[2]
