@@ -127,10 +127,13 @@ def query_vectors(data: Path, limit: int) -> np.ndarray:
 
 
 def recall_at_10(index_root: Path, queries: np.ndarray, efs: list[int]) -> dict[str, float]:
-    """HNSW top 10 against an exact search over the version's own vectors, per ef."""
+    """HNSW top 10 against an exact search over the version's own vectors, per ef, and at the ef a
+    server searches it with for top_k 10 (the setting's 64, or the breadth the version measured)."""
     from ragserve.index.hnsw import HnswIndex
 
     index = HnswIndex.load(index_root)
+    served = max(64, int(index.manifest.hnsw.get("ef_search", 0)))
+    efs = sorted({*efs, served})
     vectors = np.load(index.folder / "vectors.npy", mmap_mode="r")
     best = np.full((len(queries), 10), -1, dtype=np.int64)
     best_scores = np.full((len(queries), 10), -np.inf, dtype=np.float32)
@@ -147,7 +150,7 @@ def recall_at_10(index_root: Path, queries: np.ndarray, efs: list[int]) -> dict[
             # Passage n is one chunk, "s<n>#0", at row n (rows follow the corpus's order).
             rows = {int(s.chunk.doc_id[1:]) for s in index.search(q, 10, ef)}
             hits += sum(1 for row in truth if int(row) in rows)
-        out[f"ef {ef}"] = hits / (10 * len(queries))
+        out[f"ef {ef}{' (served)' if ef == served else ''}"] = hits / (10 * len(queries))
     return out
 
 
