@@ -2,7 +2,7 @@
 
     python benchmarks/bench_scale_quality.py quality --base-index IDX --data ../shared/data/scifact \
         --work /tmp/bench-scale-quality --distractors 100000
-    python benchmarks/bench_scale_quality.py evidence --indexes OLD_ROOT,NEW_ROOT --work DIR
+    python benchmarks/bench_scale_quality.py evidence --index FORMAT_1_ROOT --work DIR
 
 `quality`: SciFact's queries against its corpus alone, and against its corpus hidden among
 `--distractors` passages recombined from the sentences of SciFact documents no query judges
@@ -10,10 +10,10 @@
 retrieval-only server per index (hybrid, no reranker, no cache), Retrieve top_k 100 with documents
 deduplicated, nDCG@10 and recall@100 of each, one run.
 
-`evidence`: the evidence stage's server time (StageTimings.evidence_ms) over each index at top_k
-100 and 10, SciFact queries, each a first visit (a fresh process per index and top_k): an index
-built before format 2 analyses its chunks' sentences when a request first touches them; format 2
-stored them at build time.
+`evidence`: the evidence stage's server time (StageTimings.evidence_ms) at top_k 100 and 10,
+SciFact queries, each a first visit (a fresh process per index and top_k), over a format 1 index
+(its chunks' sentences analysed when a request first touches them) and over a copy of it whose
+docstore stores them as format 2 does (analysed once, at build time).
 """
 
 from __future__ import annotations
@@ -104,23 +104,49 @@ def evidence_one(index: Path, data: Path, top_k: int, count: int) -> None:
         rerank=RerankSettings(mode="off"),
     )
 
-    async def run() -> list[float]:
+    async def run() -> dict[str, list[float]]:
         pipeline = make_pipeline(settings, with_generator=False)
+        out: dict[str, list[float]] = {"evidence": [], "search": [], "retrieval total": []}
         async with pipeline:
-            out = []
             for text in list(load_queries(data).values())[:count]:
                 result = await pipeline.retrieve(RetrieveParams(text, top_k, 10_000), RequestContext(Deadline(10_000)))
-                out.append(result.timings.evidence_ms)
-            return out
+                out["evidence"].append(result.timings.evidence_ms)
+                out["search"].append(result.timings.search_ms)  # decodes the chunks, stored sentences too
+                out["retrieval total"].append(result.timings.retrieval_total_ms)
+        return out
 
     times = asyncio.run(run())
-    print(json.dumps({"p50_ms": percentile(times, 50), "p95_ms": percentile(times, 95), "queries": len(times)}))
+    print(json.dumps({f"{k} p50/p95 ms": (percentile(v, 50), percentile(v, 95)) for k, v in times.items()}))
+
+
+def with_stored_sentences(root: Path, out: Path) -> Path:
+    """A copy of `root`'s published format 1 version whose docstore stores each chunk's sentences as
+    the format 2 indexer does; nothing else differs (same chunks, vectors and graph)."""
+    import shutil
+
+    from ragserve.digests import sha256_file
+    from ragserve.index.chunk_store import read_chunks, write_chunks
+    from ragserve.index.format import CHUNKS_FILE, CURRENT, MANIFEST
+    from ragserve.request.sentences import analyse_text
+
+    source = (root / CURRENT).resolve()
+    shutil.rmtree(out, ignore_errors=True)
+    version = out / source.name
+    shutil.copytree(source, version)
+    write_chunks(version / CHUNKS_FILE, read_chunks(source / CHUNKS_FILE), analyse_text)
+    manifest = json.loads((version / MANIFEST).read_text())
+    manifest["files"][CHUNKS_FILE] = sha256_file(version / CHUNKS_FILE)
+    manifest["format"] = 2
+    (version / MANIFEST).write_text(json.dumps(manifest))
+    (out / CURRENT).symlink_to(version.name)
+    return out
 
 
 def evidence(args: argparse.Namespace) -> dict[str, Any]:
-    """The evidence stage at top_k 100 and 10 over each index, in turn, one fresh process each."""
+    """The evidence stage at top_k 100 and 10 over a format 1 index and its copy with stored
+    sentences, in turn, one fresh process each."""
     results: dict[str, Any] = {}
-    for index in args.indexes.split(","):
+    for index in (str(args.index), str(with_stored_sentences(args.index, args.work / "format-2"))):
         version = (Path(index) / "CURRENT").resolve()
         form = json.loads((version / "manifest.json").read_text()).get("format")
         for top_k in (100, 10):
@@ -144,7 +170,7 @@ def main() -> None:
         p.add_argument("--queries", type=int, default=300)
     sub.choices["quality"].add_argument("--base-index", type=Path, required=True, help="a SciFact index root")
     sub.choices["quality"].add_argument("--distractors", type=int, default=100_000)
-    sub.choices["evidence"].add_argument("--indexes", required=True, help="index roots, comma-separated")
+    sub.choices["evidence"].add_argument("--index", type=Path, required=True, help="a format 1 index root")
     args = parser.parse_args()
     if args.command == "evidence-one":
         evidence_one(args.index, args.data, args.top_k, args.count)
