@@ -35,6 +35,9 @@ from tests.e2e.servers import (
 from tests.e2e.test_grpc_stream import _template_tokens
 from tests.generate import contract
 
+# The session server the stack takes itself (after starting its vLLM servers, so that their
+# start-ups overlap): under pytest-xdist this module runs beside the float32 server's other users.
+SESSION_SERVERS = ("float32",)
 # float32 on both sides: bf16 greedy decoding is not token-exact between engine layouts (limitations.md).
 DTYPE = "float32"
 # One question each about different sample documents (for comparing answers with the local engine).
