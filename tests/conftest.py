@@ -62,17 +62,12 @@ def _relative(item: pytest.Item) -> str:
 def _check_session_modules(items: list[pytest.Item]) -> None:
     """Fails the collection when tests/e2e/servers.py SESSION_MODULES misses a module that takes a
     shared server, or names one that no longer does: the xdist scheduler would start it twice."""
-    from tests.e2e.servers import SESSION_SERVER_FIXTURES, session_modules_mismatch
+    from tests.e2e.servers import servers_taken, session_modules_mismatch
 
     used: dict[str, set[str]] = {}
     for item in items:
-        if E2E_TESTS not in item.path.parents:
-            continue
-        names = used.setdefault(_relative(item), set())
-        fixtures = getattr(item, "fixturenames", ())
-        names.update(server for fixture, server in SESSION_SERVER_FIXTURES.items() if fixture in fixtures)
-        # A module that takes a shared server from `session_servers` itself names it (test_remote.py).
-        names.update(getattr(getattr(item, "module", None), "SESSION_SERVERS", ()))
+        if E2E_TESTS in item.path.parents:
+            used.setdefault(_relative(item), set()).update(servers_taken(item))
     wrong = session_modules_mismatch(used)
     if wrong:
         raise pytest.UsageError("tests/e2e/servers.py SESSION_MODULES is out of date:\n" + "\n".join(wrong))

@@ -165,6 +165,14 @@ SESSION_SERVER_FIXTURES = {"live_server": "live", "retrieval_server": "retrieval
 SESSION_GROUPS = (("live", "retrieval"), ("float32",))
 
 
+def servers_taken(item: pytest.Item) -> set[str]:
+    """The shared servers a test takes: through their fixtures, or named by its module's
+    SESSION_SERVERS when the module takes one from `session_servers` itself (test_remote.py)."""
+    fixtures = getattr(item, "fixturenames", ())
+    taken = {server for fixture, server in SESSION_SERVER_FIXTURES.items() if fixture in fixtures}
+    return taken | set(getattr(getattr(item, "module", None), "SESSION_SERVERS", ()))
+
+
 def session_module_group(path: str) -> str | None:
     """The table's group of a test file (its path from the repository root), if any."""
     folder, _, name = path.rpartition("/")
@@ -190,10 +198,15 @@ class SessionServers:
     use, together with the rest of its group (their start-ups overlap: on two cores, two start-ups
     at once take about as long as the longer one), and every one must exit 0 on SIGTERM at the end."""
 
-    def __init__(self, index: Path, folder: Path, groups: list[dict[str, dict[str, str]]]) -> None:
+    def __init__(
+        self, index: Path, folder: Path, groups: list[dict[str, dict[str, str]]], wanted: set[str] | None = None
+    ) -> None:
         self._index = index
         self._folder = folder
         self._groups = groups
+        # The servers this run's tests take (None: all): a group's other members start with it only
+        # when wanted, so a run of the serial tests alone starts the live server alone.
+        self._wanted = wanted
         self._started: dict[str, LiveServer] = {}
         self._ready: set[str] = set()
 
@@ -201,7 +214,7 @@ class SessionServers:
         if name not in self._started:
             group = next(g for g in self._groups if name in g)
             for member, env in group.items():
-                if member not in self._started:
+                if member not in self._started and (member == name or self._wanted is None or member in self._wanted):
                     self._started[member] = spawn_server(self._index, self._folder / f"{member}.log", env)
         server = self._started[name]
         if name not in self._ready:
