@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import fcntl
 import os
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -53,6 +55,32 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return session_module_group(path) or path
 
     return SharedServersScheduling(config, log)  # type: ignore[arg-type]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    """Under pytest-xdist a test marked `alone` runs while no other worker runs a test (its set-up
+    and tear-down included): it waits for the test running beside it to end, and holds the next
+    one back. Its fixtures stay shared; the `serial` tests, which need the host to themselves, run
+    in a pytest call of their own instead (deploy/local/test.sh)."""
+    workerinput = getattr(item.config, "workerinput", None)
+    if workerinput is None:
+        return (yield)
+    # The run's base folder: each worker's own is a folder in it (pytest-xdist's popen-gwN).
+    folder = Path(item.config.option.basetemp).parent
+    with (folder / "alone.turnstile").open("a") as turnstile, (folder / "alone.lock").open("a") as lock:
+        # Every test passes the turnstile and then shares the lock; an `alone` test holds the
+        # turnstile until it has the lock to itself, so the tests beside cannot keep it waiting.
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        alone = item.get_closest_marker("alone") is not None
+        if not alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        try:
+            return (yield)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
 def _relative(item: pytest.Item) -> str:

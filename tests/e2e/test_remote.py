@@ -164,6 +164,8 @@ def _wait_idle(servers: list[HttpProcess], limit_s: float) -> float:
     return time.monotonic() - started
 
 
+# Alone: the servers, one CPU each, must end an aborted request within 1 s, and the sidecar answer in 1 s.
+@pytest.mark.alone
 def test_a_cancelled_stream_and_a_passed_deadline_leave_the_servers_idle(stack: RemoteStack) -> None:
     with grpc.insecure_channel(stack.sidecar.target) as channel:
         stub = rag_pb2_grpc.RagServiceStub(channel)
@@ -281,6 +283,8 @@ def test_the_remote_generator_meets_the_generator_contract_on_a_real_vllm_server
     asyncio.run(run())
 
 
+# Alone: the sidecar must answer within 1 s with no server up.
+@pytest.mark.alone
 def test_servers_dying_mid_run(stack: RemoteStack) -> None:
     """Last in the module: it kills the servers."""
     target = stack.sidecar.target
