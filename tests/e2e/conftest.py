@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.servers import FLOAT32_ENV, LIVE_ENV, LiveServer, SessionServers
+from tests.e2e.servers import FLOAT32_ENV, LIVE_ENV, LiveServer, SessionServers, servers_taken
 from tests.helpers import free_port
 
 # The reader always gets its passage (as on the full server): this server measures the reader's
@@ -16,9 +16,13 @@ RETRIEVAL_ENV = {"RAGSERVE_GENERATION_ENABLED": "false", "RAGSERVE_READER_BUDGET
 
 
 @pytest.fixture(scope="session")
-def session_servers(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionServers]:
-    """The shared full server and the retrieval-only one start together, on first use of either;
-    the float32 server, used late in the run, on its own first use."""
+def session_servers(
+    sample_index: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[SessionServers]:
+    """The shared full server and the retrieval-only one start together, on first use of either
+    (each only if this run's tests take it); the float32 server, used late in the run, on its own
+    first use."""
+    wanted = set().union(*(servers_taken(item) for item in request.session.items))
     servers = SessionServers(
         sample_index,
         tmp_path_factory.mktemp("session-servers"),
@@ -27,6 +31,7 @@ def session_servers(sample_index: Path, tmp_path_factory: pytest.TempPathFactory
             {"live": {**LIVE_ENV, "RAGSERVE_OPENAI_PORT": str(free_port())}, "retrieval": RETRIEVAL_ENV},
             {"float32": FLOAT32_ENV},
         ],
+        wanted,
     )
     yield servers
     codes = servers.stop_all()

@@ -139,15 +139,74 @@ FLOAT32_ENV = {
 }
 
 
+# Under pytest-xdist (deploy/local/test.sh) the modules that use one start group's shared servers run
+# on one worker, so that no shared server starts twice; the two groups can run side by side. The
+# scheduler (tests/conftest.py) sees only test ids, hence this table; every collection checks it
+# against the servers each module's tests really take (`session_modules_mismatch`).
+SESSION_MODULES = {
+    "e2e-float32": ("test_remote.py", "test_speculation.py"),
+    "e2e-live+retrieval": (
+        "test_answer_cache.py",
+        "test_classes.py",
+        "test_cli_retrieve.py",
+        "test_fuzz_input.py",
+        "test_grpc_stream.py",
+        "test_grpcurl.py",
+        "test_hardening.py",
+        "test_metrics.py",
+        "test_openai_door.py",
+        "test_outside_clients.py",
+        "test_warm.py",
+    ),
+}
+# The fixture that hands out each shared server (tests/e2e/conftest.py), and the servers that start
+# together (SessionServers' groups there).
+SESSION_SERVER_FIXTURES = {"live_server": "live", "retrieval_server": "retrieval", "float32_server": "float32"}
+SESSION_GROUPS = (("live", "retrieval"), ("float32",))
+
+
+def servers_taken(item: pytest.Item) -> set[str]:
+    """The shared servers a test takes: through their fixtures, or named by its module's
+    SESSION_SERVERS when the module takes one from `session_servers` itself (test_remote.py)."""
+    fixtures = getattr(item, "fixturenames", ())
+    taken = {server for fixture, server in SESSION_SERVER_FIXTURES.items() if fixture in fixtures}
+    return taken | set(getattr(getattr(item, "module", None), "SESSION_SERVERS", ()))
+
+
+def session_module_group(path: str) -> str | None:
+    """The table's group of a test file (its path from the repository root), if any."""
+    folder, _, name = path.rpartition("/")
+    if folder != "tests/e2e":
+        return None
+    return next((group for group, names in SESSION_MODULES.items() if name in names), None)
+
+
+def session_modules_mismatch(used: dict[str, set[str]]) -> list[str]:
+    """Files whose table entry differs from the shared servers their tests take (`used`: the
+    servers per file). A module that takes servers of two start groups must join them into one."""
+    wrong = []
+    for path, names in sorted(used.items()):
+        touched = ["+".join(group) for group in SESSION_GROUPS if names & set(group)]
+        expected = "e2e-" + ",".join(touched) if touched else None
+        if session_module_group(path) != expected:
+            wrong.append(f"{path}: uses {sorted(names) or 'no shared server'}, so its group is {expected}")
+    return wrong
+
+
 class SessionServers:
     """The servers end-to-end modules share for the whole session. A server is started on first
     use, together with the rest of its group (their start-ups overlap: on two cores, two start-ups
     at once take about as long as the longer one), and every one must exit 0 on SIGTERM at the end."""
 
-    def __init__(self, index: Path, folder: Path, groups: list[dict[str, dict[str, str]]]) -> None:
+    def __init__(
+        self, index: Path, folder: Path, groups: list[dict[str, dict[str, str]]], wanted: set[str] | None = None
+    ) -> None:
         self._index = index
         self._folder = folder
         self._groups = groups
+        # The servers this run's tests take (None: all): a group's other members start with it only
+        # when wanted, so a run of the serial tests alone starts the live server alone.
+        self._wanted = wanted
         self._started: dict[str, LiveServer] = {}
         self._ready: set[str] = set()
 
@@ -155,7 +214,7 @@ class SessionServers:
         if name not in self._started:
             group = next(g for g in self._groups if name in g)
             for member, env in group.items():
-                if member not in self._started:
+                if member not in self._started and (member == name or self._wanted is None or member in self._wanted):
                     self._started[member] = spawn_server(self._index, self._folder / f"{member}.log", env)
         server = self._started[name]
         if name not in self._ready:

@@ -35,6 +35,9 @@ from tests.e2e.servers import (
 from tests.e2e.test_grpc_stream import _template_tokens
 from tests.generate import contract
 
+# The session server the stack takes itself (after starting its vLLM servers, so that their
+# start-ups overlap): under pytest-xdist this module runs beside the float32 server's other users.
+SESSION_SERVERS = ("float32",)
 # float32 on both sides: bf16 greedy decoding is not token-exact between engine layouts (limitations.md).
 DTYPE = "float32"
 # One question each about different sample documents (for comparing answers with the local engine).
@@ -161,6 +164,8 @@ def _wait_idle(servers: list[HttpProcess], limit_s: float) -> float:
     return time.monotonic() - started
 
 
+# Alone: the servers, one CPU each, must end an aborted request within 1 s, and the sidecar answer in 1 s.
+@pytest.mark.alone
 def test_a_cancelled_stream_and_a_passed_deadline_leave_the_servers_idle(stack: RemoteStack) -> None:
     with grpc.insecure_channel(stack.sidecar.target) as channel:
         stub = rag_pb2_grpc.RagServiceStub(channel)
@@ -278,6 +283,8 @@ def test_the_remote_generator_meets_the_generator_contract_on_a_real_vllm_server
     asyncio.run(run())
 
 
+# Alone: the sidecar must answer within 1 s with no server up.
+@pytest.mark.alone
 def test_servers_dying_mid_run(stack: RemoteStack) -> None:
     """Last in the module: it kills the servers."""
     target = stack.sidecar.target
