@@ -155,6 +155,8 @@ def test_onnx_embedder_reports_the_window_from_its_own_tokenization(tokens: int,
     from ragserve.embed.onnx_backend import OnnxEmbedder
 
     class FakeTokenizer:
+        pad_token_id = 0
+
         def __call__(self, texts: list[str], **kw: object) -> dict[str, np.ndarray]:
             assert kw["truncation"] is True and kw["max_length"] == 256
             n = min(tokens, 256)
