@@ -129,20 +129,12 @@ def query_vectors(data: Path, limit: int) -> np.ndarray:
 def recall_at_10(index_root: Path, queries: np.ndarray, efs: list[int]) -> dict[str, float]:
     """HNSW top 10 against an exact search over the version's own vectors, per ef, and at the ef a
     server searches it with for top_k 10 (the setting's 64, or the breadth the version measured)."""
-    from ragserve.index.hnsw import HnswIndex
+    from ragserve.index.hnsw import HnswIndex, exact_top
 
     index = HnswIndex.load(index_root)
     served = max(64, int(index.manifest.hnsw.get("ef_search", 0)))
     efs = sorted({*efs, served})
-    vectors = np.load(index.folder / "vectors.npy", mmap_mode="r")
-    best = np.full((len(queries), 10), -1, dtype=np.int64)
-    best_scores = np.full((len(queries), 10), -np.inf, dtype=np.float32)
-    for start in range(0, len(vectors), 65536):  # exact top 10, a slab of vectors at a time
-        scores = queries @ np.asarray(vectors[start : start + 65536]).T
-        merged = np.concatenate([best_scores, scores], axis=1)
-        rows = np.concatenate([best, np.broadcast_to(np.arange(start, start + scores.shape[1]), scores.shape)], axis=1)
-        top = np.argsort(-merged, axis=1)[:, :10]
-        best, best_scores = np.take_along_axis(rows, top, 1), np.take_along_axis(merged, top, 1)
+    best = exact_top(queries, np.load(index.folder / "vectors.npy", mmap_mode="r"), 10)
     out: dict[str, float] = {}
     for ef in efs:
         hits = 0

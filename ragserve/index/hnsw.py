@@ -77,7 +77,7 @@ def measure_ef(index: hnswlib.Index, vectors: np.ndarray, seed: int = 0) -> int:
     rng = np.random.default_rng(seed)
     probes = vectors[rng.integers(0, count, _EF_PROBES)] + vectors[rng.integers(0, count, _EF_PROBES)]
     probes /= np.maximum(np.linalg.norm(probes, axis=1, keepdims=True), 1e-12)
-    truth = _exact_top(probes, vectors, _RECALL_AT)
+    truth = exact_top(probes, vectors, _RECALL_AT)
     for ef in EF_STEPS:
         index.set_ef(ef)
         labels, _ = index.knn_query(probes, k=_RECALL_AT)
@@ -87,8 +87,8 @@ def measure_ef(index: hnswlib.Index, vectors: np.ndarray, seed: int = 0) -> int:
     return EF_STEPS[-1]
 
 
-def _exact_top(queries: np.ndarray, vectors: np.ndarray, k: int) -> np.ndarray:
-    """Rows of the k best dot products per query, a slab of vectors at a time (bounded memory)."""
+def exact_top(queries: np.ndarray, vectors: np.ndarray, k: int) -> np.ndarray:
+    """Rows of the k best dot products per query (unordered), a slab of vectors at a time (bounded memory)."""
     best = np.zeros((len(queries), 0), dtype=np.int64)
     best_scores = np.zeros((len(queries), 0), dtype=np.float32)
     for start in range(0, len(vectors), _EXACT_SLAB):

@@ -9,11 +9,11 @@ import hnswlib
 import numpy as np
 
 from ragserve.index.fusion import RetrievalOptions, plan_breadth
-from ragserve.index.hnsw import EF_RECALL_TARGET, EF_STEPS, _exact_top, build_hnsw
+from ragserve.index.hnsw import EF_RECALL_TARGET, EF_STEPS, build_hnsw, exact_top
 
 
 def _recall(index: hnswlib.Index, probes: np.ndarray, vectors: np.ndarray, ef: int) -> float:
-    truth = _exact_top(probes, vectors, 10)
+    truth = exact_top(probes, vectors, 10)
     index.set_ef(ef)
     labels, _ = index.knn_query(probes, k=10)
     return float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(labels.tolist(), truth.tolist(), strict=True)]))
