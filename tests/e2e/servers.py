@@ -205,7 +205,7 @@ class SessionServers:
         self._folder = folder
         self._groups = groups
         # The servers this run's tests take (None: all): a group's other members start with it only
-        # when wanted, so a run of the serial tests alone starts the live server alone.
+        # when wanted, so a run of one module starts only the servers it takes.
         self._wanted = wanted
         self._started: dict[str, LiveServer] = {}
         self._ready: set[str] = set()

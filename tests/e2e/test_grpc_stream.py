@@ -132,8 +132,8 @@ def test_info_names_the_engine_settings_and_why(live_server: LiveServer) -> None
 _SPIN = "while True: pass"
 
 
-# Serial: any other work on the host (a second test process) is the neighbour it must not see.
-@pytest.mark.serial
+# Alone: another worker's test is a neighbour it must not see (the shared servers idle meanwhile).
+@pytest.mark.alone
 def test_the_engine_gives_a_busy_neighbour_its_cores_and_takes_them_back(live_server: LiveServer) -> None:
     async def share() -> pb.HostShare:
         async with RagClient(live_server.target) as client:
