@@ -76,12 +76,21 @@ def build_bm25(texts: list[str], folder: Path) -> list[str]:
 
 
 class Bm25Index:
-    """A loaded BM25 index. bm25s scoring is read-only and safe from several threads."""
+    """A loaded BM25 index. Scoring is read-only and safe from several threads.
+
+    A query adds up only its terms' postings of bm25s's precomputed score matrix: its cost follows
+    the postings it touches, not the corpus size as bm25s's own retrieve does (a score per row,
+    then a top-k over every row, on a thread of its own: BENCHMARKS.md, "A million passages").
+    """
 
     def __init__(self, retriever: Any, count: int) -> None:
-        self._retriever = retriever
         self._stemmer = _stemmer()
         self.count = count
+        scores = retriever.scores
+        self._data: np.ndarray = scores["data"]
+        self._indices: np.ndarray = scores["indices"]
+        self._indptr: np.ndarray = scores["indptr"]
+        self._vocab: dict[str, int] = retriever.vocab_dict
 
     @classmethod
     def load(cls, folder: Path, count: int) -> Bm25Index:
@@ -115,19 +124,42 @@ class Bm25Index:
         return cls(retriever, count)
 
     def search(self, query: str, k: int, mask: np.ndarray | None = None) -> list[tuple[int, float]]:
-        """(row, score) for the k best rows with a positive score, best first; only rows where
-        `mask` is True when one is given (the others score 0 and are dropped)."""
+        """(row, score) for the k best rows with a positive score, best first (ties by row); only
+        rows where `mask` is True when one is given."""
+        k = min(k, self.count)
+        if k <= 0:
+            return []
+        rows, values = self._postings(self._terms(query))
+        if mask is not None:
+            keep = mask[rows]
+            rows, values = rows[keep], values[keep]
+        if rows.size == 0:
+            return []
+        # A repeated query term counts each time, as in bm25s.
+        totals = np.bincount(rows, weights=values)
+        touched = np.flatnonzero(totals > 0.0)
+        if touched.size > k:
+            touched = touched[np.argpartition(-totals[touched], k - 1)[:k]]
+        best = touched[np.lexsort((touched, -totals[touched]))]
+        return [(int(row), float(totals[row])) for row in best]
+
+    def _terms(self, query: str) -> list[str]:
         import bm25s
 
-        k = min(k, self.count)
         tokens = bm25s.tokenize(
             [query], stopwords=_STOPWORDS, stemmer=self._stemmer, return_ids=False, show_progress=False
         )
-        if k <= 0 or not tokens or not tokens[0]:
-            return []
-        weights = None if mask is None else mask.astype(np.float32)
-        rows, scores = self._retriever.retrieve(tokens, k=k, show_progress=False, n_threads=1, weight_mask=weights)
-        return [(int(r), float(s)) for r, s in zip(rows[0], scores[0], strict=True) if s > 0.0]
+        return list(tokens[0]) if tokens else []
+
+    def _postings(self, terms: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The rows holding each known term and their scores, concatenated."""
+        last = self._indptr.size - 1  # bm25s's empty-token id (== last) names no column
+        spans = [(self._indptr[i], self._indptr[i + 1]) for i in (self._vocab.get(t, last) for t in terms) if i < last]
+        if not spans:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+        rows = np.concatenate([self._indices[start:end] for start, end in spans])
+        values = np.concatenate([self._data[start:end] for start, end in spans])
+        return rows, values
 
 
 def _read_params(path: Path) -> dict[str, Any]:

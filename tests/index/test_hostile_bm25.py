@@ -174,7 +174,6 @@ def test_hostile_bm25_folder_is_refused(folder: Path, tamper: Callable[[Path], s
 
 def test_untouched_folder_loads_and_answers(folder: Path) -> None:
     index = Bm25Index.load(folder, COUNT)
-    assert index._retriever.backend == "numpy"
     rows = index.search("keyword5 topic3", k=5)
     assert rows, "a query with indexed terms finds rows"
     assert rows[0][0] == 5  # the only passage with keyword5
