@@ -11,6 +11,7 @@ same vectors); retrieval quality is measured only over real embeddings (bench_sc
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,7 @@ class RecombinedVectors:
     passage's text, looked up by the text; anything else is an error, never a made-up vector. The
     tokenizer is the real model's, so chunking is the product's."""
 
-    def __init__(self, tokenizer: Any, model_id: str, texts: dict[str, int], vectors: np.ndarray) -> None:
+    def __init__(self, tokenizer: Any, model_id: str, texts: dict[bytes, int], vectors: np.ndarray) -> None:
         self._tokenizer = tokenizer
         self._model_id = model_id
         self._texts = texts
@@ -125,12 +126,13 @@ class RecombinedVectors:
         return self._vectors[rows]
 
 
-def corpus_texts(folder: Path) -> dict[str, int]:
+def corpus_texts(folder: Path) -> dict[bytes, int]:
     """Each passage's text -> its line (a passage's one chunk is its whole text)."""
     with (folder / "corpus.jsonl").open("rb") as handle:
         return {_key(orjson.loads(line)["text"]): n for n, line in enumerate(handle)}
 
 
-def _key(text: str) -> str:
-    """A passage's text as a chunk of it reads (the chunker trims the ends; spacing aside)."""
-    return " ".join(text.split())
+def _key(text: str) -> bytes:
+    """A passage's text as a chunk of it reads (the chunker trims the ends; spacing aside), as a
+    digest: a million texts as keys would cost the build's process a gigabyte."""
+    return hashlib.blake2b(" ".join(text.split()).encode(), digest_size=16).digest()

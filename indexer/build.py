@@ -179,7 +179,7 @@ def _build_locked(
 
     base = _graph_to_extend(previous, work, report, unchanged_fields)
     report.graph_extended = base is not None
-    content = _assemble(_row_order(documents, base), work)
+    content = _assemble(_row_order(documents, base), work, embedder.dim)
     version = latest_version(out) + 1
     build = new_build_dir(out)
     names, ef_search = _write_index_files(build, content, base)
@@ -285,18 +285,20 @@ class _Content:
     records: list[bytes]
 
 
-def _assemble(documents: list[Document], work: _Work) -> _Content:
+def _assemble(documents: list[Document], work: _Work, dim: int) -> _Content:
+    """Moves `work`'s chunks and vectors into the version's rows: each document's are dropped from
+    `work` as they are copied, so a big corpus is not held twice (docs/indexing.md, memory)."""
+    count = sum(len(work.chunks[doc.doc_id]) for doc in documents)
+    matrix = np.empty((count, dim), dtype=np.float32)
     chunks: list[Chunk] = []
-    vectors: list[np.ndarray] = []
     records: list[bytes] = []
     for doc in documents:
         # Metadata is the document's as read now, also on chunks kept from the previous version.
-        cs = [dataclasses.replace(c, metadata=doc.metadata) for c in work.chunks[doc.doc_id]]
+        cs = [dataclasses.replace(c, metadata=doc.metadata) for c in work.chunks.pop(doc.doc_id)]
         record = {"doc_id": doc.doc_id, "hash": doc.content_hash, "first_row": len(chunks), "chunks": len(cs)}
         records.append(orjson.dumps({**record, "meta": metadata_hash(doc)}))
+        matrix[len(chunks) : len(chunks) + len(cs)] = work.vectors.pop(doc.doc_id)
         chunks.extend(cs)
-        vectors.append(work.vectors[doc.doc_id])
-    matrix = np.ascontiguousarray(np.concatenate(vectors), dtype=np.float32)
     return _Content(chunks, matrix, records)
 
 
