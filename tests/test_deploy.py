@@ -659,3 +659,33 @@ def test_systemd_unit_keeps_the_corpus_from_other_users() -> None:
     service = unit["Service"]
     assert int(service["StateDirectoryMode"], 8) & 0o007 == 0
     assert int(service["UMask"], 8) & 0o007 == 0o007
+
+
+def _uv_exports(listed: str) -> list[str]:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("uv_env", REPO / "deploy" / "local" / "uv_env.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return list(module.exports(listed))
+
+
+def test_setup_hands_uv_the_package_sources_pip_is_configured_with() -> None:
+    listed = "\n".join(
+        [
+            "global.extra-index-url='file:///mirror/a/simple file:///mirror/b/simple'",
+            "global.find-links='/wheels/one'",
+            ":env:.find-links='/wheels/two /wheels/three'",  # a PIP_* variable overrides the file
+            "global.constraint='/etc/pip-constraints.txt'",
+            "user.index-url='https://mirror.example/simple'",
+            "global.timeout='60'",  # nothing uv needs
+        ]
+    )
+    assert _uv_exports(listed) == [
+        "export UV_INDEX_STRATEGY=unsafe-best-match",
+        "export UV_CONSTRAINT=/etc/pip-constraints.txt",
+        "export UV_EXTRA_INDEX_URL='file:///mirror/a/simple file:///mirror/b/simple'",
+        "export UV_FIND_LINKS=/wheels/two,/wheels/three",
+        "export UV_DEFAULT_INDEX=https://mirror.example/simple",
+    ]

@@ -25,10 +25,8 @@ _OPTIONS = {
 _SCOPES = ("global", "user", "site", ":env:")
 
 
-def main() -> None:
-    listed = subprocess.run(
-        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True
-    ).stdout
+def exports(listed: str) -> list[str]:
+    """The `export` lines for `pip config list`'s output."""
     chosen: dict[str, tuple[int, str]] = {}
     for line in listed.splitlines():
         key, _, raw = line.partition("=")
@@ -40,10 +38,18 @@ def main() -> None:
             chosen[option] = (rank, str(ast.literal_eval(raw)))
     # pip looks for the best version across every index; uv's default stops at the first that has
     # the package.
-    print("export UV_INDEX_STRATEGY=unsafe-best-match")
+    lines = ["export UV_INDEX_STRATEGY=unsafe-best-match"]
     for option, (_, value) in sorted(chosen.items()):
         name, separator = _OPTIONS[option]
-        print(f"export {name}={shlex.quote(separator.join(value.split()))}")
+        lines.append(f"export {name}={shlex.quote(separator.join(value.split()))}")
+    return lines
+
+
+def main() -> None:
+    listed = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True
+    ).stdout
+    print("\n".join(exports(listed)))
 
 
 if __name__ == "__main__":
