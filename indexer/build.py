@@ -182,7 +182,7 @@ def _build_locked(
     content = _assemble(_row_order(documents, base), work, embedder.dim)
     version = latest_version(out) + 1
     build = new_build_dir(out)
-    names, ef_search = _write_index_files(build, content, base)
+    names, ef_search = _write_index_files(build, content, base, previous.sentences if previous else {})
     manifest = _manifest(
         version, build, names, len(content.chunks), embedder, chunking, len(documents), embedder_backend
     )
@@ -294,7 +294,10 @@ def _assemble(documents: list[Document], work: _Work, dim: int) -> _Content:
     records: list[bytes] = []
     for doc in documents:
         # Metadata is the document's as read now, also on chunks kept from the previous version.
-        cs = [dataclasses.replace(c, metadata=doc.metadata) for c in work.chunks.pop(doc.doc_id)]
+        cs = [
+            c if c.metadata == doc.metadata else dataclasses.replace(c, metadata=doc.metadata)
+            for c in work.chunks.pop(doc.doc_id)
+        ]
         record = {"doc_id": doc.doc_id, "hash": doc.content_hash, "first_row": len(chunks), "chunks": len(cs)}
         records.append(orjson.dumps({**record, "meta": metadata_hash(doc)}))
         matrix[len(chunks) : len(chunks) + len(cs)] = work.vectors.pop(doc.doc_id)
@@ -302,14 +305,17 @@ def _assemble(documents: list[Document], work: _Work, dim: int) -> _Content:
     return _Content(chunks, matrix, records)
 
 
-def _write_index_files(build: Path, content: _Content, base: Previous | None) -> tuple[list[str], int]:
-    """HNSW graph (`base`'s extended, or a new one), chunks, vectors, document records and BM25
-    into `build`; returns the file names and the search breadth the graph needs."""
+def _write_index_files(
+    build: Path, content: _Content, base: Previous | None, stored: dict[str, bytes]
+) -> tuple[list[str], int]:
+    """HNSW graph (`base`'s extended, or a new one), chunks (with their sentences: `stored` for a
+    kept chunk's text, else analysed), vectors, document records and BM25 into `build`; returns
+    the file names and the search breadth the graph needs."""
     if base is not None:
         ef_search = extend_graph(base, content.matrix, build / HNSW_FILE)
     else:
         ef_search = build_hnsw(content.matrix, build / HNSW_FILE)
-    write_chunks(build / CHUNKS_FILE, content.chunks, analyse_text)
+    write_chunks(build / CHUNKS_FILE, content.chunks, analyse_text, stored)
     np.save(build / VECTORS_FILE, content.matrix, allow_pickle=False)
     (build / DOCUMENTS_FILE).write_bytes(b"\n".join(content.records) + b"\n")
     bm25_files = build_bm25([embedding_text(c) for c in content.chunks], build)

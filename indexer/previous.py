@@ -14,7 +14,7 @@ import orjson
 
 from indexer.chunking import ChunkingConfig
 from ragserve.errors import IndexLoadError
-from ragserve.index.chunk_store import read_chunks
+from ragserve.index.chunk_store import read_chunks_for_reuse
 from ragserve.index.format import (
     CHUNKS_FILE,
     DOCUMENTS_FILE,
@@ -43,6 +43,8 @@ class Previous:
     folder: Path | None = None
     count: int = 0
     dim: int = 0
+    # The version's chunks' sentences as stored, by text (chunk_store.read_chunks_for_reuse).
+    sentences: dict[str, bytes] = field(default_factory=dict)
 
 
 def load_previous(out: Path, embedder_id: str, chunking: ChunkingConfig) -> Previous | None:
@@ -54,7 +56,7 @@ def load_previous(out: Path, embedder_id: str, chunking: ChunkingConfig) -> Prev
     same_settings = manifest.embedder_id == embedder_id and manifest.chunking == chunking_dict(chunking)
     if not same_settings or VECTORS_FILE not in manifest.files or DOCUMENTS_FILE not in manifest.files:
         return None
-    chunks = read_chunks(folder / CHUNKS_FILE)
+    chunks, sentences = read_chunks_for_reuse(folder / CHUNKS_FILE)
     matrix = np.load(folder / VECTORS_FILE, allow_pickle=False)
     hashes: dict[str, str] = {}
     meta_hashes: dict[str, str] = {}
@@ -82,6 +84,7 @@ def load_previous(out: Path, embedder_id: str, chunking: ChunkingConfig) -> Prev
         folder if graph_ok else None,
         manifest.count,
         manifest.dim,
+        sentences,
     )
 
 

@@ -9,7 +9,7 @@ sentences as analysed at build time (offsets and stemmed terms), so no request a
 from __future__ import annotations
 
 import mmap
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, overload
 
@@ -26,9 +26,9 @@ _NEWLINE = 10
 _SCAN_BYTES = 1 << 26
 
 
-def chunk_record(chunk: Chunk, sentences: PassageSentences | None) -> bytes:
+def chunk_record(chunk: Chunk, sentences: PassageSentences | None, stored: bytes | None = None) -> bytes:
     """One docstore line (no newline): the chunk's fields, and its sentences as [start, end,
-    "term term ..."] (stems hold no space)."""
+    "term term ..."] (stems hold no space); `stored`: those sentences as a record held them."""
     record: dict[str, Any] = {
         "chunk_id": chunk.chunk_id,
         "doc_id": chunk.doc_id,
@@ -39,21 +39,32 @@ def chunk_record(chunk: Chunk, sentences: PassageSentences | None) -> bytes:
         "end": chunk.end,
         "metadata": chunk.metadata,
     }
-    if sentences is not None:
+    if stored is not None:
+        record[_SENTENCES] = orjson.Fragment(stored)
+    elif sentences is not None:
         record[_SENTENCES] = [
             [s, e, " ".join(sorted(terms))] for (s, e), terms in zip(sentences.spans, sentences.terms, strict=True)
         ]
     return orjson.dumps(record)
 
 
-def write_chunks(path: Path, chunks: Sequence[Chunk], analyse: Callable[[str], PassageSentences] | None = None) -> None:
-    """`analyse`: works out a chunk's sentences when it does not carry them (a new chunk)."""
+def write_chunks(
+    path: Path,
+    chunks: Sequence[Chunk],
+    analyse: Callable[[str], PassageSentences] | None = None,
+    stored: Mapping[str, bytes] | None = None,
+) -> None:
+    """`analyse`: works out a chunk's sentences when it does not carry them (a new chunk), unless
+    `stored` holds them for its text (a kept chunk: `read_chunks_for_reuse`)."""
+    stored = stored or {}
     with path.open("wb") as handle:
         for chunk in chunks:
-            sentences = chunk.sentences
-            if sentences is None and analyse is not None:
-                sentences = analyse(chunk.text)
-            handle.write(chunk_record(chunk, sentences))
+            sentences, raw = chunk.sentences, None
+            if sentences is None:
+                raw = stored.get(chunk.text)
+                if raw is None and analyse is not None:
+                    sentences = analyse(chunk.text)
+            handle.write(chunk_record(chunk, sentences, raw))
             handle.write(b"\n")
 
 
@@ -71,6 +82,26 @@ def _sentences(stored: list[list[Any]]) -> PassageSentences:
     if any(not 0 <= s <= e for s, e in spans):
         raise ValueError("a sentence span is out of order")
     return PassageSentences(spans, tuple(frozenset(str(terms).split()) for _, _, terms in stored))
+
+
+def read_chunks_for_reuse(path: Path) -> tuple[list[Chunk], dict[str, bytes]]:
+    """Every record, decoded without its sentences, and the sentences as stored, by the chunk's
+    text (what they are an analysis of) for `write_chunks`: an incremental build keeps a million
+    chunks' sentences as bytes, not as decoded term sets (several times the memory)."""
+    chunks: list[Chunk] = []
+    stored: dict[str, bytes] = {}
+    with path.open("rb") as handle:
+        for n, line in enumerate(handle, start=1):
+            try:
+                record = orjson.loads(line)
+                sentences = record.pop(_SENTENCES, None)
+                chunk = Chunk(**record)
+            except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError) as exc:
+                raise IndexLoadError(f"{path}:{n}: bad docstore record: {exc}") from exc
+            if sentences is not None:
+                stored[chunk.text] = orjson.dumps(sentences)
+            chunks.append(chunk)
+    return chunks, stored
 
 
 def read_chunks(path: Path) -> list[Chunk]:

@@ -5,11 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import orjson
 
 from indexer.build import build_index
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
+from ragserve.index.chunk_store import chunk_record, decode_chunk
 from ragserve.index.format import CURRENT, VECTORS_FILE, resolve_current
 from ragserve.index.hnsw import HnswIndex
+from ragserve.request.sentences import analyse_text
 from tests.index.conftest import write_docs
 
 
@@ -114,3 +117,30 @@ def test_added_documents_extend_the_previous_graph_and_others_rebuild_it(
     removed = build_index(docs, root, embedder, progress=False)
     assert not removed.graph_extended and removed.removed == 1
     assert "gamma.txt" not in {c.doc_id for c in HnswIndex.load(root).chunks}
+
+
+def _records(root: Path) -> dict[str, dict]:
+    lines = (resolve_current(root) / "chunks.jsonl").read_bytes().splitlines()
+    return {r["chunk_id"]: r for r in map(orjson.loads, lines)}
+
+
+def test_kept_chunks_keep_their_stored_sentences_and_changed_ones_are_analysed_again(
+    tmp_path: Path, embedder: SentenceTransformerEmbedder
+) -> None:
+    docs = write_docs(tmp_path / "docs")
+    root = tmp_path / "idx"
+    build_index(docs, root, embedder, progress=False)
+    before = _records(root)
+    # Same file, same chunk ids, new text: sentences kept by chunk id would be the old text's.
+    (docs / "tides.txt").write_text("Tides\nSpring tides happen when the sun and the moon line up. They are strong.")
+    build_index(docs, root, embedder, progress=False)
+    after = _records(root)
+
+    changed = [cid for cid, r in after.items() if before.get(cid, {}).get("text") != r["text"]]
+    assert changed, "the edited document's chunks have new text"
+    for cid, record in after.items():
+        expected = before[cid]["sentences"] if cid not in changed else None
+        if expected is None:  # analysed for this text, as a new chunk is
+            chunk = decode_chunk(orjson.dumps({k: v for k, v in record.items() if k != "sentences"}), "test")
+            expected = orjson.loads(chunk_record(chunk, analyse_text(chunk.text)))["sentences"]
+        assert record["sentences"] == expected, cid
