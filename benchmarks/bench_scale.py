@@ -176,10 +176,12 @@ def tier_env(work: Path) -> dict[str, str]:
     }
 
 
-def serve_layouts(index: Path, queries: list[str], work: Path) -> dict[str, Any]:
+def serve_layouts(index: Path, queries: list[str], work: Path, only: list[str] | None = None) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     tiers = tier_env(work.parent)
     for name, env in LAYOUTS:
+        if only and name not in only:
+            continue
         server = Server(index, {**SERVER_ENV, **tiers, **env}, work / f"server-{name.replace(' ', '_')}.log")
         started = time.perf_counter()
         asyncio.run(server.wait_ready(900))
@@ -299,7 +301,7 @@ def measure_size(args: argparse.Namespace, size: int, queries: list[str], qvecs:
     row["disk_mib"] = disk_mib(index)
     row["recall@10"] = recall_at_10(index, qvecs, args.efs)
     print(f"[{size}] recall {row['recall@10']}", flush=True)
-    row["layouts"] = serve_layouts(index, queries, folder)
+    row["layouts"] = serve_layouts(index, queries, folder, args.layouts)
     print(f"[{size}] layouts {row['layouts']}; load {load_avg()}", flush=True)
     env = {**SERVER_ENV, "RAGSERVE_INDEX_RELOAD_INTERVAL_S": "1"}
     server = Server(index, env, folder / "server-reload.log")
@@ -334,11 +336,11 @@ def table(rows: dict[int, dict[str, Any]]) -> str:
             f"{r['build']['peak_rss_mib']:.0f}",
             f"{r['disk_mib']:.0f}",
             " ".join(f"{k}: {v:.3f}" for k, v in r["recall@10"].items()),
-            f"{lay['hybrid']['to_serving_s']:.1f}",
-            f"{lay['hybrid']['rss_serving_mib']:.0f}",
-            f"{lay['hybrid']['anon_serving_mib']:.0f}",
+            f"{lay['hybrid']['to_serving_s']:.1f}" if "hybrid" in lay else "",
+            f"{lay['hybrid']['rss_serving_mib']:.0f}" if "hybrid" in lay else "",
+            f"{lay['hybrid']['anon_serving_mib']:.0f}" if "hybrid" in lay else "",
         ]
-        cells += [f"{lay[n]['p50_ms']:.1f} / {lay[n]['p99_ms']:.1f}" for n, _ in LAYOUTS]
+        cells += [f"{lay[n]['p50_ms']:.1f} / {lay[n]['p99_ms']:.1f}" if n in lay else "" for n, _ in LAYOUTS]
         cells += [
             "copy" if rel["add_build"].get("copied") else f"{rel['add_build']['seconds']:.0f}",
             f"{rel['reload_s']:.1f}",
@@ -364,6 +366,7 @@ def main() -> None:
         p.add_argument("--efs", default="64,128,256")
         p.add_argument("--queries", type=int, default=300)
         p.add_argument("--build-only", action="store_true", help="make and build the corpora, measure nothing else")
+        p.add_argument("--layouts", type=lambda v: v.split(","), help="only these layouts (comma-separated names)")
         p.add_argument(
             "--copy-reload-from",
             type=int,
