@@ -63,10 +63,13 @@ PY
 }
 
 # Packages with uv when it can (the same resolution as pip, a minute or more faster on a first
-# run), given pip's configured package sources (deploy/local/uv_env.py); else with pip.
+# run), given pip's configured package sources (deploy/local/uv_env.py); else with pip. Both
+# byte-compile what they install: where PYTHONDONTWRITEBYTECODE is set (CI machines often do),
+# every process would otherwise compile every module it imports, at every start (twice the time
+# of the whole test suite).
 install_packages() {
   if python -m pip install --quiet "uv>=0.5" >/dev/null 2>&1 &&
-    (eval "$(python deploy/local/uv_env.py)" && uv pip install --python "$(command -v python)" "$@"); then
+    (eval "$(python deploy/local/uv_env.py)" && uv pip install --compile-bytecode --python "$(command -v python)" "$@"); then
     return
   fi
   echo "setup: uv could not install the packages; pip does" >&2
@@ -103,10 +106,6 @@ EOF
     exit 1
   fi
 }
-
-# No byte-compiling of every installed file (tens of thousands in torch and vLLM): Python compiles
-# a module the first time it is imported, so only what ragserve uses is ever compiled.
-export PIP_NO_COMPILE=1
 
 stamp=.venv/.ragserve-installed
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)-$ENGINE"
