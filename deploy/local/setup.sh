@@ -65,8 +65,8 @@ PY
 # Packages with uv when it can (the same resolution as pip, a minute or more faster on a first
 # run), given pip's configured package sources (deploy/local/uv_env.py); else with pip. Both
 # byte-compile what they install: where PYTHONDONTWRITEBYTECODE is set (CI machines often do),
-# every process would otherwise compile every module it imports, at every start (twice the time
-# of the whole test suite).
+# every process would otherwise compile every module it imports, at every start (the test suite
+# took half again as long).
 install_packages() {
   if python -m pip install --quiet "uv>=0.5" >/dev/null 2>&1 &&
     (eval "$(python deploy/local/uv_env.py)" && uv pip install --compile-bytecode --python "$(command -v python)" "$@"); then
