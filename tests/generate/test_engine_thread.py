@@ -172,6 +172,7 @@ def test_in_process_env_leaves_llvmlite_scannable(monkeypatch: pytest.MonkeyPatc
     assert isinstance(vars(ffi.lib), dict) and vars(ffi.lib).get("kernel") is None
 
 
+@pytest.mark.slow  # runs a request on the engine thread to its end
 def test_a_duplicate_id_is_refused_and_its_abort_leaves_the_running_request_alone() -> None:
     """Defence behind the generator's own ids: a second request under a running id never takes
     over the first one's outputs, and giving up on it does not abort the first."""

@@ -123,6 +123,7 @@ def test_a_parse_that_overruns_is_killed_and_the_next_file_still_parses(tmp_path
     assert elapsed < SLOW_READER_SLEEP_S / 3  # the worker was killed, not waited for
 
 
+@pytest.mark.slow  # a child process parses up to its memory cap
 def test_a_parse_that_needs_too_much_memory_is_stopped_and_the_next_file_still_parses(tmp_path: Path) -> None:
     from indexer.loaders import LoadLimits, iter_folder_files
     from tests.indexer.test_loaders import tiny_pdf

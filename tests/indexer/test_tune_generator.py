@@ -101,6 +101,7 @@ def _dataset(folder: Path, tokenizer_model: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow  # trains and merges a test model
 def test_training_merging_and_a_mismatched_base(tmp_path: Path) -> None:
     import torch
     from peft import PeftModel
@@ -174,6 +175,7 @@ def test_the_adapter_is_part_of_the_model_identity() -> None:
     assert tuned.model_id in tuned.answer_identity and tuned.answer_identity != base.answer_identity
 
 
+@pytest.mark.slow  # trains a test model twice
 def test_an_interrupted_training_resumes_from_its_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from indexer.tune import generator_model
     from indexer.tune.generator_model import GeneratorTrainOptions, train_adapter

@@ -71,6 +71,7 @@ async def _until(predicate, limit_s: float = NEVER_S) -> bool:  # type: ignore[n
     return False
 
 
+@pytest.mark.slow  # waits out the server cap
 def test_a_stream_without_a_deadline_ends_at_the_server_cap(embedder, sample_index) -> None:
     generator = FakeEndlessGenerator(delay_s=0.005)
 
@@ -96,6 +97,7 @@ def test_a_stream_without_a_deadline_ends_at_the_server_cap(embedder, sample_ind
     asyncio.run(body())
 
 
+@pytest.mark.slow  # waits out a stalled reader
 def test_a_client_that_stops_reading_frees_its_slot(embedder, sample_index) -> None:
     # 16 KiB pieces fill the HTTP/2 windows and socket buffers fast: the server's write then blocks.
     generator = FakeEndlessGenerator(piece="x" * 16_384)

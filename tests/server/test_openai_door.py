@@ -218,6 +218,7 @@ def test_overload_is_429_with_retry_after(door: Door) -> None:
     assert int(shed.value.response.headers["retry-after"]) >= 1
 
 
+@pytest.mark.slow  # waits out the server's call limit
 def test_past_the_servers_call_limit_is_504(door: Door) -> None:
     door.generator.delay_s = 2.0  # 4 words: past RAGSERVE_MAX_CALL_S (5 s) before the last
     try:
