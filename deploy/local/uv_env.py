@@ -1,6 +1,6 @@
 """Prints `export` lines that hand uv the package sources pip is configured with.
 
-deploy/local/setup.sh installs with uv (the same resolution as pip, several times faster), but uv
+deploy/local/setup.sh installs with uv (the same resolution as pip, in less time), but uv
 does not read pip's configuration: the indexes, find-links, constraints and certificate that pip
 would use (its config files and PIP_* variables, as `pip config list` shows them) become the UV_*
 variables that mean the same. Run with the venv's python.
