@@ -4,6 +4,7 @@ package is the only place that picks implementations."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ragserve.cache.base import AnswerCache, CacheStore, RetrievalCache
@@ -15,7 +16,9 @@ from ragserve.factory.versions import rerank_threads
 from ragserve.generate.base import Generator
 from ragserve.index.base import SearchIndex
 from ragserve.index.fusion import RetrievalOptions
-from ragserve.index.hnsw import HnswIndex
+from ragserve.index.graph import Graph, load_graph
+from ragserve.index.graph_process import GraphProcess
+from ragserve.index.hnsw import GraphOpener, HnswIndex
 from ragserve.index.reload import FolderWatch, IndexWatch, ServedIndex
 from ragserve.read.base import Reader
 from ragserve.rerank.base import Reranker, RerankerSource, TunedCrossEncoder
@@ -56,7 +59,20 @@ def make_index(settings: Settings) -> SearchIndex:
             settings.qdrant.api_key or None,
             timeout_s=settings.qdrant.timeout_s,
         )
-    return HnswIndex.load(settings.index.path, settings.filters.exact_scan_max_chunks)
+    return HnswIndex.load(settings.index.path, settings.filters.exact_scan_max_chunks, make_graph_opener(settings))
+
+
+def make_graph_opener(settings: Settings) -> GraphOpener:
+    """A version's HNSW graph: in a helper process from `graph_process_min_chunks` up (its load
+    would stall this process's requests), else in this process (a round trip less per search)."""
+    threshold = settings.index.graph_process_min_chunks
+
+    def open_graph(path: Path, dim: int, count: int) -> Graph:
+        if count >= threshold:
+            return GraphProcess(path, dim, count)
+        return load_graph(path, dim, count)
+
+    return open_graph
 
 
 def make_index_watch(settings: Settings, target: ServedIndex) -> IndexWatch:
@@ -65,7 +81,7 @@ def make_index_watch(settings: Settings, target: ServedIndex) -> IndexWatch:
         from ragserve.index.qdrant_index import QdrantWatch
 
         return QdrantWatch(target, settings.qdrant.collection)
-    return FolderWatch(settings.index.path, settings.filters.exact_scan_max_chunks)
+    return FolderWatch(settings.index.path, settings.filters.exact_scan_max_chunks, make_graph_opener(settings))
 
 
 def make_retrieval_options(settings: Settings) -> RetrievalOptions:

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ragserve.digests import sha256_file
+from ragserve.digests import sha256_files
 from ragserve.errors import IndexLoadError
 from ragserve.filters import FIELD_TYPES
 
@@ -30,6 +30,9 @@ from ragserve.filters import FIELD_TYPES
 # the search breadth measured for the graph (ef_search). A server reads both; format 1 versions
 # are served as before (sentences analysed on first use, ef from settings).
 FORMAT_VERSION = 2
+# How much lower a hot reload hashes a version's files than requests run: a million chunks are some
+# 4.5 GB to hash, seconds of a core that requests beside it need more (BENCHMARKS.md).
+RELOAD_HASH_NICE = 10
 READABLE_FORMATS = (1, 2)
 MANIFEST = "manifest.json"
 CURRENT = "CURRENT"
@@ -180,24 +183,27 @@ def read_manifest_bytes(folder: Path) -> bytes:
         raise IndexLoadError(f"index manifest at {folder} cannot be read: {exc}") from exc
 
 
-def read_verified_version(folder: Path) -> tuple[Manifest, str]:
+def read_verified_version(folder: Path, yield_cpu: bool = False) -> tuple[Manifest, str]:
     """The manifest and its identity, once every listed file is inside `folder` and matches its
-    checksum. Parsed and hashed from the same bytes, so the identity is of what was verified."""
+    checksum. Parsed and hashed from the same bytes, so the identity is of what was verified.
+    `yield_cpu`: hash at a lower CPU priority (a hot reload, beside requests)."""
     raw = read_manifest_bytes(folder)
     try:
         manifest = Manifest.from_json(raw)
     except (ValueError, TypeError, RecursionError) as exc:
         raise IndexLoadError(f"index manifest at {folder} is corrupt: {exc}") from exc
     base = folder.resolve()
-    for name, expected in manifest.files.items():
+    for name in manifest.files:
         path = folder / name
         # A symlink could still lead out of the folder: the real path must stay inside.
         if not path.resolve().is_relative_to(base):
             raise IndexLoadError(f"index file {path} lies outside its version folder")
         if not path.is_file():
             raise IndexLoadError(f"index file {path} is missing")
-        actual = sha256_file(path)
-        if actual != expected:
+    paths = [folder / name for name in manifest.files]
+    actual = sha256_files(paths, nice=RELOAD_HASH_NICE if yield_cpu else 0)
+    for path, digest, expected in zip(paths, actual, manifest.files.values(), strict=True):
+        if digest != expected:
             raise IndexLoadError(f"index file {path} fails its checksum (corrupt or truncated)")
     return manifest, manifest_identity(raw)
 

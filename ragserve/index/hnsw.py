@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import hnswlib
 import numpy as np
@@ -25,6 +23,7 @@ from ragserve.index.format import (
     require_listed,
     resolve_current,
 )
+from ragserve.index.graph import Graph, LoadedGraph, load_graph
 from ragserve.index.hnsw_file import check_hnsw_file
 from ragserve.index.metadata import FieldColumns
 from ragserve.types import Chunk
@@ -51,6 +50,9 @@ _RECALL_AT = 10
 _EXACT_SLAB = 65536
 # The widest a filtered HNSW search may look, as a multiple of its unfiltered ef.
 _FILTERED_EF_GROWTH_MAX = 16
+
+# Opens a version's graph file (path, dim, count): in this process or a helper (the factory picks).
+GraphOpener = Callable[[Path, int, int], Graph]
 
 
 def build_hnsw(
@@ -118,21 +120,21 @@ class HnswIndex:
         folder: Path,
         manifest: Manifest,
         identity: str,
-        index: hnswlib.Index,
+        graph: Graph | hnswlib.Index,
         chunks: Sequence[Chunk],
         bm25: Bm25Index | None = None,
         vectors: np.ndarray | None = None,
         exact_scan_max: int = DEFAULT_EXACT_SCAN_MAX,
     ) -> None:
-        """`vectors`: the version's vectors (memory-mapped), row i = chunk i, for exact filtered
-        scans; None (a version without vectors.npy): hnswlib hands them out instead."""
+        """`graph`: an hnswlib index is searched in this process. `vectors`: the version's vectors
+        (memory-mapped), row i = chunk i, for exact filtered scans; None (a version without
+        vectors.npy): the graph hands them out instead."""
         self.folder = folder
         self.manifest = manifest
-        self._index = index
+        self._graph: Graph = LoadedGraph(graph) if isinstance(graph, hnswlib.Index) else graph
         self._chunks = chunks
         self._bm25 = bm25
         self._identity = identity
-        self._lock = threading.Lock()
         self._rows_by_id: dict[str, int] | None = None  # built on first use (warming only)
         self._fields = FieldSchema(manifest.fields)
         self._columns = FieldColumns(chunks, self._fields)
@@ -140,33 +142,36 @@ class HnswIndex:
         self.exact_scan_max = exact_scan_max
 
     @classmethod
-    def load(cls, root: Path, exact_scan_max: int = DEFAULT_EXACT_SCAN_MAX) -> HnswIndex:
+    def load(
+        cls,
+        root: Path,
+        exact_scan_max: int = DEFAULT_EXACT_SCAN_MAX,
+        open_graph: GraphOpener = load_graph,
+        reloading: bool = False,
+    ) -> HnswIndex:
         """The published version's index files, verified. `exact_scan_max`: filters passing at most
-        this many chunks are searched by an exact scan (RAGSERVE_FILTER_EXACT_SCAN_MAX_CHUNKS)."""
+        this many chunks are searched by an exact scan (RAGSERVE_FILTER_EXACT_SCAN_MAX_CHUNKS).
+        `reloading`: requests are being served meanwhile, so checksums are computed at a lower
+        CPU priority."""
         folder = resolve_current(root)
-        manifest, identity = read_verified_version(folder)
+        manifest, identity = read_verified_version(folder, yield_cpu=reloading)
         require_listed(folder, manifest, HNSW_FILE, CHUNKS_FILE)
         if manifest.bm25:
             _require_bm25_listed(folder, manifest)
         chunks = ChunkStore(folder / CHUNKS_FILE, manifest.count)
         # hnswlib trusts its file (a bad id is a segfault at the first search): check it first.
         check_hnsw_file(folder / HNSW_FILE, manifest.count, manifest.dim)
-        index = hnswlib.Index(space="ip", dim=manifest.dim)
-        try:
-            index.load_index(str(folder / HNSW_FILE), max_elements=max(1, manifest.count))
-        except RuntimeError as exc:
-            raise IndexLoadError(f"index file {folder / HNSW_FILE} cannot be read: {exc}") from exc
-        if index.get_current_count() != manifest.count:
-            raise IndexLoadError(
-                f"index at {folder}: HNSW holds {index.get_current_count()} vectors, manifest says {manifest.count}"
-            )
+        graph = open_graph(folder / HNSW_FILE, manifest.dim, manifest.count)
+        if graph.count != manifest.count:
+            graph.close()
+            raise IndexLoadError(f"index at {folder}: HNSW holds {graph.count} vectors, manifest says {manifest.count}")
         bm25 = Bm25Index.load(folder, manifest.count) if manifest.bm25 else None
         vectors = None
         if VECTORS_FILE in manifest.files:  # verified with the rest; mapped, not read, until a filter needs it
             vectors = np.load(folder / VECTORS_FILE, mmap_mode="r", allow_pickle=False)
             if vectors.shape != (manifest.count, manifest.dim):
                 raise IndexLoadError(f"index at {folder}: {VECTORS_FILE} has shape {vectors.shape}")
-        return cls(folder, manifest, identity, index, chunks, bm25, vectors, exact_scan_max)
+        return cls(folder, manifest, identity, graph, chunks, bm25, vectors, exact_scan_max)
 
     @property
     def chunks(self) -> Sequence[Chunk]:
@@ -233,18 +238,15 @@ class HnswIndex:
             return self._scored(labels[passing][:k], distances[passing][:k])
         # Too few passed (a filter that keeps far from the question): the graph walked with the filter.
         try:
-            return self._scored(*self._knn(query_vector, min(k, allowed), widened, lambda label: bool(mask[label])))
+            return self._scored(*self._knn(query_vector, min(k, allowed), widened, mask))
         except RuntimeError:  # hnswlib found fewer than k that pass: the exact scan finds them all
             return self._scan(query_vector, k, np.flatnonzero(mask))
 
-    def _knn(self, query_vector: np.ndarray, k: int, ef: int, keep: Any = None) -> tuple[np.ndarray, np.ndarray]:
-        """Labels (rows) and distances of the k nearest, best first; `keep`: hnswlib's filter callback."""
-        # hnswlib's ef is index-wide state: set it and query under one lock so concurrent
-        # requests with different breadths do not see each other's setting (a query is < 1 ms).
-        with self._lock:
-            self._index.set_ef(ef)
-            labels, distances = self._index.knn_query(query_vector.reshape(1, -1), k=k, filter=keep)
-        return labels[0], distances[0]
+    def _knn(
+        self, query_vector: np.ndarray, k: int, ef: int, allowed: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Labels (rows) and distances of the k nearest, best first; `allowed`: the walk keeps to these rows."""
+        return self._graph.knn(query_vector, k, ef, allowed)
 
     def _scored(self, labels: np.ndarray, distances: np.ndarray) -> list[ScoredChunk]:
         # "ip" distance is 1 - dot product.
@@ -260,7 +262,7 @@ class HnswIndex:
         if self._vectors is not None:
             vectors = np.asarray(self._vectors[rows], dtype=np.float32)
         else:
-            vectors = np.asarray(self._index.get_items(rows), dtype=np.float32)
+            vectors = self._graph.items(rows)
         # einsum, not a BLAS call: OpenBLAS's threads made this product 10-60x slower, erratically,
         # on a two-core host whose other core was busy (the server's model threads, the engine).
         scores = np.einsum("ij,j->i", vectors, np.asarray(query_vector, dtype=np.float32).reshape(-1))

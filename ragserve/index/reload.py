@@ -25,7 +25,8 @@ from ragserve.config import IndexSettings, default_of
 from ragserve.errors import IndexLoadError, RagError
 from ragserve.index.base import SearchIndex
 from ragserve.index.format import CURRENT, manifest_identity, read_manifest_bytes
-from ragserve.index.hnsw import DEFAULT_EXACT_SCAN_MAX, HnswIndex
+from ragserve.index.graph import load_graph
+from ragserve.index.hnsw import DEFAULT_EXACT_SCAN_MAX, GraphOpener, HnswIndex
 
 log = logging.getLogger(__name__)
 
@@ -96,15 +97,18 @@ class ServedIndex(Protocol):
 class FolderWatch:
     """An index root: CURRENT links to the published version's folder."""
 
-    def __init__(self, root: Path, exact_scan_max: int = DEFAULT_EXACT_SCAN_MAX) -> None:
+    def __init__(
+        self, root: Path, exact_scan_max: int = DEFAULT_EXACT_SCAN_MAX, open_graph: GraphOpener = load_graph
+    ) -> None:
         self.root = root
         self.exact_scan_max = exact_scan_max
+        self.open_graph = open_graph
 
     def published(self) -> str | None:
         return published_marker(self.root)
 
     def load(self) -> SearchIndex:
-        return HnswIndex.load(self.root, self.exact_scan_max)
+        return HnswIndex.load(self.root, self.exact_scan_max, self.open_graph, reloading=True)
 
     def served(self, index: SearchIndex) -> str | None:
         return version_marker(index.source, index.identity)

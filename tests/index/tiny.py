@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ragserve.digests import sha256_file
 from ragserve.index.bm25 import build_bm25
 from ragserve.index.chunk_store import write_chunks
 from ragserve.index.format import (
@@ -22,7 +23,6 @@ from ragserve.index.format import (
     new_build_dir,
     publish,
     resolve_current,
-    sha256_file,
 )
 from ragserve.index.hnsw import build_hnsw
 from ragserve.types import Chunk
