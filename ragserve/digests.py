@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
@@ -17,11 +18,13 @@ def sha256_file(path: Path) -> str:
 
 
 def sha256_files(paths: list[Path], nice: int = 0) -> list[str]:
-    """The digests of `paths`, in order. With `nice` > 0 they are computed on a thread of that much
-    lower CPU priority (Linux sets a nice value per thread; elsewhere it is a plain thread):
+    """The digests of `paths`, in order, a file per core. With `nice` > 0 they are computed on one
+    thread of that much lower CPU priority (Linux sets a nice value per thread; elsewhere it is a plain thread):
     hashlib lets go of the GIL over big blocks, so only the cores are shared, and requests get them first."""
     if nice <= 0:
-        return [sha256_file(path) for path in paths]
+        # Nothing else to share the cores with (a start-up): every core hashes, a file each.
+        with ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1))) as pool:
+            return list(pool.map(sha256_file, paths))
     digests: list[str] = []
     failed: list[BaseException] = []
 
