@@ -12,7 +12,13 @@ from tests.helpers import free_port
 
 # The reader always gets its passage (as on the full server): this server measures the reader's
 # cost while the full server's engine starts beside it, so its estimate comes out high.
-RETRIEVAL_ENV = {"RAGSERVE_GENERATION_ENABLED": "false", "RAGSERVE_READER_BUDGET_MS": "2000"}
+# The retrieval-only server keeps even the sample's small graph in a helper process, so the path a
+# big version takes runs through a real server (test_cli_retrieve.py kills the helper).
+RETRIEVAL_ENV = {
+    "RAGSERVE_GENERATION_ENABLED": "false",
+    "RAGSERVE_READER_BUDGET_MS": "2000",
+    "RAGSERVE_INDEX_GRAPH_PROCESS_MIN_CHUNKS": "0",
+}
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,9 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
+
+import psutil
 
 from tests.e2e.servers import LiveServer
 
@@ -82,3 +85,28 @@ def test_retrieve_with_a_filter_keeps_to_it_and_a_bad_one_is_named(retrieval_ser
     assert unknown.returncode == 1 and "filter.must[0].key" in unknown.stderr and "Traceback" not in unknown.stderr
     malformed = subprocess.run([*command, "--filter", "{not json"], capture_output=True, text=True, timeout=60)
     assert malformed.returncode == 2 and "filter" in malformed.stderr and "Traceback" not in malformed.stderr
+
+
+def _graph_helpers(server: LiveServer) -> list[psutil.Process]:
+    children = psutil.Process(server.process.pid).children()
+    return [c for c in children if "ragserve.index.graph_process" in " ".join(c.cmdline())]
+
+
+def test_a_killed_graph_helper_is_loaded_again_and_retrieval_goes_on(retrieval_server: LiveServer) -> None:
+    """The server's graph lives in a helper process (RAGSERVE_INDEX_GRAPH_PROCESS_MIN_CHUNKS=0):
+    kill -9 it, and the next Retrieve loads the graph again and answers what it answered before."""
+    question = "What causes ocean tides?"
+    before = _retrieve(retrieval_server, question, "--top-k", "5")
+    helpers = _graph_helpers(retrieval_server)
+    assert len(helpers) == 1
+    helpers[0].kill()  # a zombie until the server notices at its next search and reaps it
+    # Another top_k: not an answer from the retrieval cache.
+    assert _retrieve(retrieval_server, question, "--top-k", "6")[:5] == before
+    deadline = time.monotonic() + 10
+    while "loading the graph again" not in retrieval_server.log_tail() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "loading the graph again" in retrieval_server.log_tail()
+    assert [h.pid for h in _graph_helpers(retrieval_server) if h.status() != psutil.STATUS_ZOMBIE] not in (
+        [],
+        [helpers[0].pid],
+    )
