@@ -43,6 +43,7 @@ from ragserve.index.format import (
     resolve_current,
 )
 from ragserve.index.hnsw import DEFAULT_EF_CONSTRUCTION, DEFAULT_M, HnswIndex, build_hnsw
+from ragserve.index.metadata import FIELDS_FILE, FieldColumns
 from ragserve.request.sentences import analyse_text
 from ragserve.types import Chunk
 
@@ -182,7 +183,7 @@ def _build_locked(
     content = _assemble(_row_order(documents, base), work, embedder.dim)
     version = latest_version(out) + 1
     build = new_build_dir(out)
-    names, ef_search = _write_index_files(build, content, base, previous.sentences if previous else {})
+    names, ef_search = _write_index_files(build, content, base, previous.sentences if previous else {}, fields)
     manifest = _manifest(
         version, build, names, len(content.chunks), embedder, chunking, len(documents), embedder_backend
     )
@@ -306,11 +307,11 @@ def _assemble(documents: list[Document], work: _Work, dim: int) -> _Content:
 
 
 def _write_index_files(
-    build: Path, content: _Content, base: Previous | None, stored: dict[str, bytes]
+    build: Path, content: _Content, base: Previous | None, stored: dict[str, bytes], fields: Fields
 ) -> tuple[list[str], int]:
     """HNSW graph (`base`'s extended, or a new one), chunks (with their sentences: `stored` for a
-    kept chunk's text, else analysed), vectors, document records and BM25 into `build`; returns
-    the file names and the search breadth the graph needs."""
+    kept chunk's text, else analysed), vectors, document records, BM25 and the filterable fields'
+    columns into `build`; returns the file names and the search breadth the graph needs."""
     if base is not None:
         ef_search = extend_graph(base, content.matrix, build / HNSW_FILE)
     else:
@@ -319,7 +320,11 @@ def _write_index_files(
     np.save(build / VECTORS_FILE, content.matrix, allow_pickle=False)
     (build / DOCUMENTS_FILE).write_bytes(b"\n".join(content.records) + b"\n")
     bm25_files = build_bm25([embedding_text(c) for c in content.chunks], build)
-    return [HNSW_FILE, CHUNKS_FILE, VECTORS_FILE, DOCUMENTS_FILE, *bm25_files], ef_search
+    names = [HNSW_FILE, CHUNKS_FILE, VECTORS_FILE, DOCUMENTS_FILE, *bm25_files]
+    if fields.schema:
+        FieldColumns(content.chunks, fields.schema).write(build / FIELDS_FILE)
+        names.append(FIELDS_FILE)
+    return names, ef_search
 
 
 def _manifest(

@@ -25,7 +25,7 @@ from ragserve.index.format import (
 )
 from ragserve.index.graph import Graph, LoadedGraph, load_graph
 from ragserve.index.hnsw_file import check_hnsw_file
-from ragserve.index.metadata import FieldColumns
+from ragserve.index.metadata import FIELDS_FILE, FieldColumns
 from ragserve.types import Chunk
 
 # Build-time defaults, chosen by measurement (benchmarks/bench_hnsw.py, BENCHMARKS.md); query-time
@@ -125,6 +125,7 @@ class HnswIndex:
         bm25: Bm25Index | None = None,
         vectors: np.ndarray | None = None,
         exact_scan_max: int = DEFAULT_EXACT_SCAN_MAX,
+        columns: FieldColumns | None = None,
     ) -> None:
         """`graph`: an hnswlib index is searched in this process. `vectors`: the version's vectors
         (memory-mapped), row i = chunk i, for exact filtered scans; None (a version without
@@ -137,7 +138,8 @@ class HnswIndex:
         self._identity = identity
         self._rows_by_id: dict[str, int] | None = None  # built on first use (warming only)
         self._fields = FieldSchema(manifest.fields)
-        self._columns = FieldColumns(chunks, self._fields)
+        # The indexer's stored columns, else every chunk decoded (a version built before them).
+        self._columns = columns if columns is not None else FieldColumns(chunks, self._fields)
         self._vectors = vectors
         self.exact_scan_max = exact_scan_max
 
@@ -171,7 +173,10 @@ class HnswIndex:
             vectors = np.load(folder / VECTORS_FILE, mmap_mode="r", allow_pickle=False)
             if vectors.shape != (manifest.count, manifest.dim):
                 raise IndexLoadError(f"index at {folder}: {VECTORS_FILE} has shape {vectors.shape}")
-        return cls(folder, manifest, identity, graph, chunks, bm25, vectors, exact_scan_max)
+        columns = None
+        if FIELDS_FILE in manifest.files:
+            columns = FieldColumns.read(folder / FIELDS_FILE, manifest.count, manifest.fields)
+        return cls(folder, manifest, identity, graph, chunks, bm25, vectors, exact_scan_max, columns)
 
     @property
     def chunks(self) -> Sequence[Chunk]:

@@ -2,6 +2,10 @@
 
 Per field: a posting list per value (match) and the (row, value) pairs of its numbers and
 datetimes (range). Masks of recent filters are kept (an access grant repeats on every call).
+
+The indexer writes a version's columns to its folder (FIELDS_FILE), so a server reads them instead
+of decoding every chunk (about 14 us a chunk: 14 s at a million, holding the GIL through a hot
+reload). A version without that file (built before it existed) is decoded as before.
 """
 
 from __future__ import annotations
@@ -9,13 +13,19 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 
+from ragserve.errors import IndexLoadError
 from ragserve.filters import Clause, Exists, Filter, Match, canonical, sortable, values_of
 from ragserve.types import Chunk
+
+# The columns of a version's filterable fields, written by the indexer (`FieldColumns.write`).
+FIELDS_FILE = "fields.npz"
+_SCALARS = (str, int, float, bool)
 
 # Masks kept for repeated filters; each is one byte per chunk.
 _MASKS_KEPT = 32
@@ -59,6 +69,63 @@ class FieldColumns:
         self._present = {name: np.asarray(c.present, dtype=np.int64) for name, c in columns.items()}
         self._kept: OrderedDict[bytes, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
+
+    def write(self, path: Path) -> None:
+        """Every column into one numpy archive (no pickles): the values of each field as JSON, and
+        its posting lists back to back with their offsets."""
+        fields: list[dict[str, Any]] = []
+        arrays: dict[str, Any] = {}
+        for i, (name, kind) in enumerate(self.schema.items()):
+            postings = self._postings[name]
+            fields.append({"name": name, "kind": kind, "values": [value for _, value in postings]})
+            lists = list(postings.values())
+            arrays[f"{i}.offsets"] = np.cumsum([0, *(len(rows) for rows in lists)], dtype=np.int64)
+            arrays[f"{i}.rows"] = np.concatenate(lists) if lists else np.zeros(0, dtype=np.int64)
+            arrays[f"{i}.range_rows"], arrays[f"{i}.range_numbers"] = self._ranges[name]
+            arrays[f"{i}.present"] = self._present[name]
+        schema = np.frombuffer(orjson.dumps({"count": self.count, "fields": fields}), dtype=np.uint8)
+        with path.open("wb") as handle:
+            np.savez(handle, schema=schema, **arrays)
+
+    @classmethod
+    def read(cls, path: Path, count: int, schema: Mapping[str, str]) -> FieldColumns:
+        """The columns `write` stored, checked against the version (its chunk count, its fields)
+        and every row in range: a crafted file could otherwise index outside a mask."""
+        try:
+            with np.load(path, allow_pickle=False) as archive:
+                arrays = {key: archive[key] for key in archive.files}
+            stored = orjson.loads(arrays.pop("schema").tobytes())
+            columns = cls([], {})
+            columns.count, columns.schema = count, dict(schema)
+            columns._load(stored, arrays)
+        except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError) as exc:
+            raise IndexLoadError(f"index file {path} is not a valid columns file: {exc}") from exc
+        return columns
+
+    def _load(self, stored: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        fields = stored["fields"]
+        if stored["count"] != self.count or {f["name"]: f["kind"] for f in fields} != self.schema:
+            raise ValueError("it was written for another version (chunk count or fields differ)")
+        for i, entry in enumerate(fields):
+            name, values = entry["name"], entry["values"]
+            offsets, rows = _rows(arrays[f"{i}.offsets"], len(values) + 1), self._in_range(arrays[f"{i}.rows"])
+            if offsets[0] != 0 or offsets[-1] != len(rows) or np.any(np.diff(offsets) < 0):
+                raise ValueError(f"field {name!r}: posting offsets out of order")
+            if not all(isinstance(v, _SCALARS) for v in values):
+                raise ValueError(f"field {name!r}: a value is not a scalar")
+            self._postings[name] = {(type(v), v): rows[offsets[j] : offsets[j + 1]] for j, v in enumerate(values)}
+            range_rows = self._in_range(arrays[f"{i}.range_rows"])
+            numbers = arrays[f"{i}.range_numbers"]
+            if numbers.dtype != np.float64 or numbers.shape != range_rows.shape:
+                raise ValueError(f"field {name!r}: range values do not match their rows")
+            self._ranges[name] = (range_rows, numbers)
+            self._present[name] = self._in_range(arrays[f"{i}.present"])
+
+    def _in_range(self, rows: np.ndarray) -> np.ndarray:
+        rows = _rows(rows)
+        if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= self.count):
+            raise ValueError("a row is out of range")
+        return rows
 
     def mask(self, flt: Filter) -> np.ndarray:
         """A read-only boolean array: True where the chunk passes `flt`."""
@@ -117,3 +184,9 @@ class FieldColumns:
                 inside &= compare(numbers, bound)
         out[rows[inside]] = True
         return out
+
+
+def _rows(array: np.ndarray, length: int | None = None) -> np.ndarray:
+    if array.dtype != np.int64 or array.ndim != 1 or (length is not None and len(array) != length):
+        raise ValueError(f"an array of {array.dtype} {array.shape} where rows (int64) belong")
+    return array

@@ -11,7 +11,9 @@ from indexer.build import build_index
 from indexer.loaders import Document, iter_source
 from indexer.metadata import MetadataError, choose_fields, parse_declared, split_front_matter
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
+from ragserve.filters import parse_filter
 from ragserve.index.hnsw import HnswIndex
+from ragserve.index.metadata import FIELDS_FILE, FieldColumns
 
 
 def _docs(folder: Path, files: dict[str, str]) -> Path:
@@ -116,3 +118,30 @@ def test_a_metadata_only_change_republishes_without_embedding(
     assert (src / "b.md").stat().st_mtime == stamp.st_mtime
     index = HnswIndex.load(root)
     assert {c.metadata.get("lang") for c in index.chunks if c.doc_id == "a.md"} == {"de"}
+
+
+def test_a_build_stores_its_filter_columns_and_the_server_reads_them(
+    tmp_path: Path, embedder: SentenceTransformerEmbedder
+) -> None:
+    src = _docs(
+        tmp_path / "src",
+        {
+            "a.md": "---\nlang: en\nyear: 2021\n---\nAlpha text.",
+            "b.md": "---\nlang: de\n---\nBeta text.",
+            "c.md": "Gamma.",
+        },
+    )
+    build_index(src, tmp_path / "idx", embedder, progress=False, declared_fields={"year": "integer"})
+    index = HnswIndex.load(tmp_path / "idx")
+    assert FIELDS_FILE in index.manifest.files  # listed, so verified by its checksum with the rest
+    stored = FieldColumns.read(index.folder / FIELDS_FILE, index.count, index.fields)
+    decoded = FieldColumns(index.chunks, index.fields)
+    for raw in (
+        {"must": [{"key": "lang", "match": {"value": "en"}}]},
+        {"must": [{"key": "year", "range": {"gte": 2020}}]},
+        {"must_not": [{"key": "lang", "exists": True}]},
+    ):
+        flt = parse_filter(raw, index.fields)
+        assert flt is not None
+        assert stored.mask(flt).tolist() == decoded.mask(flt).tolist()
+        assert index.count_matching(flt) == int(decoded.mask(flt).sum()) >= 1
