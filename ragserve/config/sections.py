@@ -129,10 +129,10 @@ class IndexSettings(BaseSettings):
     backend: Literal["hnsw", "qdrant"] = "hnsw"
     # Seconds between checks of the index root for a newly published version (0 = no hot reload).
     reload_interval_s: float = Field(default=2.0, ge=0.0)
-    # A version of at least this many chunks keeps its HNSW graph in a helper process, whose load
-    # (about 1.8 s a million chunks, holding its GIL) does not stall requests during a hot reload
-    # (0 = every version).
-    graph_process_min_chunks: int = Field(default=50_000, ge=0)
+    # A version of at least this many chunks keeps its HNSW graph in a helper process. hnswlib's
+    # load holds the GIL (some 2 us a chunk), which would stall every request of a hot reload; in a
+    # helper it stalls none, and each search pays a local round trip (0 = every version).
+    graph_process_min_chunks: int = Field(default=20_000, ge=0)
 
 
 class QdrantSettings(BaseSettings):
