@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -190,6 +191,10 @@ def _exit_when_orphaned(parent: int) -> None:
 
 
 def serve(fd: int, path: Path, dim: int, count: int) -> int:
+    # A Ctrl-C or a service manager's SIGTERM reaches the whole process group: the server decides
+    # when its graph goes (it may still drain requests), and this process follows it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
     conn = Connection(fd)
     try:

@@ -155,3 +155,16 @@ def test_a_hot_reload_swaps_helpers_and_the_old_one_exits(tmp_path: Path) -> Non
     gc.collect()
     assert _gone(old_pid)
     new._graph.close()  # type: ignore[attr-defined]
+
+
+def test_the_helper_outlives_a_signal_to_the_process_group_and_follows_the_server(root: Path) -> None:
+    """Ctrl-C or a service manager's SIGTERM reach every process of the group: the helper stays
+    for the server's drain, and goes when the server lets go of it."""
+    helper = GraphProcess(resolve_current(root) / HNSW_FILE, DIM, len(TEXTS))
+    pid = helper.pid
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        os.kill(pid, sig)
+    time.sleep(0.3)
+    assert helper.knn(unit_vectors(1, 3)[0], 3, 10)[0].size == 3 and helper.pid == pid
+    helper.close()
+    assert _gone(pid)
