@@ -1,5 +1,7 @@
-"""What a version's filter columns cost to load: decoded from every chunk (a version built before
-the indexer stored them) against read from the stored file (FIELDS_FILE), one run, one index.
+"""What a version's derived maps cost to load, one run, one index: its filter columns decoded from
+every chunk (a version built before the indexer stored them) against read from the stored file
+(FIELDS_FILE); and the chunk-id map warming needs after a reload, from the document records
+against decoding every chunk.
 
     python benchmarks/bench_columns.py --index INDEX_ROOT [--field lang:keyword ...]
 
@@ -23,6 +25,7 @@ from benchmarks.bench_scale import cpu_name  # noqa: E402
 from benchmarks.harness import load_avg  # noqa: E402
 from ragserve.index.chunk_store import ChunkStore  # noqa: E402
 from ragserve.index.format import CHUNKS_FILE, read_verified_manifest, resolve_current  # noqa: E402
+from ragserve.index.hnsw import HnswIndex  # noqa: E402
 from ragserve.index.metadata import FieldColumns  # noqa: E402
 
 
@@ -45,8 +48,17 @@ def main() -> None:
         FieldColumns.read(path, manifest.count, schema)
         read_s = time.perf_counter() - started
         size = path.stat().st_size
+    index = HnswIndex.load(args.index)
+    started = time.perf_counter()
+    index._row_of_each_chunk()
+    records_s = time.perf_counter() - started
+    started = time.perf_counter()
+    index._decoded_rows()
+    decoded_rows_s = time.perf_counter() - started
     result = {
         "chunks": manifest.count,
+        "chunk-id map from the document records s": round(records_s, 3),
+        "chunk-id map from decoding every chunk s": round(decoded_rows_s, 3),
         "fields": schema,
         "decoded from the chunks s": round(decode_s, 3),
         "read from the stored file s": round(read_s, 4),

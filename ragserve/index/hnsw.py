@@ -7,6 +7,7 @@ from pathlib import Path
 
 import hnswlib
 import numpy as np
+import orjson
 
 from ragserve.errors import IndexLoadError
 from ragserve.filters import FieldSchema, Filter
@@ -15,6 +16,7 @@ from ragserve.index.bm25 import BM25_DIR, Bm25Index
 from ragserve.index.chunk_store import ChunkStore
 from ragserve.index.format import (
     CHUNKS_FILE,
+    DOCUMENTS_FILE,
     HNSW_FILE,
     MANIFEST,
     VECTORS_FILE,
@@ -188,8 +190,38 @@ class HnswIndex:
 
     def chunks_by_id(self, chunk_ids: Sequence[str]) -> list[Chunk]:
         if self._rows_by_id is None:
-            self._rows_by_id = {chunk.chunk_id: row for row, chunk in enumerate(self._chunks)}
-        return [self._chunks[self._rows_by_id[c]] for c in chunk_ids if c in self._rows_by_id]
+            self._rows_by_id = self._row_of_each_chunk()
+        found = self._lookup(chunk_ids)
+        if any(chunk.chunk_id != wanted for wanted, chunk in found):
+            # The records did not name their chunks the indexer's way: ask the chunks themselves.
+            self._rows_by_id = self._decoded_rows()
+            found = self._lookup(chunk_ids)
+        return [chunk for _, chunk in found]
+
+    def _lookup(self, chunk_ids: Sequence[str]) -> list[tuple[str, Chunk]]:
+        rows = self._rows_by_id or {}
+        return [(c, self._chunks[rows[c]]) for c in chunk_ids if c in rows]
+
+    def _row_of_each_chunk(self) -> dict[str, int]:
+        """From the indexer's document records (a document's rows, its chunks `doc_id#i` in
+        order) when the version has them and they hold; else by decoding every chunk, some 10x
+        slower (BENCHMARKS.md, "A million passages")."""
+        if DOCUMENTS_FILE in self.manifest.files:
+            rows: dict[str, int] = {}
+            try:
+                with (self.folder / DOCUMENTS_FILE).open("rb") as handle:
+                    for line in handle:
+                        record = orjson.loads(line)
+                        doc, first = str(record["doc_id"]), int(record["first_row"])
+                        rows.update((f"{doc}#{i}", first + i) for i in range(int(record["chunks"])))
+            except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                rows = {}
+            if len(rows) == self.count and all(0 <= row < self.count for row in rows.values()):
+                return rows
+        return self._decoded_rows()
+
+    def _decoded_rows(self) -> dict[str, int]:
+        return {chunk.chunk_id: row for row, chunk in enumerate(self._chunks)}
 
     @property
     def version(self) -> str:
