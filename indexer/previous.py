@@ -57,7 +57,8 @@ def load_previous(out: Path, embedder_id: str, chunking: ChunkingConfig) -> Prev
     if not same_settings or VECTORS_FILE not in manifest.files or DOCUMENTS_FILE not in manifest.files:
         return None
     chunks, sentences = read_chunks_for_reuse(folder / CHUNKS_FILE)
-    matrix = np.load(folder / VECTORS_FILE, allow_pickle=False)
+    # Mapped, not read: a kept document's rows are copied once, into the new version's matrix.
+    matrix = np.load(folder / VECTORS_FILE, mmap_mode="r", allow_pickle=False)
     hashes: dict[str, str] = {}
     meta_hashes: dict[str, str] = {}
     by_doc: dict[str, list[Chunk]] = {}
