@@ -27,6 +27,7 @@ FLOOR = {part: level for level, parts in enumerate(FLOORS) for part in parts}
 GENERATOR_OR_INDEX_TYPES = {"RemoteVllmGenerator", "VllmGenerator", "HnswIndex", "QdrantIndex"}
 
 
+@cache
 def _modules() -> dict[str, Path]:
     found = {}
     for path in PACKAGE.rglob("*.py"):
