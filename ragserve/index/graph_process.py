@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 # A million vectors load in about 2 s from the page cache; a cold disk or a busy host is slower.
 READY_TIMEOUT_S = 600.0
+# A search takes milliseconds; a helper silent this long is hung (stopped, swapping): replaced.
+ANSWER_TIMEOUT_S = 10.0
 _SOURCE_ROOT = str(Path(__file__).resolve().parents[2])
 # glibc then asks for transparent huge pages for the graph's big allocation: fewer page faults,
 # about 40% less load time at a million vectors (BENCHMARKS.md). Other glibc versions ignore it.
@@ -48,6 +50,8 @@ class _Helper:
 
     def ask(self, request: tuple[Any, ...]) -> tuple[str, Any]:
         self.conn.send(request)
+        if not self.conn.poll(ANSWER_TIMEOUT_S):
+            raise TimeoutError(f"no answer in {ANSWER_TIMEOUT_S:.0f} s")
         reply: tuple[str, Any] = self.conn.recv()
         return reply
 
@@ -92,7 +96,11 @@ def start_helper(path: Path, dim: int, count: int, ready_timeout_s: float) -> _H
         status, value = helper.conn.recv()
     except EOFError:
         helper.stop()
-        raise IndexLoadError(f"index file {path}: the process loading its graph exited ({proc.wait()})") from None
+        try:
+            ended = f"exited with code {proc.wait(_REAP_WAIT_S)}"
+        except subprocess.TimeoutExpired:
+            ended = "closed its socket"
+        raise IndexLoadError(f"index file {path}: the process loading its graph {ended}") from None
     except BaseException:
         helper.stop()
         raise
@@ -143,7 +151,7 @@ class GraphProcess:
                 raise IndexLoadError("this index version's graph is closed")
             try:
                 status, value = self._helpers[-1].ask(request)
-            except (EOFError, OSError) as exc:
+            except (EOFError, OSError) as exc:  # gone, or hung (TimeoutError)
                 self._replace(exc)
                 status, value = self._helpers[-1].ask(request)
         if status == "runtime":
@@ -160,6 +168,7 @@ class GraphProcess:
             gone.proc.pid,
             type(why).__name__,
         )
+        gone.proc.kill()  # dead already, or hung: either way it answers no more
         gone.stop()
         self._helpers.append(start_helper(*self._spec))
         self.restarts += 1

@@ -168,3 +168,17 @@ def test_the_helper_outlives_a_signal_to_the_process_group_and_follows_the_serve
     assert helper.knn(unit_vectors(1, 3)[0], 3, 10)[0].size == 3 and helper.pid == pid
     helper.close()
     assert _gone(pid)
+
+
+def test_a_hung_helper_is_replaced_after_the_answer_timeout(
+    root: Path, graphs: tuple[LoadedGraph, GraphProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("ragserve.index.graph_process.ANSWER_TIMEOUT_S", 0.5)
+    helper = GraphProcess(resolve_current(root) / HNSW_FILE, DIM, len(TEXTS))
+    hung = helper.pid
+    os.kill(hung, signal.SIGSTOP)  # alive, and silent
+    query = unit_vectors(1, 8)[0]
+    assert helper.knn(query, 4, 20)[0].tolist() == graphs[0].knn(query, 4, 20)[0].tolist()
+    assert helper.pid != hung and helper.restarts == 1
+    assert _gone(hung)
+    helper.close()
