@@ -99,7 +99,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=500)
     parser.add_argument("--ef", type=int, default=0, help="0: the version's measured ef")
     args = parser.parse_args()
-    openers: dict[str, GraphOpener] = {"in process": load_graph, "helper process": GraphProcess}
+    openers: dict[str, GraphOpener] = {"in process": load_graph, "helper process": GraphProcess}  # as at start-up
     read_once(args.index)
     queries = None
     results: dict[str, Any] = {"cpu": cpu_name(), "load before": load_avg()}

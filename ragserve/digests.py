@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from ragserve.priority import at_lower_priority
 
 
 def sha256_file(path: Path) -> str:
@@ -18,30 +19,10 @@ def sha256_file(path: Path) -> str:
 
 
 def sha256_files(paths: list[Path], nice: int = 0) -> list[str]:
-    """The digests of `paths`, in order, a file per core. With `nice` > 0 they are computed on one
-    thread of that much lower CPU priority (Linux sets a nice value per thread; elsewhere it is a plain thread):
-    hashlib lets go of the GIL over big blocks, so only the cores are shared, and requests get them first."""
-    if nice <= 0:
-        # Nothing else to share the cores with (a start-up): every core hashes, a file each.
-        with ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1))) as pool:
-            return list(pool.map(sha256_file, paths))
-    digests: list[str] = []
-    failed: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            thread = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + nice))
-        except (AttributeError, OSError):  # no per-thread priority here: hash at the caller's
-            pass
-        try:
-            digests.extend(sha256_file(path) for path in paths)
-        except BaseException as exc:
-            failed.append(exc)
-
-    worker = threading.Thread(target=work, name="verify-checksums", daemon=True)
-    worker.start()
-    worker.join()
-    if failed:
-        raise failed[0]
-    return digests
+    """The digests of `paths`, in order. With `nice` > 0, one file after another on a thread of that
+    much lower CPU priority (hashlib lets go of the GIL over big blocks: only the cores are shared,
+    and requests get them first); else a file per core (a start-up: nothing to share them with)."""
+    if nice > 0:
+        return at_lower_priority(lambda: [sha256_file(path) for path in paths], nice)
+    with ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1))) as pool:
+        return list(pool.map(sha256_file, paths))

@@ -67,9 +67,9 @@ def make_graph_opener(settings: Settings) -> GraphOpener:
     would stall this process's requests), else in this process (a round trip less per search)."""
     threshold = settings.index.graph_process_min_chunks
 
-    def open_graph(path: Path, dim: int, count: int) -> Graph:
+    def open_graph(path: Path, dim: int, count: int, beside_requests: bool) -> Graph:
         if count >= threshold:
-            return GraphProcess(path, dim, count)
+            return GraphProcess(path, dim, count, beside_requests)
         return load_graph(path, dim, count)
 
     return open_graph

@@ -25,14 +25,12 @@ from typing import Any
 from ragserve.digests import sha256_files
 from ragserve.errors import IndexLoadError
 from ragserve.filters import FIELD_TYPES
+from ragserve.priority import BACKGROUND_NICE
 
 # 2: docstore records carry their sentences as analysed at build time, and the manifest's `hnsw`
 # the search breadth measured for the graph (ef_search). A server reads both; format 1 versions
 # are served as before (sentences analysed on first use, ef from settings).
 FORMAT_VERSION = 2
-# How much lower a hot reload hashes a version's files than requests run: a million chunks are some
-# 4.5 GB to hash, seconds of a core that requests beside it need more (BENCHMARKS.md).
-RELOAD_HASH_NICE = 10
 READABLE_FORMATS = (1, 2)
 MANIFEST = "manifest.json"
 CURRENT = "CURRENT"
@@ -201,7 +199,8 @@ def read_verified_version(folder: Path, yield_cpu: bool = False) -> tuple[Manife
         if not path.is_file():
             raise IndexLoadError(f"index file {path} is missing")
     paths = [folder / name for name in manifest.files]
-    actual = sha256_files(paths, nice=RELOAD_HASH_NICE if yield_cpu else 0)
+    # A million chunks are some 4.5 GB to hash: seconds of a core that requests beside a reload need more.
+    actual = sha256_files(paths, nice=BACKGROUND_NICE if yield_cpu else 0)
     for path, digest, expected in zip(paths, actual, manifest.files.values(), strict=True):
         if digest != expected:
             raise IndexLoadError(f"index file {path} fails its checksum (corrupt or truncated)")

@@ -69,8 +69,9 @@ class LoadedGraph:
         """Nothing to release early: the index goes with its last reference."""
 
 
-def load_graph(path: Path, dim: int, count: int) -> LoadedGraph:
-    """hnswlib's file at `path` (checked by `check_hnsw_file` first: hnswlib trusts it)."""
+def load_graph(path: Path, dim: int, count: int, beside_requests: bool = False) -> LoadedGraph:
+    """hnswlib's file at `path` (checked by `check_hnsw_file` first: hnswlib trusts it). In this
+    process the load holds the GIL whatever its priority, so `beside_requests` changes nothing."""
     index = hnswlib.Index(space="ip", dim=dim)
     try:
         index.load_index(str(path), max_elements=max(1, count))

@@ -1,11 +1,12 @@
 """The HNSW graph in a helper process, so loading a big version never stalls the serving process.
 
-The helper (`python -m ragserve.index.graph_process FD PATH DIM COUNT`) loads the file with hnswlib
-(graph.load_graph), says it is ready, then answers one search at a time over a socket pair:
-pickled tuples between two processes of this program. A search costs one round trip beside the
-walk itself (BENCHMARKS.md, "A million passages"). The serving process verifies and bounds-checks
-the file first, as for a graph in process. The helper exits when told to (its graph was closed or
-garbage-collected), when its socket closes, or when the serving process is gone.
+The helper (`python -m ragserve.index.graph_process FD PATH DIM COUNT NICE`) loads the file with
+hnswlib (graph.load_graph; during a hot reload on a thread of lower priority), says it is ready,
+then answers one search at a time over a socket pair: pickled tuples between two processes of this
+program. A search costs one round trip beside the walk itself (BENCHMARKS.md, "A million
+passages"). The serving process verifies and bounds-checks the file first, as for a graph in
+process. The helper exits when told to (its graph was closed or garbage-collected), when its
+socket closes, or when the serving process is gone.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 
 from ragserve.errors import IndexLoadError
 from ragserve.index.graph import Graph, load_graph
+from ragserve.priority import BACKGROUND_NICE, at_lower_priority
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +85,13 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def start_helper(path: Path, dim: int, count: int, ready_timeout_s: float) -> _Helper:
-    """A helper process with the graph at `path` loaded (blocks until it is, without the GIL)."""
+def start_helper(path: Path, dim: int, count: int, beside_requests: bool, ready_timeout_s: float) -> _Helper:
+    """A helper process with the graph at `path` loaded (blocks until it is, without the GIL);
+    `beside_requests`: it loads at a lower CPU priority, and then searches at its normal one."""
     ours, theirs = socket.socketpair()
+    nice = BACKGROUND_NICE if beside_requests else 0
     with theirs:
-        command = [sys.executable, "-m", __name__, str(theirs.fileno()), str(path), str(dim), str(count)]
+        command = [sys.executable, "-m", __name__, str(theirs.fileno()), str(path), str(dim), str(count), str(nice)]
         proc = subprocess.Popen(command, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=_child_env())
     helper = _Helper(proc, Connection(ours.detach()))
     try:
@@ -114,11 +118,14 @@ class GraphProcess:
     """A Graph served by a helper process. A helper that dies is started again at the next search
     (which waits for the load); one search at a time, as hnswlib's index-wide ef needs anyway."""
 
-    def __init__(self, path: Path, dim: int, count: int, ready_timeout_s: float = READY_TIMEOUT_S) -> None:
+    def __init__(
+        self, path: Path, dim: int, count: int, beside_requests: bool = False, ready_timeout_s: float = READY_TIMEOUT_S
+    ) -> None:
+        """`beside_requests`: requests are being served while it loads (a hot reload)."""
         self._spec = (path, dim, count, ready_timeout_s)
         self._count = count
         self._lock = threading.Lock()
-        self._helpers: list[_Helper] = [start_helper(*self._spec)]
+        self._helpers: list[_Helper] = [start_helper(path, dim, count, beside_requests, ready_timeout_s)]
         # Closed explicitly, or when the version holding it is garbage-collected after a reload.
         self._finalizer = weakref.finalize(self, _stop_all, self._helpers)
         self.restarts = 0
@@ -170,7 +177,8 @@ class GraphProcess:
         )
         gone.proc.kill()  # dead already, or hung: either way it answers no more
         gone.stop()
-        self._helpers.append(start_helper(*self._spec))
+        path, dim, count, ready_timeout_s = self._spec
+        self._helpers.append(start_helper(path, dim, count, True, ready_timeout_s))
         self.restarts += 1
 
 
@@ -199,7 +207,7 @@ def _exit_when_orphaned(parent: int) -> None:
     os._exit(0)
 
 
-def serve(fd: int, path: Path, dim: int, count: int) -> int:
+def serve(fd: int, path: Path, dim: int, count: int, nice: int) -> int:
     # A Ctrl-C or a service manager's SIGTERM reaches the whole process group: the server decides
     # when its graph goes (it may still drain requests), and this process follows it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -207,7 +215,7 @@ def serve(fd: int, path: Path, dim: int, count: int) -> int:
     threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
     conn = Connection(fd)
     try:
-        graph = load_graph(path, dim, count)
+        graph = at_lower_priority(lambda: load_graph(path, dim, count), nice)
     except Exception as exc:
         conn.send(("error", str(exc)))
         return 1
@@ -223,4 +231,4 @@ def serve(fd: int, path: Path, dim: int, count: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])))
+    sys.exit(serve(int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])))

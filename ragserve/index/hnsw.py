@@ -53,8 +53,9 @@ _EXACT_SLAB = 65536
 # The widest a filtered HNSW search may look, as a multiple of its unfiltered ef.
 _FILTERED_EF_GROWTH_MAX = 16
 
-# Opens a version's graph file (path, dim, count): in this process or a helper (the factory picks).
-GraphOpener = Callable[[Path, int, int], Graph]
+# Opens a version's graph file (path, dim, count, whether requests are being served meanwhile): in
+# this process or a helper (the factory picks).
+GraphOpener = Callable[[Path, int, int, bool], Graph]
 
 
 def build_hnsw(
@@ -155,8 +156,8 @@ class HnswIndex:
     ) -> HnswIndex:
         """The published version's index files, verified. `exact_scan_max`: filters passing at most
         this many chunks are searched by an exact scan (RAGSERVE_FILTER_EXACT_SCAN_MAX_CHUNKS).
-        `reloading`: requests are being served meanwhile, so checksums are computed at a lower
-        CPU priority."""
+        `reloading`: requests are being served meanwhile, so checksums are computed, and a helper
+        process loads the graph, at a lower CPU priority."""
         folder = resolve_current(root)
         manifest, identity = read_verified_version(folder, yield_cpu=reloading)
         require_listed(folder, manifest, HNSW_FILE, CHUNKS_FILE)
@@ -165,7 +166,7 @@ class HnswIndex:
         chunks = ChunkStore(folder / CHUNKS_FILE, manifest.count)
         # hnswlib trusts its file (a bad id is a segfault at the first search): check it first.
         check_hnsw_file(folder / HNSW_FILE, manifest.count, manifest.dim)
-        graph = open_graph(folder / HNSW_FILE, manifest.dim, manifest.count)
+        graph = open_graph(folder / HNSW_FILE, manifest.dim, manifest.count, reloading)
         if graph.count != manifest.count:
             graph.close()
             raise IndexLoadError(f"index at {folder}: HNSW holds {graph.count} vectors, manifest says {manifest.count}")

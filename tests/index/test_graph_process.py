@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from ragserve.config import Settings
@@ -87,7 +88,7 @@ def test_a_filtered_walk_keeps_to_the_allowed_rows_and_says_when_too_few_pass(
 
 def test_an_index_over_the_helper_searches_as_one_in_process(root: Path) -> None:
     local = HnswIndex.load(root)
-    remote = HnswIndex.load(root, open_graph=lambda p, d, c: GraphProcess(p, d, c))
+    remote = HnswIndex.load(root, open_graph=lambda p, d, c, b: GraphProcess(p, d, c, b))
     for seed in range(3):
         query = unit_vectors(1, 40 + seed)[0]
         want = [(c.chunk.chunk_id, round(c.score, 5)) for c in local.search(query, 10, 64)]
@@ -110,7 +111,7 @@ def test_a_helper_that_dies_is_loaded_again_at_the_next_search(
 
 
 def test_the_helper_exits_when_its_version_is_let_go(root: Path) -> None:
-    index = HnswIndex.load(root, open_graph=lambda p, d, c: GraphProcess(p, d, c))
+    index = HnswIndex.load(root, open_graph=lambda p, d, c, b: GraphProcess(p, d, c, b))
     pid = index._graph.pid  # type: ignore[attr-defined]
     del index
     gc.collect()
@@ -136,16 +137,16 @@ def test_a_graph_the_helper_cannot_load_is_refused_with_its_reason(tmp_path: Pat
 def test_the_factory_moves_graphs_from_the_threshold_up(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = resolve_current(root) / HNSW_FILE
     monkeypatch.setenv("RAGSERVE_INDEX_GRAPH_PROCESS_MIN_CHUNKS", str(len(TEXTS) + 1))
-    assert isinstance(make_graph_opener(Settings())(path, DIM, len(TEXTS)), LoadedGraph)
+    assert isinstance(make_graph_opener(Settings())(path, DIM, len(TEXTS), False), LoadedGraph)
     monkeypatch.setenv("RAGSERVE_INDEX_GRAPH_PROCESS_MIN_CHUNKS", str(len(TEXTS)))
-    helper = make_graph_opener(Settings())(path, DIM, len(TEXTS))
+    helper = make_graph_opener(Settings())(path, DIM, len(TEXTS), False)
     assert isinstance(helper, GraphProcess)
     helper.close()
 
 
 def test_a_hot_reload_swaps_helpers_and_the_old_one_exits(tmp_path: Path) -> None:
     publish_tiny(tmp_path, TEXTS[:100], seed=1)
-    watch = FolderWatch(tmp_path, open_graph=lambda p, d, c: GraphProcess(p, d, c))
+    watch = FolderWatch(tmp_path, open_graph=lambda p, d, c, b: GraphProcess(p, d, c, b))
     old = watch.load()
     old_pid = old._graph.pid  # type: ignore[attr-defined]
     publish_tiny(tmp_path, TEXTS[:120], seed=2)
@@ -181,4 +182,11 @@ def test_a_hung_helper_is_replaced_after_the_answer_timeout(
     assert helper.knn(query, 4, 20)[0].tolist() == graphs[0].knn(query, 4, 20)[0].tolist()
     assert helper.pid != hung and helper.restarts == 1
     assert _gone(hung)
+    helper.close()
+
+
+def test_beside_requests_the_helper_loads_lower_and_searches_at_its_normal_priority(root: Path) -> None:
+    helper = GraphProcess(resolve_current(root) / HNSW_FILE, DIM, len(TEXTS), beside_requests=True)
+    assert psutil.Process(helper.pid).nice() == psutil.Process().nice()  # its searching thread
+    assert helper.knn(unit_vectors(1, 2)[0], 3, 10)[0].size == 3
     helper.close()

@@ -1,0 +1,47 @@
+"""Work that shares the host with requests, run at a lower CPU priority: a hot reload's hashing and
+its graph load. Linux gives each thread its own nice value, so the work runs on a fresh thread
+whose value is raised; elsewhere it runs on a plain thread."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# How much lower than requests; a thread at +10 gets about a tenth of a core that requests want.
+BACKGROUND_NICE = 10
+
+
+def _lower_this_thread(nice: int) -> None:
+    try:
+        thread = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + nice))
+    except (AttributeError, OSError):  # no per-thread priority here: run at the caller's
+        pass
+
+
+def at_lower_priority(work: Callable[[], T], nice: int = BACKGROUND_NICE) -> T:
+    """`work()`'s result (or its exception), computed on a thread `nice` lower than the caller;
+    `nice` <= 0 runs it here. Only for work that mostly lets go of the GIL (hashing, a C++ load in
+    another process): a low-priority thread holding the GIL would hold up the requests waiting for it."""
+    if nice <= 0:
+        return work()
+    results: list[T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        _lower_this_thread(nice)
+        try:
+            results.append(work())
+        except BaseException as exc:
+            failed.append(exc)
+
+    worker = threading.Thread(target=run, name="background-work", daemon=True)
+    worker.start()
+    worker.join()
+    if failed:
+        raise failed[0]
+    return results[0]
