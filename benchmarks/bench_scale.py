@@ -204,9 +204,18 @@ def serve_layouts(index: Path, queries: list[str], work: Path, only: list[str] |
 
 
 def anon_mib(pid: int) -> float:
-    """RssAnon of the server process (it has no children in the retrieval-only layout)."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(x for x in status.splitlines() if x.startswith("RssAnon")).split()[1]) / 1024
+    """RssAnon of the server process and its children (a big version's graph helper)."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+            total += int(next(x for x in status.splitlines() if x.startswith("RssAnon")).split()[1])
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, StopIteration):
+            continue  # a process that ended between two reads
+    return total / 1024
 
 
 class RssPeak:
