@@ -205,17 +205,7 @@ def serve_layouts(index: Path, queries: list[str], work: Path, only: list[str] |
 
 def anon_mib(pid: int) -> float:
     """RssAnon of the server process and its children (a big version's graph helper)."""
-    total, todo = 0, [pid]
-    while todo:
-        current = todo.pop()
-        try:
-            status = Path(f"/proc/{current}/status").read_text()
-            total += int(next(x for x in status.splitlines() if x.startswith("RssAnon")).split()[1])
-            for task in Path(f"/proc/{current}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except (OSError, StopIteration):
-            continue  # a process that ended between two reads
-    return total / 1024
+    return tree_rss_mib(pid, "RssAnon")
 
 
 class RssPeak:
