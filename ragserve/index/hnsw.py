@@ -9,6 +9,7 @@ import hnswlib
 import numpy as np
 import orjson
 
+from ragserve.digests import forget_cached
 from ragserve.errors import IndexLoadError
 from ragserve.filters import FieldSchema, Filter
 from ragserve.index.base import ScoredChunk
@@ -171,6 +172,9 @@ class HnswIndex:
             graph.close()
             raise IndexLoadError(f"index at {folder}: HNSW holds {graph.count} vectors, manifest says {manifest.count}")
         bm25 = Bm25Index.load(folder, manifest.count) if manifest.bm25 else None
+        # The graph and BM25's arrays now live in memory (here or in a helper): their files' pages
+        # only crowd the page cache, which a reload fills with a second version besides.
+        forget_cached([folder / HNSW_FILE, *(folder / name for name in manifest.files if name.startswith(BM25_DIR))])
         vectors = None
         if VECTORS_FILE in manifest.files:  # verified with the rest; mapped, not read, until a filter needs it
             vectors = np.load(folder / VECTORS_FILE, mmap_mode="r", allow_pickle=False)
