@@ -21,8 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_scale import cpu_name  # noqa: E402
-from benchmarks.harness import load_avg  # noqa: E402
+from benchmarks.harness import cpu_name, load_avg  # noqa: E402
 from ragserve.index.chunk_store import ChunkStore  # noqa: E402
 from ragserve.index.format import CHUNKS_FILE, read_verified_manifest, resolve_current  # noqa: E402
 from ragserve.index.hnsw import HnswIndex  # noqa: E402

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import platform
 import sys
 import time
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import cpu_name
 from indexer.chunking import ChunkingConfig, chunk_document, embedding_text
 from indexer.loaders import Document
 from ragserve.config import EmbedderSettings, default_of
@@ -79,13 +79,7 @@ def device_name(device: str) -> str:
         import torch
 
         return str(torch.cuda.get_device_name())
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_name()
 
 
 def synchronize(device: str) -> None:

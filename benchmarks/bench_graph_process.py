@@ -26,8 +26,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_scale import cpu_name  # noqa: E402
-from benchmarks.harness import load_avg, percentile  # noqa: E402
+from benchmarks.harness import cpu_name, load_avg, percentile  # noqa: E402
 from ragserve.index.graph import load_graph  # noqa: E402
 from ragserve.index.graph_process import GraphProcess  # noqa: E402
 from ragserve.index.hnsw import GraphOpener, HnswIndex  # noqa: E402

@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import resource
 import shutil
 import subprocess
@@ -39,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_sizing import tree_rss_mib  # noqa: E402
-from benchmarks.harness import git_head, load_avg, percentile  # noqa: E402
+from benchmarks.harness import cpu_name, git_head, load_avg, percentile  # noqa: E402
 from benchmarks.workloads import Server, load_queries  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
 from ragserve.config import EmbedderSettings, default_of  # noqa: E402
@@ -53,13 +52,6 @@ LAYOUTS = [
     ("hybrid + two tiers", {"RAGSERVE_RETRIEVAL_MODE": "hybrid", "RAGSERVE_RERANK_MODE": "two-tier"}),
 ]
 ADD_SHARE = 0.01
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def embedder_tokenizer() -> Any:

@@ -34,8 +34,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_scale import cpu_name, embedder_tokenizer  # noqa: E402
-from benchmarks.harness import git_head, load_avg, percentile  # noqa: E402
+from benchmarks.bench_scale import embedder_tokenizer  # noqa: E402
+from benchmarks.harness import cpu_name, git_head, load_avg, percentile  # noqa: E402
 from benchmarks.workloads import Server, evaluate, load_qrels, load_queries  # noqa: E402
 
 # --- quality --------------------------------------------------------------------------------------

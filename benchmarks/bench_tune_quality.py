@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.harness import cpu_name
 from benchmarks.workloads import load_qrels, load_queries
 from indexer.tune.evaluation import hash_split, score_runs, search_candidates
 from ragserve.embed.base import Embedder
@@ -47,16 +47,6 @@ def dev_split(data: Path) -> tuple[dict[str, str], dict[str, str], dict[str, dic
     judged = [q for q in queries if q in qrels]
     train, dev = hash_split(judged, DEV_FRACTION, DEV_SALT)
     return {q: queries[q] for q in train}, {q: queries[q] for q in dev}, qrels
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def cmd_split(args: argparse.Namespace) -> None:

@@ -5,6 +5,7 @@ server: workloads.py)."""
 from __future__ import annotations
 
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -144,3 +145,14 @@ def plot_ttft(series: dict[str, list[float]], out: Path, xlabel: str = "client T
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "ttft.png", dpi=110)
+
+
+def cpu_name() -> str:
+    """lscpu's model name (from /proc/cpuinfo), for the header of every figure."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
