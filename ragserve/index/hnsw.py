@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -31,6 +33,8 @@ from ragserve.index.hnsw_file import check_hnsw_file
 from ragserve.index.metadata import FIELDS_FILE, FieldColumns
 from ragserve.types import Chunk
 
+log = logging.getLogger(__name__)
+
 # Build-time defaults, chosen by measurement (benchmarks/bench_hnsw.py, BENCHMARKS.md); query-time
 # breadth (ef) comes from settings per request.
 DEFAULT_M = 32
@@ -53,6 +57,23 @@ _RECALL_AT = 10
 _EXACT_SLAB = 65536
 # The widest a filtered HNSW search may look, as a multiple of its unfiltered ef.
 _FILTERED_EF_GROWTH_MAX = 16
+
+
+class _Laps:
+    """Seconds per step of a load, for its log line (a reload's cost at a glance)."""
+
+    def __init__(self) -> None:
+        self._last = self._start = time.perf_counter()
+        self._laps: list[str] = []
+
+    def __call__(self, step: str) -> None:
+        now = time.perf_counter()
+        self._laps.append(f"{step} {now - self._last:.2f} s")
+        self._last = now
+
+    def __str__(self) -> str:
+        return f"{time.perf_counter() - self._start:.2f} s ({', '.join(self._laps)})"
+
 
 # Opens a version's graph file (path, dim, count, whether requests are being served meanwhile): in
 # this process or a helper (the factory picks).
@@ -159,15 +180,19 @@ class HnswIndex:
         this many chunks are searched by an exact scan (RAGSERVE_FILTER_EXACT_SCAN_MAX_CHUNKS).
         `reloading`: requests are being served meanwhile, so checksums are computed, and a helper
         process loads the graph, at a lower CPU priority."""
+        laps = _Laps()
         folder = resolve_current(root)
         manifest, identity = read_verified_version(folder, yield_cpu=reloading)
+        laps("checksums")
         require_listed(folder, manifest, HNSW_FILE, CHUNKS_FILE)
         if manifest.bm25:
             _require_bm25_listed(folder, manifest)
         chunks = ChunkStore(folder / CHUNKS_FILE, manifest.count)
         # hnswlib trusts its file (a bad id is a segfault at the first search): check it first.
         check_hnsw_file(folder / HNSW_FILE, manifest.count, manifest.dim)
+        laps("docstore and graph checks")
         graph = open_graph(folder / HNSW_FILE, manifest.dim, manifest.count, reloading)
+        laps(f"graph ({type(graph).__name__})")
         if graph.count != manifest.count:
             graph.close()
             raise IndexLoadError(f"index at {folder}: HNSW holds {graph.count} vectors, manifest says {manifest.count}")
@@ -183,6 +208,8 @@ class HnswIndex:
         columns = None
         if FIELDS_FILE in manifest.files:
             columns = FieldColumns.read(folder / FIELDS_FILE, manifest.count, manifest.fields)
+        laps("bm25, vectors and columns")
+        log.info("index version %s (%d chunks) read in %s", manifest.version, manifest.count, laps)
         return cls(folder, manifest, identity, graph, chunks, bm25, vectors, exact_scan_max, columns)
 
     @property
