@@ -300,16 +300,24 @@ def measure_size(args: argparse.Namespace, size: int, queries: list[str], qvecs:
     env = {**SERVER_ENV, "RAGSERVE_INDEX_RELOAD_INTERVAL_S": "1"}
     server = Server(index, env, folder / "server-reload.log")
     asyncio.run(server.wait_ready(900))
+    copies = bool(args.copy_reload_from and size >= args.copy_reload_from)
+    runs = [reload_once(server, queries, index, folder, copies) for _ in range(args.reload_repeats if copies else 1)]
+    server.stop()
+    row["reload"], row["reload_repeats"] = runs[0], runs[1:]
+    return row
+
+
+def reload_once(server: Server, queries: list[str], index: Path, folder: Path, copies: bool) -> dict[str, Any]:
+    """One hot reload under load: to a copy of the version, or to the +1% build."""
     peak = RssPeak(server.proc.pid)
-    if args.copy_reload_from and size >= args.copy_reload_from:
+    if copies:
         publish = lambda: republish(index)  # noqa: E731
     else:
         publish = lambda: timed_build(folder / "add", index, folder / "add" / "vectors.npy")  # noqa: E731
-    row["reload"] = asyncio.run(reload_under_load(server.target, queries, index, publish))
-    row["reload"]["peak_rss_mib"] = peak.stop()
-    server.stop()
-    print(f"[{size}] reload {row['reload']}; load {load_avg()}", flush=True)
-    return row
+    run = asyncio.run(reload_under_load(server.target, queries, index, publish))
+    run["peak_rss_mib"] = peak.stop()
+    print(f"[{folder.name}] reload {run}; load {load_avg()}", flush=True)
+    return run
 
 
 # --- report ---------------------------------------------------------------------------------------
@@ -361,6 +369,9 @@ def main() -> None:
         p.add_argument("--queries", type=int, default=300)
         p.add_argument("--build-only", action="store_true", help="make and build the corpora, measure nothing else")
         p.add_argument("--layouts", type=lambda v: v.split(","), help="only these layouts (comma-separated names)")
+        p.add_argument(
+            "--reload-repeats", type=int, default=1, help="reloads to a copy, one after another on one server"
+        )
         p.add_argument(
             "--copy-reload-from",
             type=int,
