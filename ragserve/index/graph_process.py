@@ -157,6 +157,8 @@ class GraphProcess:
             if not self._finalizer.alive:
                 raise IndexLoadError("this index version's graph is closed")
             try:
+                if not self._helpers:
+                    raise EOFError("its last start failed")
                 status, value = self._helpers[-1].ask(request)
             except (EOFError, OSError) as exc:  # gone, or hung (TimeoutError)
                 self._replace(exc)
@@ -168,15 +170,14 @@ class GraphProcess:
         return value
 
     def _replace(self, why: BaseException) -> None:
-        gone = self._helpers.pop()
-        log.error(
-            "the helper process serving %s (pid %d) is gone (%s); loading the graph again",
-            self._spec[0],
-            gone.proc.pid,
-            type(why).__name__,
-        )
-        gone.proc.kill()  # dead already, or hung: either way it answers no more
-        gone.stop()
+        """A new helper in place of the last (raises IndexLoadError when it cannot load: the next
+        search tries again)."""
+        reason = f"{type(why).__name__}: {why}" if str(why) else type(why).__name__
+        log.error("the helper process serving %s is gone (%s); loading the graph again", self._spec[0], reason)
+        if self._helpers:
+            gone = self._helpers.pop()
+            gone.proc.kill()  # dead already, or hung: either way it answers no more
+            gone.stop()
         path, dim, count, ready_timeout_s = self._spec
         self._helpers.append(start_helper(path, dim, count, True, ready_timeout_s))
         self.restarts += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -189,4 +190,20 @@ def test_beside_requests_the_helper_loads_lower_and_searches_at_its_normal_prior
     helper = GraphProcess(resolve_current(root) / HNSW_FILE, DIM, len(TEXTS), beside_requests=True)
     assert psutil.Process(helper.pid).nice() == psutil.Process().nice()  # its searching thread
     assert helper.knn(unit_vectors(1, 2)[0], 3, 10)[0].size == 3
+    helper.close()
+
+
+def test_a_helper_that_cannot_be_started_again_fails_the_search_and_the_next_one_tries_again(
+    root: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / HNSW_FILE
+    shutil.copy(resolve_current(root) / HNSW_FILE, path)
+    helper = GraphProcess(path, DIM, len(TEXTS))
+    os.kill(helper.pid, signal.SIGKILL)
+    path.rename(tmp_path / "away")
+    query = unit_vectors(1, 4)[0]
+    with pytest.raises(IndexLoadError, match="cannot be read"):
+        helper.knn(query, 3, 10)
+    (tmp_path / "away").rename(path)
+    assert helper.knn(query, 3, 10)[0].size == 3
     helper.close()
