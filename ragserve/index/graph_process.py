@@ -163,10 +163,14 @@ class GraphProcess:
             except (EOFError, OSError) as exc:  # gone, or hung (TimeoutError)
                 self._replace(exc)
                 status, value = self._helpers[-1].ask(request)
+        return self._value(status, value)
+
+    @staticmethod
+    def _value(status: str, value: Any) -> Any:
         if status == "runtime":
             raise RuntimeError(value)
         if status != "ok":
-            raise IndexLoadError(f"index file {self._spec[0]}: {value}")
+            raise IndexLoadError(f"the index's graph failed a search: {value}")
         return value
 
     def _replace(self, why: BaseException) -> None:
@@ -179,7 +183,12 @@ class GraphProcess:
             gone.proc.kill()  # dead already, or hung: either way it answers no more
             gone.stop()
         path, dim, count, ready_timeout_s = self._spec
-        self._helpers.append(start_helper(path, dim, count, True, ready_timeout_s))
+        try:
+            self._helpers.append(start_helper(path, dim, count, True, ready_timeout_s))
+        except IndexLoadError as exc:
+            log.error("the graph of %s could not be loaded again: %s", path, exc)
+            # The caller hears why without the server's paths; the log has them.
+            raise IndexLoadError("the index's graph is unavailable: its helper process did not start again") from None
         self.restarts += 1
 
 
