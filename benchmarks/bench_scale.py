@@ -310,10 +310,8 @@ def measure_size(args: argparse.Namespace, size: int, queries: list[str], qvecs:
 def reload_once(server: Server, queries: list[str], index: Path, folder: Path, copies: bool) -> dict[str, Any]:
     """One hot reload under load: to a copy of the version, or to the +1% build."""
     peak = RssPeak(server.proc.pid)
-    if copies:
-        publish = lambda: republish(index)  # noqa: E731
-    else:
-        publish = lambda: timed_build(folder / "add", index, folder / "add" / "vectors.npy")  # noqa: E731
+    add = folder / "add"
+    publish = (lambda: republish(index)) if copies else (lambda: timed_build(add, index, add / "vectors.npy"))
     run = asyncio.run(reload_under_load(server.target, queries, index, publish))
     run["peak_rss_mib"] = peak.stop()
     print(f"[{folder.name}] reload {run}; load {load_avg()}", flush=True)
@@ -369,9 +367,7 @@ def main() -> None:
         p.add_argument("--queries", type=int, default=300)
         p.add_argument("--build-only", action="store_true", help="make and build the corpora, measure nothing else")
         p.add_argument("--layouts", type=lambda v: v.split(","), help="only these layouts (comma-separated names)")
-        p.add_argument(
-            "--reload-repeats", type=int, default=1, help="reloads to a copy, one after another on one server"
-        )
+        p.add_argument("--reload-repeats", type=int, default=1, help="reloads to a copy, on one server")
         p.add_argument(
             "--copy-reload-from",
             type=int,

@@ -44,6 +44,7 @@ from ragserve.index.format import (
 )
 from ragserve.index.hnsw import DEFAULT_EF_CONSTRUCTION, DEFAULT_M, HnswIndex, build_hnsw
 from ragserve.index.metadata import FIELDS_FILE, FieldColumns
+from ragserve.json_bytes import kept_json
 from ragserve.request.sentences import analyse_text
 from ragserve.types import Chunk
 
@@ -300,7 +301,7 @@ def _assemble(documents: list[Document], work: _Work, dim: int) -> _Content:
             for c in work.chunks.pop(doc.doc_id)
         ]
         record = {"doc_id": doc.doc_id, "hash": doc.content_hash, "first_row": len(chunks), "chunks": len(cs)}
-        records.append(orjson.dumps({**record, "meta": metadata_hash(doc)}))
+        records.append(kept_json({**record, "meta": metadata_hash(doc)}))  # one per document: held to the end
         matrix[len(chunks) : len(chunks) + len(cs)] = work.vectors.pop(doc.doc_id)
         chunks.extend(cs)
     return _Content(chunks, matrix, records)

@@ -9,6 +9,7 @@ import orjson
 
 from ragserve.cache.base import CachedAnswer, CachedRetrieval, RejectedEntry
 from ragserve.cache.keys import KEY_SCHEMA
+from ragserve.json_bytes import kept_json
 from ragserve.types import Chunk, Passage, Usage
 
 T = TypeVar("T")
@@ -107,7 +108,7 @@ def _loads(raw: bytes) -> dict[str, Any]:
 
 
 def encode_entry(entry: CachedRetrieval) -> bytes:
-    return orjson.dumps(
+    return kept_json(  # an in-process cache keeps these bytes
         {
             "s": KEY_SCHEMA,
             "v": entry.index_version,
@@ -138,7 +139,7 @@ def decode_entry(raw: bytes, top_k: int = 0) -> CachedRetrieval:
 
 
 def encode_answer(entry: CachedAnswer) -> bytes:
-    return orjson.dumps(
+    return kept_json(  # an in-process cache keeps these bytes
         {
             "s": KEY_SCHEMA,
             "k": _ANSWER_KIND,

@@ -17,6 +17,7 @@ import numpy as np
 import orjson
 
 from ragserve.errors import IndexLoadError
+from ragserve.json_bytes import kept_json
 from ragserve.sentence_spans import PassageSentences
 from ragserve.types import Chunk
 
@@ -99,7 +100,7 @@ def read_chunks_for_reuse(path: Path) -> tuple[list[Chunk], dict[str, bytes]]:
             except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError) as exc:
                 raise IndexLoadError(f"{path}:{n}: bad docstore record: {exc}") from exc
             if sentences is not None:
-                stored[chunk.text] = orjson.dumps(sentences)
+                stored[chunk.text] = kept_json(sentences)
             chunks.append(chunk)
     return chunks, stored
 
