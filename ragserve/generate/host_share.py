@@ -9,7 +9,8 @@ neighbour"). With one thread fewer per core the neighbour keeps busy, the team n
 thread that is not running, and answers slow in proportion to the CPU taken.
 
 The neighbour's share is read from the kernel's per-CPU counters (/proc/stat) for the CPUs this
-process may run on, minus this process's own CPU time: steal time (another VM on the same cores)
+process may run on, minus the CPU time of this process and the processes it started (a big
+version's graph helper, an engine's own processes): steal time (another VM on the same cores)
 counts as a neighbour too. Time of niced processes does not: the scheduler hands the core back to
 the engine when it needs it (an indexer at nice 10 cost nothing measurable with every thread kept).
 """
@@ -57,11 +58,11 @@ class CpuCounters:
         self,
         cpus: tuple[int, ...],
         stat_path: Path = Path("/proc/stat"),
-        own_seconds: Callable[[], float] = time.process_time,
+        own_seconds: Callable[[], float] | None = None,
     ) -> None:
         self._names = {f"cpu{cpu}" for cpu in cpus}
         self._stat_path = stat_path
-        self._own_seconds = own_seconds
+        self._own_seconds = own_seconds or own_cpu_seconds
         self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         # A niced server's own time is in the nice column: then niced neighbours are its equals.
         niced = own_niceness() > 0
@@ -80,6 +81,31 @@ class CpuCounters:
                 columns = rest.split()
                 busy += sum(int(columns[i]) for i in self._columns if i < len(columns))
         return busy / self._tick, self._own_seconds()
+
+
+def own_cpu_seconds() -> float:
+    """CPU seconds of this process and of every process it started, running or ended: the
+    sidecar's own helpers (a big version's graph process, an engine's processes) are no neighbour."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system + _running_children_seconds()
+
+
+def _running_children_seconds() -> float:
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total, todo, seen = 0, [os.getpid()], set()
+    while todo:
+        pid = todo.pop()
+        try:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split() if int(c) not in seen]
+            if pid != os.getpid():
+                # Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
+                fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+                total += int(fields[11]) + int(fields[12])
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile (its time is in the children's counters once reaped)
+        seen.add(pid)
+    return total / tick
 
 
 class NeighbourLoad:

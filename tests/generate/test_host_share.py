@@ -221,3 +221,22 @@ def test_the_containers_cpu_quota_bounds_the_usable_cpus(tmp_path: Path, text: s
     host = HostCpu("CPU", frozenset(), tuple(range(64)), read_cpu_quota(cpu_max))
     assert host.usable == (quota or 64) and len(host.usable_cpus) == host.usable
     assert read_cpu_quota(tmp_path / "missing") is None
+
+
+def test_the_sidecars_own_child_processes_are_no_neighbour() -> None:
+    """A child busy on the CPU (as a big version's graph helper is) counts as the server's own
+    time, running and after it ended; this thread meanwhile only waits."""
+    import subprocess
+    import sys
+
+    from ragserve.generate.host_share import own_cpu_seconds
+
+    before = own_cpu_seconds()
+    spin = "import sys, time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass\n"
+    wait = "print('spun', flush=True)\nsys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", spin + wait], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdout is not None and child.stdout.readline() == b"spun\n"  # 0.4 s of CPU spent
+    running = own_cpu_seconds() - before
+    child.communicate(b"", timeout=10)
+    ended = own_cpu_seconds() - before
+    assert running >= 0.35 and ended >= running - 0.05
