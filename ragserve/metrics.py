@@ -108,6 +108,10 @@ INDEX_SERVED_SINCE = Gauge(
 INDEX_RELOADS_REFUSED = Counter(
     "ragserve_index_reloads_refused_total", "Newly published index versions refused (the old one keeps serving)"
 )
+INDEX_GRAPH_HELPER_RESTARTS = Counter(
+    "ragserve_index_graph_helper_restarts_total",
+    "Times a big version's graph helper process was gone (died, or hung) and was started again",
+)
 INDEX_LAST_REFUSAL = Gauge(
     "ragserve_index_last_refusal_timestamp_seconds", "When a newly published index version was last refused (Unix time)"
 )

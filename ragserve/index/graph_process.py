@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ragserve import metrics
 from ragserve.errors import IndexLoadError
 from ragserve.index.graph import Graph, load_graph
 from ragserve.priority import BACKGROUND_NICE, at_lower_priority
@@ -190,6 +191,7 @@ class GraphProcess:
             # The caller hears why without the server's paths; the log has them.
             raise IndexLoadError("the index's graph is unavailable: its helper process did not start again") from None
         self.restarts += 1
+        metrics.INDEX_GRAPH_HELPER_RESTARTS.inc()
 
 
 # --- the helper process ---------------------------------------------------------------------------
