@@ -11,6 +11,7 @@ reload). A version without that file (built before it existed) is decoded as bef
 from __future__ import annotations
 
 import threading
+import zipfile
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -92,13 +93,16 @@ class FieldColumns:
         """The columns `write` stored, checked against the version (its chunk count, its fields)
         and every row in range: a crafted file could otherwise index outside a mask."""
         try:
+            with zipfile.ZipFile(path) as zipped:  # stored as `write` stores them: no member inflates
+                if any(member.compress_type != zipfile.ZIP_STORED for member in zipped.infolist()):
+                    raise ValueError("a member is compressed")
             with np.load(path, allow_pickle=False) as archive:
                 arrays = {key: archive[key] for key in archive.files}
             stored = orjson.loads(arrays.pop("schema").tobytes())
             columns = cls([], {})
             columns.count, columns.schema = count, dict(schema)
             columns._load(stored, arrays)
-        except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError, zipfile.BadZipFile) as exc:
             raise IndexLoadError(f"index file {path} is not a valid columns file: {exc}") from exc
         return columns
 

@@ -91,3 +91,18 @@ def test_columns_of_another_version_are_refused(tmp_path: Path) -> None:
         FieldColumns.read(tmp_path / "fields.npz", 51, SCHEMA)
     with pytest.raises(IndexLoadError, match="another version"):
         FieldColumns.read(tmp_path / "fields.npz", 50, {**SCHEMA, "tenant": "keyword"})
+
+
+def test_a_compressed_or_broken_archive_is_refused(tmp_path: Path) -> None:
+    import zipfile
+
+    good = tmp_path / "good.npz"
+    FieldColumns(_chunks(50), SCHEMA).write(good)
+    with zipfile.ZipFile(good) as source, zipfile.ZipFile(tmp_path / "deflated.npz", "w", zipfile.ZIP_DEFLATED) as out:
+        for member in source.infolist():
+            out.writestr(member.filename, source.read(member))
+    with pytest.raises(IndexLoadError, match="compressed"):
+        FieldColumns.read(tmp_path / "deflated.npz", 50, SCHEMA)
+    (tmp_path / "cut.npz").write_bytes(good.read_bytes()[:200])
+    with pytest.raises(IndexLoadError, match="not a valid columns file"):
+        FieldColumns.read(tmp_path / "cut.npz", 50, SCHEMA)
