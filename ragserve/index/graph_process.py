@@ -40,9 +40,6 @@ READY_TIMEOUT_S = 600.0
 # A search takes milliseconds; a helper silent this long is hung (stopped, swapping): replaced.
 ANSWER_TIMEOUT_S = 10.0
 _SOURCE_ROOT = str(Path(__file__).resolve().parents[2])
-# glibc then asks for transparent huge pages for the graph's big allocation: fewer page faults,
-# about 40% less load time at a million vectors (BENCHMARKS.md). Other glibc versions ignore it.
-_HUGE_PAGES = "glibc.malloc.hugetlb=1"
 _REAP_WAIT_S = 10.0
 
 
@@ -82,7 +79,6 @@ def _stop_all(helpers: list[_Helper]) -> None:
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_SOURCE_ROOT, env.get("PYTHONPATH", "")) if p)
-    env["GLIBC_TUNABLES"] = ":".join(t for t in (env.get("GLIBC_TUNABLES", ""), _HUGE_PAGES) if t)
     return env
 
 
