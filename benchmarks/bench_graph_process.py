@@ -1,6 +1,7 @@
 """What moving a version's HNSW graph into a helper process costs and buys, one run, one index.
 
     python benchmarks/bench_graph_process.py --index INDEX_ROOT [--queries 500] [--ef 0]
+    python benchmarks/bench_graph_process.py --index INDEX_ROOT --serve 2 --data ../shared/data/scifact
 
 For the graph in this process and in a helper process (ragserve/index/graph_process.py), in turn:
 - load: seconds for `HnswIndex.load` (checksums included; every file read once before, so both
@@ -9,13 +10,20 @@ For the graph in this process and in a helper process (ragserve/index/graph_proc
 - search: dense search p50/p99 of the same queries at the version's measured ef (or --ef), each
   one search as a request makes it, top 10; queries are stored vectors moved halfway to another
   (away from any one, as questions are).
+
+`--serve N`: instead, N rounds of two retrieval-only servers (hybrid, no reranker, no cache), the
+graph in a helper process and then in process (RAGSERVE_INDEX_GRAPH_PROCESS_MIN_CHUNKS), each:
+seconds to SERVING, then SciFact's first 300 queries once unrecorded and once timed (Retrieve top_k
+10, one at a time): p50 / p99 / max.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -83,6 +91,29 @@ def measure(root: Path, opener: GraphOpener, queries: np.ndarray | None, ef: int
     return out | {"queries": queries}
 
 
+async def serve_once(root: Path, data: Path, in_process: bool) -> dict[str, Any]:
+    from benchmarks.bench_scale import SERVER_ENV
+    from benchmarks.workloads import Server, load_queries
+    from ragserve.client import RagClient
+
+    threshold = "1000000000" if in_process else "0"
+    env = {**SERVER_ENV, "RAGSERVE_INDEX_GRAPH_PROCESS_MIN_CHUNKS": threshold, "RAGSERVE_LOG_LEVEL": "INFO"}
+    server = Server(root, env, Path(tempfile.gettempdir()) / f"bench-graph-serve-{threshold}.log")
+    started = time.perf_counter()
+    await server.wait_ready(900)
+    ready_s, queries, times = time.perf_counter() - started, list(load_queries(data).values())[:300], []
+    async with RagClient(server.target, default_timeout_s=30) as client:
+        for query in queries:
+            await client.retrieve(query, top_k=10)
+        for query in queries:
+            started = time.perf_counter()
+            await client.retrieve(query, top_k=10)
+            times.append((time.perf_counter() - started) * 1000)
+    server.stop()
+    row = {"to SERVING s": round(ready_s, 1), "p50 ms": round(percentile(times, 50), 1)}
+    return row | {"p99 ms": round(percentile(times, 99), 1), "max ms": round(max(times), 1), "load": load_avg()}
+
+
 def read_once(root: Path) -> None:
     """Every file of the version read once first: both loads then find it in the page cache."""
     for path in sorted((root / "CURRENT").resolve().rglob("*")):
@@ -97,7 +128,14 @@ def main() -> None:
     parser.add_argument("--index", type=Path, required=True)
     parser.add_argument("--queries", type=int, default=500)
     parser.add_argument("--ef", type=int, default=0, help="0: the version's measured ef")
+    parser.add_argument("--serve", type=int, default=0, help="rounds of the two servers instead")
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "scifact")
     args = parser.parse_args()
+    if args.serve:
+        for _ in range(args.serve):
+            for name, in_process in (("helper process", False), ("in process", True)):
+                print(name, json.dumps(asyncio.run(serve_once(args.index, args.data, in_process))), flush=True)
+        return
     openers: dict[str, GraphOpener] = {"in process": load_graph, "helper process": GraphProcess}  # as at start-up
     read_once(args.index)
     queries = None
