@@ -265,6 +265,7 @@ class _FakeWarmingService(pb_grpc.RagServiceServicer):
         return pb.InfoResponse(warming=warming)
 
 
+@pytest.mark.slow  # a second or more of fault waits or child processes (CI runs it)
 def test_health_warm_waits_until_warming_has_finished(tmp_path: Path) -> None:
     """`--warm`: SERVING, then Info until warming is done (a rollout routes traffic once warm); past
     --wait it says how far warming got and exits 1."""

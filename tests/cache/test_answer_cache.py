@@ -189,7 +189,11 @@ NOT_STORED: dict[str, tuple[dict[str, Any], Callable[[RagPipeline], Awaitable[ob
 }
 
 
-@pytest.mark.parametrize("case", list(NOT_STORED))
+# The client-deadline case waits out its 2 s deadline: slow (CI runs it).
+CASES = [pytest.param(c, marks=pytest.mark.slow) if c == "client deadline" else c for c in NOT_STORED]
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_only_clean_temperature_0_answers_are_stored(case: str, embedder, sample_index, executor) -> None:
     settings, run = NOT_STORED[case]
     generator = scripted_generator(**settings)

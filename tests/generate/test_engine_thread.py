@@ -132,6 +132,7 @@ def test_health_call_runs_on_the_engine_thread() -> None:
         engine.shutdown()
 
 
+@pytest.mark.slow  # a second or more of fault waits or child processes (CI runs it)
 def test_the_generator_reports_a_failed_engine_thread_as_unavailable_and_unhealthy(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -245,6 +245,7 @@ def test_the_kv_cache_is_what_the_servers_that_are_up_report() -> None:
     run(test)
 
 
+@pytest.mark.slow  # a second or more of fault waits or child processes (CI runs it)
 def test_warming_waits_for_the_servers_still_coming_up_and_warms_where_questions_will_go() -> None:
     def slow_second(fakes: list[FakeVllmServer]) -> None:
         fakes[1].models_delay_s = 1.0

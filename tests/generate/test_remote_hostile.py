@@ -74,6 +74,7 @@ def _gzip_bomb(mib: int) -> bytes:
 # -- 1. GET bodies --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a second or more of fault waits or child processes (CI runs it)
 def test_a_gzip_bomb_health_body_is_never_unpacked_nor_read() -> None:
     bomb = _gzip_bomb(512)
     assert len(bomb) < 1 << 20
@@ -286,6 +287,7 @@ def test_a_silent_stream_fails_within_the_stall_limit() -> None:
     run(test, servers=1, remote_stall_s=0.5)
 
 
+@pytest.mark.slow  # a second or more of fault waits or child processes (CI runs it)
 def test_start_serves_once_one_server_is_up_and_bounds_a_hung_one() -> None:
     def prepare(fakes: list[FakeVllmServer]) -> None:
         fakes[0].first_token_delay_s = 3600  # answers health and models, never a completion

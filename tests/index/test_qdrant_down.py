@@ -68,7 +68,8 @@ def test_search_on_a_down_qdrant_raises_unavailable(closed_port: int) -> None:
         index.search_lexical("tides and the moon", 3)
 
 
-@pytest.mark.parametrize("endpoint", ["silent_port", "closed_port"])
+# A silent port waits out the search's budget floor: slow (CI runs it).
+@pytest.mark.parametrize("endpoint", [pytest.param("silent_port", marks=pytest.mark.slow), "closed_port"])
 def test_retrieve_answers_unavailable_within_the_budget(endpoint: str, request: pytest.FixtureRequest) -> None:
     port = request.getfixturevalue(endpoint)
 

@@ -70,6 +70,7 @@ async def _wait_for(predicate, timeout_s: float = 60.0) -> None:
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.slow  # a second or more of fault waits or child processes (CI runs it)
 def test_hot_reload_under_concurrent_load(
     tmp_path: Path, embedder: SentenceTransformerEmbedder, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -107,6 +107,7 @@ def test_a_pdf_bomb_is_cut_at_the_text_cap(tmp_path: Path) -> None:
     assert "extracted text is over the limit of 5,000,000 characters" in bomb.reason
 
 
+@pytest.mark.slow  # a second or more of fault waits or child processes (CI runs it)
 def test_a_parse_that_overruns_is_killed_and_the_next_file_still_parses(tmp_path: Path) -> None:
     from indexer.loaders import LoadLimits, iter_folder_files
     from tests.indexer.test_loaders import tiny_pdf

@@ -103,6 +103,7 @@ def test_empty_corpus_jsonl(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # a second or more of fault waits or child processes (CI runs it)
 def test_bad_options(tmp_path: Path) -> None:
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_text("A\nsome text")

@@ -89,6 +89,7 @@ build_index(Path(sys.argv[1]), Path(sys.argv[2]), SlowEmbedder(delay_s=0.25), CH
 """
 
 
+@pytest.mark.slow  # a second or more of fault waits or child processes (CI runs it)
 @pytest.mark.timeout(120)
 def test_a_build_killed_with_sigkill_resumes_and_embeds_only_the_rest(tmp_path: Path) -> None:
     docs = write_corpus(tmp_path / "docs")

@@ -31,6 +31,7 @@ def test_figures_read_cited_answers_and_the_exact_decline() -> None:
     assert not is_decline("The documents do not say, but it was 1928 [1]", ABSTAIN_ANSWER)
 
 
+@pytest.mark.slow  # a second or more of fault waits or child processes (CI runs it)
 def test_examples_are_the_prompts_query_serves(tmp_path: Path) -> None:
     """Retrieved, fitted and rendered as Query does: the gold span with its passage's number, the
     decline sentence for an unanswerable question, and the gold paragraph left out of 'excluded'."""

@@ -7,6 +7,8 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
+
 import ragserve.metrics  # noqa: F401  (registers the ragserve_* series)
 from ragserve.server.metrics_http import MetricsServer
 
@@ -42,6 +44,7 @@ async def _closed_by_server(reader: asyncio.StreamReader) -> bool:
         return True
 
 
+@pytest.mark.slow  # a second or more of fault waits or child processes (CI runs it)
 def test_idle_sockets_take_no_threads_and_cannot_lock_out_a_scrape() -> None:
     async def body() -> None:
         threads_before = threading.active_count()

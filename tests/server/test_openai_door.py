@@ -197,6 +197,7 @@ def test_a_bad_token_is_401_and_an_unknown_path_404(door: Door) -> None:
     assert [m.id for m in door.client().models.list()] == ["ragserve"]
 
 
+@pytest.mark.slow  # a second or more of fault waits or child processes (CI runs it)
 def test_overload_is_429_with_retry_after(door: Door) -> None:
     door.generator.delay_s = 0.3  # two calls hold both slots while a third arrives
     try:
