@@ -25,36 +25,59 @@ pytestmark = pytest.mark.e2e
 HTTP_FIRST = "What did Alexander Fleming notice on the culture plates he had left on his bench?"
 GRPC_FIRST = "How does a honey bee tell the others where the flowers are?"
 MAX_TOKENS = 200
+# Asks until the server stores an answer (a loaded host's budget can cut retrieval short).
+ASKS = 3
 
 
 def _client(server: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.openai_url, api_key="unused", max_retries=0, timeout=120)
 
 
-async def _grpc(server: LiveServer, question: str, history: list[tuple[str, str]]) -> tuple[str, list[str], bool]:
+async def _grpc_answer(
+    server: LiveServer, question: str, history: list[tuple[str, str]]
+) -> tuple[str, list[str], pb.FinalEvent, bool]:
+    """The answer, its passages, its final event, and whether the server stored it (it finished by
+    itself and retrieval cut nothing short)."""
     async with RagClient(server.target, default_timeout_s=120) as client:
         events = [e async for e in client.query(question, max_tokens=MAX_TOKENS, temperature=0.0, history=history)]
     text = "".join(e.token.text for e in events if e.WhichOneof("event") == "token")
-    return text, [p.chunk_id for p in events[0].retrieval.passages], events[-1].final.answer_cache_hit
+    final, degraded = events[-1].final, events[0].retrieval.degraded.ListFields()
+    stored = not final.answer_cache_hit and final.finish_reason == "stop" and not degraded
+    return text, [p.chunk_id for p in events[0].retrieval.passages], final, stored
+
+
+def _http_until_stored(server: LiveServer, question: str) -> openai.types.chat.ChatCompletion:
+    """The HTTP door's answer once the server stored one: on a loaded host the retrieval budget
+    can run out, and a degraded answer is (rightly) never stored; the next ask tries again."""
+    for _ in range(ASKS):
+        reply = _client(server).chat.completions.create(
+            model="ragserve", max_tokens=MAX_TOKENS, messages=[{"role": "user", "content": question}]
+        )
+        extra = reply.model_extra["ragserve"]
+        assert not extra["final"].get("answer_cache_hit", False)
+        if extra["final"]["finish_reason"] == "stop" and not extra["retrieval"].get("degraded"):
+            return reply
+    pytest.fail(f"no stored answer in {ASKS} asks: {extra}")
 
 
 def test_the_same_question_gets_the_same_answer_and_passages_through_both_doors(live_server: LiveServer) -> None:
     # HTTP first: the engine answers it; gRPC then finds that very answer under the same key.
-    reply = _client(live_server).chat.completions.create(
-        model="ragserve", max_tokens=MAX_TOKENS, messages=[{"role": "user", "content": HTTP_FIRST}]
-    )
+    reply = _http_until_stored(live_server, HTTP_FIRST)
     extra = reply.model_extra["ragserve"]
-    assert not extra["final"].get("answer_cache_hit", False)
-    assert extra["final"]["finish_reason"] == "stop", "the engine's answer did not finish by itself"
-    text, passages, cached = asyncio.run(_grpc(live_server, HTTP_FIRST, []))
-    assert cached, "gRPC did not find the HTTP door's answer: the doors built different requests"
+    text, passages, final, _ = asyncio.run(_grpc_answer(live_server, HTTP_FIRST, []))
+    assert final.answer_cache_hit, "gRPC did not find the HTTP door's answer: the doors built different requests"
     assert text == reply.choices[0].message.content and text.strip()
     assert passages == [p["chunk_id"] for p in extra["retrieval"]["passages"]]
 
     # gRPC first, with a history: the HTTP door's streamed answer is the same one.
     history = [("user", "What do honey bees do?"), ("assistant", "They gather nectar and pollen [1].")]
-    text, passages, cached = asyncio.run(_grpc(live_server, GRPC_FIRST, history))
-    assert not cached and text.strip()
+    for _ in range(ASKS):
+        text, passages, final, stored = asyncio.run(_grpc_answer(live_server, GRPC_FIRST, history))
+        assert not final.answer_cache_hit and text.strip()
+        if stored:
+            break
+    else:
+        pytest.fail(f"no stored answer in {ASKS} asks: {final}")
     stream = _client(live_server).chat.completions.create(
         model="ragserve",
         max_tokens=MAX_TOKENS,
@@ -69,10 +92,10 @@ def test_the_same_question_gets_the_same_answer_and_passages_through_both_doors(
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == text
     assert [p["chunk_id"] for p in chunks[0].model_extra["ragserve"]["retrieval"]["passages"]] == passages
-    final = next(
+    streamed_final = next(
         c.model_extra["ragserve"]["final"] for c in chunks if "final" in (c.model_extra or {}).get("ragserve", {})
     )
-    assert final["answer_cache_hit"]
+    assert streamed_final.get("answer_cache_hit"), streamed_final
 
 
 def test_the_openai_package_streams_tokens_from_the_engine(live_server: LiveServer) -> None:
