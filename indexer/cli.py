@@ -12,7 +12,7 @@ import typer
 from indexer import host_share
 from indexer.build import BuildReport, build_index
 from indexer.chunking import ChunkingConfig
-from indexer.embedding import IndexingEmbedder
+from indexer.embedding import IndexingEmbedder, LazyEmbedder
 from indexer.loaders import (
     DEFAULT_MAX_FILE_MB,
     DEFAULT_MAX_TEXT_CHARS,
@@ -26,6 +26,7 @@ from indexer.metadata import parse_declared
 from indexer.root_lock import IndexRootLocked, index_root_lock
 from indexer.tune.commands import register as register_tune_commands
 from ragserve.config import EmbedderSettings, IndexSettings, QdrantSettings, default_of
+from ragserve.embed.base import reported_model_id
 from ragserve.errors import RagError
 from ragserve.logs import setup_cli_logging
 
@@ -213,10 +214,8 @@ def _run_build(job: _BuildJob, qdrant: _QdrantTarget) -> tuple[BuildReport, str]
     # Also before the model: a second indexer on the same root stops at once. Held through the
     # Qdrant publish too, which reads the version this build published.
     with index_root_lock(job.target):
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()  # one bar: the embedding's
-        model = load_embedder(job.embedder, job.backend, job.device, job.int8)
+        # Loaded once there is something to embed: no documents, or none changed, costs no model.
+        model = LazyEmbedder(reported_model_id(job.embedder), lambda: _quiet_embedder(job))
         _warn_if_the_embedder_changes(job.target, model.model_id)
         report = build_index(
             job.source,
@@ -235,6 +234,13 @@ def _run_build(job: _BuildJob, qdrant: _QdrantTarget) -> tuple[BuildReport, str]
         if qdrant.url:
             qdrant_line = _publish_to_qdrant(qdrant.url, qdrant.collection, qdrant.api_key, job.target)
     return report, qdrant_line
+
+
+def _quiet_embedder(job: _BuildJob) -> IndexingEmbedder:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one bar: the embedding's
+    return load_embedder(job.embedder, job.backend, job.device, job.int8)
 
 
 def _warn_if_the_embedder_changes(root: Path, model_id: str) -> None:

@@ -4,7 +4,7 @@ little) and one checkpoint (indexer/checkpoint.py) as soon as it is done."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -34,6 +34,39 @@ class IndexingEmbedder(Protocol):
     def tokenizer(self) -> Any: ...
 
     def embed_documents(self, texts: list[str], batch_size: int = 64) -> np.ndarray: ...
+
+
+class LazyEmbedder:
+    """An IndexingEmbedder loaded at its first use past its id: a build that stops before
+    embedding (no documents, a bad source, nothing changed) never loads a model (seconds)."""
+
+    def __init__(self, model_id: str, load: Callable[[], IndexingEmbedder]) -> None:
+        self._model_id = model_id
+        self._load = load
+        self._loaded: IndexingEmbedder | None = None
+
+    def _model(self) -> IndexingEmbedder:
+        if self._loaded is None:
+            loaded = self._load()
+            if loaded.model_id != self._model_id:
+                raise ValueError(f"the embedder loaded as {loaded.model_id!r}, expected {self._model_id!r}")
+            self._loaded = loaded
+        return self._loaded
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def dim(self) -> int:
+        return self._model().dim
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._model().tokenizer
+
+    def embed_documents(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        return self._model().embed_documents(texts, batch_size)
 
 
 @dataclass

@@ -63,6 +63,12 @@ def resolve_embedder_path(model: str) -> str:
     return model
 
 
+def reported_model_id(model: str) -> str:
+    """The id an embedder loaded from `model` reports (an alias of the default model is reported
+    as the default, so index manifests and caches agree)."""
+    return DEFAULT_EMBEDDER if model in _DEFAULT_ALIASES else model
+
+
 class NamedEmbedder:
     """What both embedders report the same way: the model's id (an alias of the default model is
     reported as the default, so index manifests and caches agree) and its vector dimension."""
@@ -71,7 +77,7 @@ class NamedEmbedder:
     _dim: int
 
     def _set_identity(self, model: str, dim: int) -> None:
-        self._model_id = DEFAULT_EMBEDDER if model in _DEFAULT_ALIASES else model
+        self._model_id = reported_model_id(model)
         self._dim = dim
 
     @property

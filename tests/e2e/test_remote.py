@@ -150,7 +150,7 @@ def test_greedy_answers_equal_the_local_engines(stack: RemoteStack) -> None:
         )
         return remote, local
 
-    pairs = [asyncio.run(both(q)) for q in QUESTIONS]
+    pairs = [asyncio.run(both(q)) for q in QUESTIONS[:6]]  # six documents (ten took 40 s of CI)
     differ = [pair for pair in pairs if pair[0] != pair[1]]
     assert len(differ) <= 1, differ
 

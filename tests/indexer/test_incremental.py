@@ -6,8 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import pytest
 
 from indexer.build import build_index
+from indexer.embedding import LazyEmbedder
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.index.chunk_store import chunk_record, decode_chunk
 from ragserve.index.format import CURRENT, VECTORS_FILE, resolve_current
@@ -81,6 +83,19 @@ def test_unchanged_tree_publishes_nothing(tmp_path: Path, embedder: SentenceTran
     assert not again.published and again.embedded == 0 and again.reused == 5
     assert spy.texts == []
     assert (root / CURRENT).resolve() == before
+    # As the CLI runs it: the model is never loaded for a tree with nothing new.
+    loads: list[str] = []
+    lazy = LazyEmbedder(embedder.model_id, lambda: loads.append("loaded") or embedder)  # type: ignore[func-returns-value]
+    assert not build_index(docs, root, lazy, progress=False).published and loads == []
+
+
+def test_a_lazy_embedder_loads_once_and_checks_the_id_it_was_given(embedder: SentenceTransformerEmbedder) -> None:
+    loads: list[str] = []
+    lazy = LazyEmbedder(embedder.model_id, lambda: loads.append("loaded") or embedder)  # type: ignore[func-returns-value]
+    assert lazy.dim == embedder.dim and lazy.embed_documents(["a text"]).shape == (1, embedder.dim)
+    assert loads == ["loaded"]
+    with pytest.raises(ValueError, match="expected 'another-model'"):
+        _ = LazyEmbedder("another-model", lambda: embedder).tokenizer
 
 
 def test_full_rebuild_when_chunking_changes(tmp_path: Path, embedder: SentenceTransformerEmbedder) -> None:
