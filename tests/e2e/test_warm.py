@@ -53,14 +53,15 @@ def test_a_restarted_server_starts_warm_the_most_retrieved_passage_first(
     top = asyncio.run(_top_chunk(retrieval_server.target, "Who discovered penicillin?"))
     counts = tmp_path / "hot-passages.json"
     counts.write_text(json.dumps({"format": 1, "counts": {top: 2}}))
-    env = {"RAGSERVE_HOT_PASSAGES_PATH": str(counts), "RAGSERVE_CACHE_BACKEND": "off"}
+    # Four passages: the hot one, then the first three in the index's order (bloom-filters.txt's).
+    env = {"RAGSERVE_HOT_PASSAGES_PATH": str(counts), "RAGSERVE_CACHE_BACKEND": "off", "RAGSERVE_WARM_PASSAGES": "4"}
     for server in serving(sample_index, tmp_path / "server.log", {**env, "RAGSERVE_WARM_WHOLE_CORPUS": "true"}):
         warming = wait_warm(server.target)  # warming runs after SERVING, in the background
         retrieval, repeat = asyncio.run(_ask(server.target, "What mould did penicillin come from?"))
-        visited, first_visit = asyncio.run(_ask(server.target, "How does the honey bee waggle dance encode distance?"))
+        visited, first_visit = asyncio.run(_ask(server.target, "How does a Bloom filter answer membership queries?"))
         assert "warming done" in server.log_text()
     assert retrieval.passages[0].chunk_id == top
-    assert warming.passages > 1 and warming.tokens > 0
+    assert warming.passages == 4 and warming.tokens > 0
     # The first questions this server answers find the template and the whole passage cached.
     for event, final in ((retrieval, repeat), (visited, first_visit)):
         assert final.usage.prefix_cache_hit_tokens >= _template_tokens() + 64, final.usage
