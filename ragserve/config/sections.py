@@ -93,6 +93,9 @@ class TransportSettings(BaseSettings):
     max_connection_idle_ms: int = Field(default=600_000, ge=0)
     # Grace period for open calls when the server stops (SIGTERM).
     shutdown_grace_s: float = 10.0
+    # Once SERVING, what start-up made is frozen out of the garbage collector's sight: a full
+    # collection then walks what came after, not half a million objects (ragserve/heap.py).
+    freeze_start_up_heap: bool = True
 
 
 class AccessSettings(BaseSettings):

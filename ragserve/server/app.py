@@ -22,6 +22,7 @@ from ragserve.config import Settings
 from ragserve.errors import ConfigError, RagError
 from ragserve.factory import make_index_watch, make_pipeline
 from ragserve.generate.base import Generator
+from ragserve.heap import freeze_start_up_heap
 from ragserve.index.reload import IndexReloader
 from ragserve.request.pipeline import RagPipeline
 from ragserve.server.auth import BearerTokenInterceptor, ClientIdentityInterceptor, check_exposure
@@ -257,6 +258,9 @@ class RagServer:
             self._background.append(asyncio.create_task(self._index_reloader(pipeline).run()))
         if pipeline.generator is not None:
             self._background.append(asyncio.create_task(self._save_counts(pipeline)))
+        if self.settings.transport.freeze_start_up_heap:
+            frozen, collect_s = freeze_start_up_heap()
+            log.info("start-up heap: %d objects frozen after a %.2f s collection", frozen, collect_s)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("serving on %s (index version %s)", address, pipeline.index.version)
         if pipeline.generator is not None:
