@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-from ragserve.priority import at_lower_priority
 
 
 def sha256_file(path: Path) -> str:
@@ -19,13 +19,27 @@ def sha256_file(path: Path) -> str:
 
 
 def sha256_files(paths: list[Path], nice: int = 0) -> list[str]:
-    """The digests of `paths`, in order. With `nice` > 0, one file after another on a thread of that
-    much lower CPU priority (hashlib lets go of the GIL over big blocks: only the cores are shared,
-    and requests get them first); else a file per core (a start-up: nothing to share them with)."""
+    """The digests of `paths`, in order. With `nice` > 0 (a reload: requests are being served), one
+    file after another in a child process of that much lower CPU priority; else a file per core
+    (a start-up: nothing to share them with). Raises OSError when a file cannot be read."""
     if nice > 0:
-        return at_lower_priority(lambda: [sha256_file(path) for path in paths], nice)
+        return _in_child(paths, nice)
     with ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1))) as pool:
         return list(pool.map(sha256_file, paths))
+
+
+def _in_child(paths: list[Path], nice: int) -> list[str]:
+    """Not a thread of the server: there each 1 MiB block took the GIL twice, and a low-priority
+    thread the scheduler left waiting held up the requests queued behind it for the GIL."""
+    if not paths:
+        return []
+    command = [sys.executable, "-m", "ragserve.digests", str(nice), *(str(path) for path in paths)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    digests = done.stdout.split()
+    if done.returncode != 0 or len(digests) != len(paths):
+        why = done.stderr.strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
+        raise OSError(f"hashing the files failed: {why[0]}")
+    return digests
 
 
 def forget_cached(paths: list[Path]) -> None:
@@ -46,3 +60,9 @@ def forget_cached(paths: list[Path]) -> None:
             pass
         finally:
             os.close(fd)
+
+
+if __name__ == "__main__":  # python -m ragserve.digests NICE PATH...: one digest a line (_in_child)
+    os.nice(int(sys.argv[1]))
+    for name in sys.argv[2:]:
+        print(sha256_file(Path(name)), flush=True)

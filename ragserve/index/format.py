@@ -200,7 +200,10 @@ def read_verified_version(folder: Path, yield_cpu: bool = False) -> tuple[Manife
             raise IndexLoadError(f"index file {path} is missing")
     paths = [folder / name for name in manifest.files]
     # A million chunks are some 4.5 GB to hash: seconds of a core that requests beside a reload need more.
-    actual = sha256_files(paths, nice=BACKGROUND_NICE if yield_cpu else 0)
+    try:
+        actual = sha256_files(paths, nice=BACKGROUND_NICE if yield_cpu else 0)
+    except OSError as exc:
+        raise IndexLoadError(f"index at {folder}: its files could not be read ({exc})") from exc
     for path, digest, expected in zip(paths, actual, manifest.files.values(), strict=True):
         if digest != expected:
             raise IndexLoadError(f"index file {path} fails its checksum (corrupt or truncated)")

@@ -1,0 +1,56 @@
+"""Hot reloads of an index that is already built, under load: bench_scale's reload measurement
+(`reload_under_load`, each reload to a copy of the serving version) without rebuilding its corpus.
+
+    python benchmarks/bench_reload.py --index INDEX_ROOT [--repeats 3] [--data ../shared/data/scifact]
+
+One retrieval-only server (hybrid, no reranker, no cache, the settings of bench_scale) reloads
+--repeats times. For each reload: Retrieve p99 and max in ms while quiet (steady), while the copy
+is written beside the server, from the publish until the server serves it (reload), and after;
+the reload's seconds and the server's peak RSS (its helper processes included). The copy needs the
+version's size again on disk; the index root keeps its last two versions (the indexer's rule).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.bench_scale import SERVER_ENV, reload_once  # noqa: E402
+from benchmarks.harness import cpu_name, load_avg  # noqa: E402
+from benchmarks.workloads import Server, load_queries  # noqa: E402
+
+KEPT = ("reload_s", "peak_rss_mib", "reload requests")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--index", type=Path, required=True, help="an index root (CURRENT -> a version)")
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "scifact")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--queries", type=int, default=300)
+    args = parser.parse_args()
+    queries = list(load_queries(args.data).values())[: args.queries]
+    print(f"{cpu_name()}; load at start {load_avg()}", flush=True)
+    gc.freeze()  # this client's own full collections (tens of ms) are not the server's latency
+    env = {**SERVER_ENV, "RAGSERVE_INDEX_RELOAD_INTERVAL_S": "1"}
+    server = Server(args.index, env, args.index.parent / "server-bench-reload.log")
+    try:
+        asyncio.run(server.wait_ready(900))
+        for n in range(1, args.repeats + 1):
+            run = reload_once(server, queries, args.index, args.index.parent, copies=True)
+            shown = {k: round(v, 1) for k, v in run.items() if k.endswith(" ms") or k in KEPT}
+            print(json.dumps({"reload": n, **shown}), flush=True)
+    finally:
+        server.stop()
+    print(f"load at end {load_avg()}")
+
+
+if __name__ == "__main__":
+    main()
