@@ -8,6 +8,7 @@ sentences as analysed at build time (offsets and stemmed terms), so no request a
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -122,7 +123,11 @@ class ChunkStore(Sequence[Chunk]):
         if size:
             with path.open("rb") as handle:
                 self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            _advise(self._map, "MADV_SEQUENTIAL")
             self._ends = _line_ends(self._map, size)
+            # Requests then read scattered rows: a page that is not cached costs one page of I/O,
+            # not the kernel's readahead around it (megabytes, behind whatever else reads the disk).
+            _advise(self._map, "MADV_RANDOM")
         if len(self._ends) != count:
             raise IndexLoadError(
                 f"index at {path.parent}: docstore has {len(self._ends)} chunks, manifest says {count}"
@@ -150,6 +155,14 @@ class ChunkStore(Sequence[Chunk]):
 
     def __iter__(self) -> Iterator[Chunk]:
         return (self[i] for i in range(len(self)))
+
+
+def _advise(data: mmap.mmap, name: str) -> None:
+    """An access-pattern hint to the kernel, where it takes one (a hint: never fails)."""
+    advice = getattr(mmap, name, None)
+    if advice is not None:
+        with contextlib.suppress(OSError):
+            data.madvise(advice)
 
 
 def _line_ends(data: mmap.mmap, size: int) -> np.ndarray:

@@ -37,6 +37,20 @@ def test_rows_decode_to_the_chunks_written_with_their_sentences(tmp_path: Path) 
         store[len(TEXTS)]
 
 
+def test_the_scan_reads_ahead_and_requests_then_read_only_their_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ragserve.index import chunk_store
+
+    advised: list[str] = []
+    real = chunk_store._advise
+    monkeypatch.setattr(chunk_store, "_advise", lambda data, name: advised.append(name) or real(data, name))
+    path = tmp_path / CHUNKS_FILE
+    write_chunks(path, _chunks(), analyse_text)
+    assert ChunkStore(path, len(TEXTS))[2] == _chunks()[2]
+    assert advised == ["MADV_SEQUENTIAL", "MADV_RANDOM"]  # the newline scan, then scattered rows
+
+
 def test_a_docstore_without_sentences_is_analysed_on_demand(tmp_path: Path) -> None:
     path = tmp_path / CHUNKS_FILE
     write_chunks(path, _chunks())  # as format 1 wrote them
