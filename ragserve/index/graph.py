@@ -15,6 +15,7 @@ import hnswlib
 import numpy as np
 
 from ragserve.errors import IndexLoadError
+from ragserve.index.hnsw_file import check_hnsw_file
 
 
 class Graph(Protocol):
@@ -70,8 +71,11 @@ class LoadedGraph:
 
 
 def load_graph(path: Path, dim: int, count: int, beside_requests: bool = False) -> LoadedGraph:
-    """hnswlib's file at `path` (checked by `check_hnsw_file` first: hnswlib trusts it). In this
-    process the load holds the GIL whatever its priority, so `beside_requests` changes nothing."""
+    """hnswlib's file at `path`, checked by `check_hnsw_file` first (hnswlib trusts it: a bad id is
+    a segfault at the first search). In the process that loads it, the helper's for a big version,
+    so a reload's pass over 1.8 GB holds the helper's GIL, not the server's. The load holds the GIL
+    whatever its priority, so `beside_requests` changes nothing here."""
+    check_hnsw_file(path, count, dim)
     index = hnswlib.Index(space="ip", dim=dim)
     try:
         index.load_index(str(path), max_elements=max(1, count))

@@ -29,7 +29,6 @@ from ragserve.index.format import (
     resolve_current,
 )
 from ragserve.index.graph import Graph, LoadedGraph, load_graph
-from ragserve.index.hnsw_file import check_hnsw_file
 from ragserve.index.metadata import FIELDS_FILE, FieldColumns
 from ragserve.types import Chunk
 
@@ -76,7 +75,7 @@ class _Laps:
 
 
 # Opens a version's graph file (path, dim, count, whether requests are being served meanwhile): in
-# this process or a helper (the factory picks).
+# this process or a helper (the factory picks), after `check_hnsw_file` there.
 GraphOpener = Callable[[Path, int, int, bool], Graph]
 
 
@@ -188,11 +187,10 @@ class HnswIndex:
         if manifest.bm25:
             _require_bm25_listed(folder, manifest)
         chunks = ChunkStore(folder / CHUNKS_FILE, manifest.count)
-        # hnswlib trusts its file (a bad id is a segfault at the first search): check it first.
-        check_hnsw_file(folder / HNSW_FILE, manifest.count, manifest.dim)
-        laps("docstore and graph checks")
+        laps("docstore")
+        # The opener checks the file before hnswlib reads it (graph.py `load_graph`).
         graph = open_graph(folder / HNSW_FILE, manifest.dim, manifest.count, reloading)
-        laps(f"graph ({type(graph).__name__})")
+        laps(f"graph checked and loaded ({type(graph).__name__})")
         if graph.count != manifest.count:
             graph.close()
             raise IndexLoadError(f"index at {folder}: HNSW holds {graph.count} vectors, manifest says {manifest.count}")
