@@ -4,9 +4,9 @@ The helper (`python -m ragserve.index.graph_process FD PATH DIM COUNT NICE`) loa
 hnswlib (graph.load_graph; during a hot reload on a thread of lower priority), says it is ready,
 then answers one search at a time over a socket pair: pickled tuples between two processes of this
 program. A search costs one round trip beside the walk itself (BENCHMARKS.md, "A million
-passages"). The serving process verifies and bounds-checks the file first, as for a graph in
-process. The helper exits when told to (its graph was closed or garbage-collected), when its
-socket closes, or when the serving process is gone.
+passages"). The serving process verifies the file's checksum first; the helper bounds-checks it
+before hnswlib reads it, as for a graph in process. The helper exits when told to (its graph was
+closed or garbage-collected), when its socket closes, or when the serving process is gone.
 """
 
 from __future__ import annotations
