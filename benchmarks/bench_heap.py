@@ -12,9 +12,7 @@ max in ms, and the full (generation 2) collections the server ran meanwhile, fro
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import gc
 import json
 import sys
 import tempfile
@@ -27,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_scale import SERVER_ENV  # noqa: E402
-from benchmarks.harness import cpu_name, free_port, load_avg, percentile  # noqa: E402
+from benchmarks.harness import free_port, index_parser, load_avg, percentile, start_client  # noqa: E402
 from benchmarks.workloads import Server, load_queries  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
 
@@ -78,15 +76,12 @@ async def serve_once(root: Path, queries: list[str], requests: int, freeze: bool
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--index", type=Path, required=True, help="an index root (CURRENT -> a version)")
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "scifact")
+    parser = index_parser(__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--requests", type=int, default=3000)
     args = parser.parse_args()
     queries = list(load_queries(args.data).values())[:300]
-    print(f"{cpu_name()}; load at start {load_avg()}", flush=True)
-    gc.freeze()  # this client's own full collections (tens of ms) are not the server's latency
+    start_client()
     for round_no in range(1, args.rounds + 1):
         for freeze in (True, False):
             row = asyncio.run(serve_once(args.index, queries, args.requests, freeze))

@@ -12,9 +12,7 @@ version's size again on disk; the index root keeps its last two versions (the in
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import gc
 import json
 import sys
 from pathlib import Path
@@ -23,22 +21,19 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_scale import SERVER_ENV, reload_once  # noqa: E402
-from benchmarks.harness import cpu_name, load_avg  # noqa: E402
+from benchmarks.harness import index_parser, load_avg, start_client  # noqa: E402
 from benchmarks.workloads import Server, load_queries  # noqa: E402
 
 KEPT = ("reload_s", "peak_rss_mib", "reload requests")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--index", type=Path, required=True, help="an index root (CURRENT -> a version)")
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "scifact")
+    parser = index_parser(__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--queries", type=int, default=300)
     args = parser.parse_args()
     queries = list(load_queries(args.data).values())[: args.queries]
-    print(f"{cpu_name()}; load at start {load_avg()}", flush=True)
-    gc.freeze()  # this client's own full collections (tens of ms) are not the server's latency
+    start_client()
     env = {**SERVER_ENV, "RAGSERVE_INDEX_RELOAD_INTERVAL_S": "1"}
     server = Server(args.index, env, args.index.parent / "server-bench-reload.log")
     try:

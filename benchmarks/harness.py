@@ -4,6 +4,8 @@ server: workloads.py)."""
 
 from __future__ import annotations
 
+import argparse
+import gc
 import os
 import platform
 import signal
@@ -156,3 +158,18 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def index_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments of a benchmark that serves an index already built: --index and --data."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--index", type=Path, required=True, help="an index root (CURRENT -> a version)")
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" / "scifact")
+    return parser
+
+
+def start_client() -> None:
+    """Print the host, then freeze this client's heap: its own full collections (tens of ms) are
+    not the server's latency."""
+    print(f"{cpu_name()}; load at start {load_avg()}", flush=True)
+    gc.freeze()

@@ -1,6 +1,7 @@
-"""Work that shares the host with requests, run at a lower CPU priority: a hot reload's hashing and
-its graph load. Linux gives each thread its own nice value, so the work runs on a fresh thread
-whose value is raised; elsewhere it runs on a plain thread."""
+"""Work that shares the host with requests, run at a lower CPU priority: a hot reload's graph load,
+in its helper process (a reload's hashing runs in a child process of its own: digests.py). Linux
+gives each thread its own nice value, so the work runs on a fresh thread whose value is raised;
+elsewhere it runs on a plain thread."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ def _lower_this_thread(nice: int) -> None:
 
 def at_lower_priority(work: Callable[[], T], nice: int = BACKGROUND_NICE) -> T:
     """`work()`'s result (or its exception), computed on a thread `nice` lower than the caller;
-    `nice` <= 0 runs it here. Only for work that mostly lets go of the GIL (hashing, a C++ load in
-    another process): a low-priority thread holding the GIL would hold up the requests waiting for it."""
+    `nice` <= 0 runs it here. Only in a process no request waits in (the graph helper): a
+    low-priority thread holding the GIL would hold up the requests waiting for it."""
     if nice <= 0:
         return work()
     results: list[T] = []
