@@ -40,7 +40,9 @@ def test_retrieve_dedupe_returns_one_passage_per_document(retrieval_server: Live
 
 def test_retrieve_shows_a_snippet_and_says_when_it_came_from_the_cache(retrieval_server: LiveServer) -> None:
     host, _, port = retrieval_server.target.rpartition(":")
-    command = [sys.executable, "-m", "ragserve.cli", "retrieve", "--host", host, "--port", port, "tides moon gravity"]
+    # A budget no loaded host runs out of: a result cut short by the budget is never cached.
+    command = [sys.executable, "-m", "ragserve.cli", "retrieve", "--host", host, "--port", port, "--budget-ms", "10000"]
+    command.append("tides moon gravity")
     first, second = (subprocess.run(command, capture_output=True, text=True, timeout=60) for _ in range(2))
     assert first.returncode == second.returncode == 0, first.stderr + second.stderr
     lines = first.stdout.splitlines()
