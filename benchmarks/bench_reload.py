@@ -1,12 +1,14 @@
 """Hot reloads of an index that is already built, under load: bench_scale's reload measurement
-(`reload_under_load`, each reload to a copy of the serving version) without rebuilding its corpus.
+(`reload_phases.reload_under_load`, each reload to a copy of the serving version) without rebuilding its corpus.
 
     python benchmarks/bench_reload.py --index INDEX_ROOT [--repeats 3] [--data ../shared/data/scifact]
 
 One retrieval-only server (hybrid, no reranker, no cache, the settings of bench_scale) reloads
 --repeats times. For each reload: Retrieve p99 and max in ms while quiet (steady), while the copy
 is written beside the server, from the publish until the server serves it (reload), and after;
-the reload's seconds and the server's peak RSS (its helper processes included). The copy needs the
+p99 again without the requests that a stall of the host overlapped, as a probe process saw them
+(`host_stalls.py`: it holds 512 MiB and some 3% of a CPU meanwhile), and how many it saw; the
+reload's seconds and the server's peak RSS (its helper processes included). The copy needs the
 version's size again on disk; the index root keeps its last two versions (the indexer's rule).
 """
 
@@ -40,7 +42,7 @@ def main() -> None:
         asyncio.run(server.wait_ready(900))
         for n in range(1, args.repeats + 1):
             run = reload_once(server, queries, args.index, args.index.parent, copies=True)
-            shown = {k: round(v, 1) for k, v in run.items() if k.endswith(" ms") or k in KEPT}
+            shown = {k: round(v, 1) for k, v in run.items() if k.endswith(" ms") or "host stall" in k or k in KEPT}
             print(json.dumps({"reload": n, **shown}), flush=True)
     finally:
         server.stop()

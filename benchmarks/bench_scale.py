@@ -39,6 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_sizing import tree_rss_mib  # noqa: E402
 from benchmarks.harness import cpu_name, git_head, load_avg, percentile  # noqa: E402
+from benchmarks.reload_phases import reload_under_load  # noqa: E402
 from benchmarks.workloads import Server, load_queries  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
 from ragserve.config import EmbedderSettings, default_of  # noqa: E402
@@ -216,43 +217,6 @@ class RssPeak:
         self._stop.set()
         self._thread.join()
         return self.peak
-
-
-async def reload_under_load(target: str, queries: list[str], index: Path, publish: Any) -> dict[str, Any]:
-    """Retrieves one at a time, after a warm-up pass: quiet (steady), while the indexer builds the
-    next version beside the server, from its publish (CURRENT flips) until the server serves it
-    (reload), and after."""
-    current = (index / "CURRENT").resolve()
-    times: dict[str, list[float]] = {"steady": [], "beside the build": [], "reload": [], "after": []}
-    async with RagClient(target, default_timeout_s=30) as client:
-        first = (await client.info()).index_version
-
-        async def timed(q: str) -> float:
-            started = time.perf_counter()
-            await client.retrieve(q, top_k=10)
-            return (time.perf_counter() - started) * 1000
-
-        for q in queries:  # a warm-up pass, not recorded: the first visits fault the mapped files in
-            await timed(q)
-        for q in queries:
-            times["steady"].append(await timed(q))
-        task = asyncio.get_running_loop().run_in_executor(None, publish)
-        n, flipped, served = 0, 0.0, 0.0
-        while not (served and task.done() and len(times["after"]) >= len(queries) // 2):
-            n += 1
-            ms = await timed(queries[n % len(queries)])
-            if not flipped and (index / "CURRENT").resolve() != current:
-                flipped = time.perf_counter()
-            if task.done() and not flipped and not task.result()["published"]:
-                raise SystemExit("the +1% build published nothing: was the index already at that version?")
-            if flipped and not served and (await client.info()).index_version != first:
-                served = time.perf_counter()
-            times["after" if served else "reload" if flipped else "beside the build"].append(ms)
-        build = await task
-    out: dict[str, Any] = {f"{k} p99 ms": percentile(v, 99) for k, v in times.items()}
-    out |= {f"{k} max ms": max(v, default=0.0) for k, v in times.items()}
-    out |= {"reload requests": len(times["reload"]), "reload_s": served - flipped, "add_build": build}
-    return out
 
 
 def republish(index: Path) -> dict[str, Any]:
