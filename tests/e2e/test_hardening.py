@@ -33,7 +33,8 @@ def test_cancel_mid_stream_aborts_the_engine_request(live_server: LiveServer) ->
     channel, stub = _stub(live_server.target)
     with channel:
         cancel_mid_stream(stub, LONG_QUESTION)
-        assert wait_engine_idle(stub, limit_s=0.25) <= 0.25
+        # The answer would run for seconds; the bound leaves room for a busy two-core host.
+        wait_engine_idle(stub, limit_s=1.0)
 
 
 # 2. Deadlines
@@ -46,7 +47,9 @@ def test_client_deadline_ends_a_stalled_call_and_frees_the_engine(live_server: L
                 pass
         elapsed = time.perf_counter() - started
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert elapsed <= 0.25, f"DEADLINE_EXCEEDED after {elapsed:.3f} s"
+        # The client's clock ends the call; a loaded two-core host was seen to deliver it 105 ms late,
+        # so the bound only proves the call did not run on towards its seconds-long answer.
+        assert elapsed <= 1.0, f"DEADLINE_EXCEEDED after {elapsed:.3f} s"
         wait_engine_idle(stub, limit_s=1.0)
 
 
