@@ -278,7 +278,8 @@ def reload_once(server: Server, queries: list[str], index: Path, folder: Path, c
     publish = (lambda: republish(index)) if copies else (lambda: timed_build(add, index, add / "vectors.npy"))
     run = asyncio.run(reload_under_load(server.target, queries, index, publish))
     run["peak_rss_mib"] = peak.stop()
-    print(f"[{folder.name}] reload {run}; load {load_avg()}", flush=True)
+    shown = {k: v for k, v in run.items() if k != "samples"}
+    print(f"[{folder.name}] reload {shown}; load {load_avg()}", flush=True)
     return run
 
 

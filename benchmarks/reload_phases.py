@@ -3,7 +3,9 @@
 Retrieves go one at a time, after a warm-up pass: quiet (steady), while the next version is built
 or copied beside the server, from its publish (CURRENT flips) until the server serves it (reload),
 and after. Each phase reports p99 and max over all its requests, and p99 over the requests no host
-stall overlapped, with the number of stalls the probe saw in it.
+stall overlapped, with the number of stalls the probe saw in it. Each request's ms and whether a
+stall overlapped it come back too ("samples"), so several reloads' requests can be pooled: a
+phase's p99 over a few hundred requests is its third-slowest, which one stall decides.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ async def reload_under_load(target: str, queries: list[str], index: Path, publis
     a dict with "published"."""
     with HostStallProbe(index.parent / "host-stalls.txt") as probe:
         requests, served, flipped, build = await _phases(target, queries, index, publish)
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"samples": {}}
     for phase in PHASES:
         taken = requests[phase]
         ms = [m for _, m in taken]
-        quiet = [m for (_, m), hit in zip(taken, probe.overlapping(taken), strict=True) if not hit]
+        hits = probe.overlapping(taken)
+        out["samples"][phase] = list(zip(ms, hits, strict=True))
+        quiet = [m for m, hit in zip(ms, hits, strict=True) if not hit]
         out[f"{phase} p99 ms"] = percentile(ms, 99)
         out[f"{phase} max ms"] = max(ms, default=0.0)
         out[f"{phase} p99 ms, no host stall"] = percentile(quiet, 99)
@@ -72,3 +76,14 @@ async def _phases(
             requests["after" if served else "reload" if flipped else "beside the build"].append(request)
         build = await task
     return requests, served, flipped, build
+
+
+def pooled(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Each phase's p99 over the requests of every run in `runs`, all and without a stall's."""
+    out: dict[str, float] = {}
+    for phase in PHASES:
+        samples = [sample for run in runs for sample in run["samples"][phase]]
+        out[f"{phase} p99 ms"] = percentile([m for m, _ in samples], 99)
+        out[f"{phase} p99 ms, no host stall"] = percentile([m for m, hit in samples if not hit], 99)
+        out[f"{phase} requests"] = len(samples)
+    return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.host_stalls import REACH_S, SETTLING_SETS, HostStallProbe
+from benchmarks.reload_phases import PHASES, pooled
 
 
 def _probe(sets: list[tuple[float, float]]) -> HostStallProbe:
@@ -30,3 +31,15 @@ def test_a_request_near_a_stall_is_in_it_and_one_far_from_it_is_not() -> None:
 
 def test_no_sets_means_no_stalls() -> None:
     assert HostStallProbe(Path("unused")).overlapping([(1.0, 10.0)]) == [False]
+
+
+def test_pooled_p99_spans_every_run_and_leaves_out_the_stalled_requests() -> None:
+    def run(steady: list[tuple[float, bool]]) -> dict[str, dict[str, list[tuple[float, bool]]]]:
+        return {"samples": {phase: steady for phase in PHASES}}
+
+    quiet = [(float(ms), False) for ms in range(1, 100)]
+    runs = [run(quiet), run([*quiet, (900.0, True)])]
+    together = pooled(runs)
+    assert together["steady requests"] == 199
+    assert together["steady p99 ms"] > together["steady p99 ms, no host stall"]
+    assert together["steady p99 ms, no host stall"] <= 99.0
