@@ -111,8 +111,19 @@ def embedder() -> SentenceTransformerEmbedder:
 
 
 @pytest.fixture(scope="session")
-def sample_index(tmp_path_factory: pytest.TempPathFactory, embedder: SentenceTransformerEmbedder) -> Path:
+def sample_index(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, embedder: SentenceTransformerEmbedder
+) -> Path:
     """The bundled sample corpus, indexed once per test session with the real MiniLM."""
+    import torch
+
     root = tmp_path_factory.mktemp("index") / "sample"
-    build_index(SAMPLE_DOCS, root, embedder, progress=False)
+    # A plain `pytest` is the only process: its one batch job may use every core (about half the
+    # quick suite's longest set-up on two). A pytest-xdist worker shares them, and keeps one thread.
+    alone = not hasattr(request.config, "workerinput")
+    torch.set_num_threads((os.cpu_count() or 1) if alone else 1)
+    try:
+        build_index(SAMPLE_DOCS, root, embedder, progress=False)
+    finally:
+        torch.set_num_threads(1)
     return root
