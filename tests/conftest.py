@@ -118,8 +118,8 @@ def sample_index(
     import torch
 
     root = tmp_path_factory.mktemp("index") / "sample"
-    # A plain `pytest` is the only process: its one batch job may use every core (about half the
-    # quick suite's longest set-up on two). A pytest-xdist worker shares them, and keeps one thread.
+    # A plain `pytest` is the only process, so this build (the quick suite's longest set-up) may use
+    # every core: it takes about half as long on two. A pytest-xdist worker shares them: one thread.
     alone = not hasattr(request.config, "workerinput")
     torch.set_num_threads((os.cpu_count() or 1) if alone else 1)
     try:
