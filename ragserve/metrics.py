@@ -71,6 +71,13 @@ GENERATOR_PACE_RATIO = Gauge("ragserve_generator_pace_ratio", "Decode time per t
 HOST_NEIGHBOUR_CPUS = Gauge(
     "ragserve_host_neighbour_cpus", "CPUs' worth of time other processes use on this server's CPUs (last 0.5 s)"
 )
+ENGINE_YIELD_SECONDS = Counter(
+    "ragserve_engine_yield_seconds_total",
+    "Seconds the in-process engine waited between steps for interactive retrievals",
+)
+ENGINE_STEP_TOKENS = Gauge(
+    "ragserve_engine_step_tokens", "Most prompt tokens one engine step schedules (the step target's prefill chunk)"
+)
 GENERATOR_THREADS = Gauge("ragserve_generator_threads", "Threads the local engine runs its next step with")
 REPLICA_UP = Gauge("ragserve_generator_server_up", "1 while the generation server can take requests", ["server"])
 REPLICA_IN_FLIGHT = Gauge("ragserve_generator_server_in_flight", "Requests open on the generation server", ["server"])

@@ -25,16 +25,10 @@ from ragserve.index.base import SearchIndex
 from ragserve.prompt import Prompt
 from ragserve.read.base import ReadSpan
 from ragserve.read.cost import ReadCost
+from ragserve.reports import EngineChoice, GeneratorStatus
 from ragserve.rerank.base import EncodedPair
 from ragserve.rerank.cost import CostModel
-from ragserve.types import (
-    WARMING_ENGINE_PRIORITY,
-    EngineChoice,
-    GenerateParams,
-    GenerationChunk,
-    GeneratorStatus,
-    Usage,
-)
+from ragserve.types import WARMING_ENGINE_PRIORITY, GenerateParams, GenerationChunk, Usage
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 

@@ -333,7 +333,11 @@ def _wait_warm(target: str, access: ClientSettings, give_up: float) -> None:
             f"{warming.left_out} left cold"
         )
     else:
-        typer.echo(f"still warming: {warming.passages} passages ({warming.tokens} tokens) so far", err=True)
+        typer.echo(
+            f"still warming: {warming.passages} passages ({warming.tokens} tokens) so far, "
+            f"{warming.passages + warming.left_out} of {warming.planned} tried",
+            err=True,
+        )
         raise typer.Exit(1)
 
 

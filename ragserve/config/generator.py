@@ -66,6 +66,14 @@ class GeneratorSettings(BaseSettings):
     # Threads of the engine on a server thread (engine_layout thread). 0: every usable CPU, one fewer
     # per core other processes keep busy, checked twice a second (generate/host_share.py); N: always N.
     threads: int = Field(default=0, ge=0)
+    # With the engine on a server thread: the longest it waits in a row between two steps while an
+    # interactive retrieval runs (ragserve/retrieval_first.py), so retrieval keeps its budget beside
+    # other callers' answers and warming. 0: it never waits.
+    yield_to_retrieval_ms: float = Field(default=100.0, ge=0)
+    # With the engine on a server thread: about how long one engine step may take. Prompts prefill
+    # in chunks sized from this host's prefill speed, measured at start (generate/step_size.py), so
+    # a waiting retrieval or a decode waits at most one short step. 0: vLLM's own (whole prompts).
+    step_target_ms: float = Field(default=40.0, ge=0)
     max_num_seqs: int = 16
     # priority: interactive requests run before batch ones in the engine's waiting queue (vLLM's
     # priority scheduling); fcfs: arrival order for all.

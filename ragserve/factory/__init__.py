@@ -13,6 +13,7 @@ from ragserve.factory.parts import (
     make_index_watch,
     make_reranker,
     make_rerankers,
+    make_retrieval_first,
     make_retrieval_options,
     make_tuned_reranker,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "make_pipeline",
     "make_reranker",
     "make_rerankers",
+    "make_retrieval_first",
     "make_retrieval_options",
     "make_tuned_reranker",
     "parse_cpus",

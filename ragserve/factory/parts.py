@@ -23,6 +23,7 @@ from ragserve.index.reload import FolderWatch, IndexWatch, ServedIndex
 from ragserve.read.base import Reader
 from ragserve.rerank.base import Reranker, RerankerSource, TunedCrossEncoder
 from ragserve.rerank.per_version import SameReranker, VersionRerankers
+from ragserve.retrieval_first import RetrievalFirst
 
 if TYPE_CHECKING:
     from ragserve.embed.onnx_backend import OnnxEmbedder
@@ -95,7 +96,12 @@ def make_retrieval_options(settings: Settings) -> RetrievalOptions:
     )
 
 
-def make_generator(settings: Settings) -> Generator:
+def make_retrieval_first(settings: Settings) -> RetrievalFirst:
+    """The gate an in-process engine waits at between steps while an interactive retrieval runs."""
+    return RetrievalFirst(settings.generator.yield_to_retrieval_ms / 1000.0)
+
+
+def make_generator(settings: Settings, retrieval_first: RetrievalFirst | None = None) -> Generator:
     if settings.generator.backend == "remote":
         from ragserve.generate.remote import RemoteVllmGenerator
 
@@ -105,7 +111,7 @@ def make_generator(settings: Settings) -> Generator:
         )
     from ragserve.generate.vllm_engine import VllmGenerator
 
-    return VllmGenerator(settings.generator)
+    return VllmGenerator(settings.generator, retrieval_first)
 
 
 def _cache_settings(settings: Settings | CacheSettings) -> CacheSettings:

@@ -26,6 +26,7 @@ from ragserve.factory.parts import (
     make_index,
     make_reader,
     make_rerankers,
+    make_retrieval_first,
     make_retrieval_options,
 )
 from ragserve.factory.versions import VersionBuilder
@@ -42,6 +43,7 @@ from ragserve.request.reading import ReadingStage
 from ragserve.request.search import SearchStage
 from ragserve.request.serving import VersionSource, configured_versions
 from ragserve.rerank.base import RerankerSource
+from ragserve.retrieval_first import RetrievalFirst
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,8 @@ def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipelin
     log.info("index version %s loaded: %d chunks from %s", index.version, index.count, settings.index.path)
     rerankers = make_rerankers(settings)
     options = make_retrieval_options(settings)
-    generator = make_generator(settings) if with_generator else None
+    first = make_retrieval_first(settings)
+    generator = make_generator(settings, first) if with_generator else None
     # Model threads run interactive requests' calls before batch ones (request/model_threads.py).
     executor = ClassedExecutor(settings.limits.model_threads, "ragserve-model")
     rerank_executor = None
@@ -108,6 +111,7 @@ def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipelin
         search_executor=search_executor,
         search_min_ms=settings.qdrant.min_search_ms,
         versions=VersionBuilder.from_settings(settings, embedder, rerankers, options),
+        retrieval_first=first,
     )
 
 
@@ -131,13 +135,15 @@ def assemble_pipeline(
     reader: Reader | None = None,
     reading: ReaderSettings | None = None,
     batch_engine_seqs: int = default_of(LimitsSettings, "batch_max_engine_seqs"),
+    retrieval_first: RetrievalFirst | None = None,
 ) -> RagPipeline:
     """A pipeline from parts already made (make_pipeline's, or a test's). `rerankers`: how each
     version's reranker is chosen (None: none ever is). `versions`: what a version serves with (the
-    models it ships); by default the configured embedder and reranker, whatever it ships."""
+    models it ships); by default the configured embedder and reranker, whatever it ships.
+    `retrieval_first`: the gate `generator` waits at while an interactive retrieval runs."""
     options = retrieval or RetrievalOptions()
     build = versions or configured_versions(embedder, rerankers, options)
-    threads = ModelThreads(executor, rerank_executor, search_executor)
+    threads = ModelThreads(executor, rerank_executor, search_executor, retrieval_first)
     search = SearchStage(options, ef_search, rerankers, threads, search_min_ms)
     policy = policy or AnswerPolicy()
     scope = cache_scope(embedder.model_id, search, generator, policy.prompt_id)

@@ -6,7 +6,8 @@ from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
 from ragserve.prompt import Prompt
-from ragserve.types import EngineChoice, GenerateParams, GenerationChunk, GeneratorStatus
+from ragserve.reports import EngineChoice, GeneratorStatus
+from ragserve.types import GenerateParams, GenerationChunk
 
 
 @runtime_checkable

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ragserve.config import GeneratorSettings
 from ragserve.errors import ConfigError
-from ragserve.types import EngineChoice
+from ragserve.reports import EngineChoice
 
 # Flags that mean the CPU computes bf16 natively (Intel AVX512-BF16 / AMX; AMD Zen 4+ has avx512_bf16).
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")

@@ -29,7 +29,8 @@ from pathlib import Path
 from ragserve import metrics
 from ragserve.generate.base import Generator
 from ragserve.prompt import build_prompt
-from ragserve.types import GenerateParams, HostShareState
+from ragserve.reports import HostShareState
+from ragserve.types import GenerateParams
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from ragserve.types import EngineChoice
+from ragserve.reports import EngineChoice
 
 # Files this small are hashed whole (config, tokenizer, generation settings); larger ones (weights)
 # by name and size: reading gigabytes at start-up to name them is not worth it.

@@ -30,15 +30,8 @@ from ragserve.generate.vllm_server import OVERLOADED_RETRY_MS, ServerTimeouts, V
 from ragserve.generate.vllm_wire import ServerFailed, ServerRejected, ServerUnreachable, StreamLimits
 from ragserve.metrics import REPLICA_HEDGES, REPLICA_REQUESTS, REPLICA_UP
 from ragserve.prompt import Prompt, build_prompt
-from ragserve.types import (
-    WARMING_ENGINE_PRIORITY,
-    EngineChoice,
-    GenerateParams,
-    GenerationChunk,
-    GeneratorStatus,
-    ReplicaState,
-    model_name,
-)
+from ragserve.reports import EngineChoice, GeneratorStatus, ReplicaState
+from ragserve.types import WARMING_ENGINE_PRIORITY, GenerateParams, GenerationChunk, model_name
 
 log = logging.getLogger(__name__)
 

@@ -11,11 +11,13 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from ragserve import metrics
 from ragserve.config import GeneratorSettings
 from ragserve.errors import ConfigError, InvalidArgument, Unavailable
 from ragserve.generate.engine_thread import EngineThreadDead, ThreadedEngine, in_process_engine_env
@@ -30,16 +32,11 @@ from ragserve.generate.host import (
 from ragserve.generate.host_share import CpuCounters, EngineThreads, HostShareWatch, NeighbourLoad
 from ragserve.generate.identity import answer_identity
 from ragserve.generate.rendering import ChatRenderer
+from ragserve.generate.step_size import PrefillSpeed, chunk_tokens
 from ragserve.prompt import SYSTEM_PREFIX, Prompt, build_prompt
-from ragserve.types import (
-    WARMING_ENGINE_PRIORITY,
-    EngineChoice,
-    GenerateParams,
-    GenerationChunk,
-    GeneratorStatus,
-    Usage,
-    model_name,
-)
+from ragserve.reports import EngineChoice, GeneratorStatus
+from ragserve.retrieval_first import RetrievalFirst
+from ragserve.types import WARMING_ENGINE_PRIORITY, GenerateParams, GenerationChunk, Usage, model_name
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +67,19 @@ def _usage(output: Any) -> Usage:
     )
 
 
+def _cap_step_tokens(engine: Any, tokens: int) -> None:
+    """On the engine thread: the scheduler takes at most `tokens` prompt tokens a step (chunked
+    prefill, on by default on CPU, cuts longer prompts). Lower than the engine's own limit only, so
+    every buffer sized at start still fits."""
+    engine.engine_core.engine_core.scheduler.max_num_scheduled_tokens = tokens
+
+
 class VllmGenerator:
-    def __init__(self, settings: GeneratorSettings) -> None:
+    def __init__(self, settings: GeneratorSettings, retrieval_first: RetrievalFirst | None = None) -> None:
+        """`retrieval_first`: the gate the engine on a server thread waits at between steps while
+        an interactive retrieval runs (None: it never waits)."""
         self._settings = settings
+        self._retrieval_first = retrieval_first
         self._model = settings.resolved_model()
         self._engine: Any = None
         self._dead: BaseException | None = None
@@ -81,6 +88,7 @@ class VllmGenerator:
         block = self._resolved.block_size or CUDA_BLOCK_SIZE
         self._renderer = ChatRenderer(self._model, block, settings.reuse_pad_max_tokens)
         self._choices = (*self._resolved.choices, resolve_reuse_pad(settings, block))
+        self._step_tokens = 0  # prompt tokens one step may take once measured (0: vLLM's own)
         # Only an engine on a server thread can change its thread count between steps.
         self._host_share: HostShareWatch | None = None
         if self._resolved.engine_layout == "thread" and settings.device == "cpu":
@@ -107,8 +115,15 @@ class VllmGenerator:
         share = self._host_share.state() if self._host_share is not None else None
         return GeneratorStatus(True, host_share=share, by_priority=self._settings.scheduling_policy == "priority")
 
+    def _before_step(self) -> None:
+        """On the engine thread, before every step: retrievals first, then the thread count."""
+        if self._retrieval_first is not None:
+            self._retrieval_first.wait_turn()
+        if self._host_share is not None:
+            self._set_threads_before_step()
+
     def _set_threads_before_step(self) -> None:
-        """On the engine thread: the thread count the host share watch wants, before every step.
+        """The thread count the host share watch wants, before every step.
 
         Every step, not only on a change: vLLM's n-gram proposer restores its own OpenMP thread count
         after each proposal (numba and torch share the OpenMP runtime), so a count set once is lost
@@ -154,11 +169,7 @@ class VllmGenerator:
 
             in_process_engine_env()
             args = EngineArgs(**self._engine_kwargs())
-            engine = ThreadedEngine(
-                lambda: LLMEngine.from_engine_args(args),
-                self._settings.stall_s,
-                self._set_threads_before_step if self._host_share is not None else None,
-            )
+            engine = ThreadedEngine(lambda: LLMEngine.from_engine_args(args), self._settings.stall_s, self._before_step)
             await asyncio.to_thread(engine.start)  # minutes of loading: the event loop stays free
             return engine
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -187,7 +198,41 @@ class VllmGenerator:
         warm = build_prompt("Warm-up.", [])
         async for _ in self.stream(warm, GenerateParams(max_tokens=2, temperature=0.0), "warmup"):
             pass
+        if isinstance(self._engine, ThreadedEngine) and self._settings.step_target_ms > 0:
+            await self._size_steps(self._engine)
         log.info("generator ready: %s (prefix of %d chars cached)", self._model, len(SYSTEM_PREFIX))
+
+    async def _size_steps(self, engine: ThreadedEngine) -> None:
+        """Measure this host's prefill speed on two uncached prompts, then cap the prompt tokens a
+        step schedules so one step takes about the step target (generate/step_size.py)."""
+        small, large = await self._timed_prefill(8), await self._timed_prefill(96)
+        speed = PrefillSpeed.fit(small, large)
+        block = self._resolved.block_size or CUDA_BLOCK_SIZE
+        most = await engine.call(lambda core: core.vllm_config.scheduler_config.max_num_batched_tokens)
+        tokens = chunk_tokens(speed, self._settings.step_target_ms, block, int(most))
+        await engine.call(lambda core: _cap_step_tokens(core, tokens))
+        self._step_tokens = tokens
+        metrics.ENGINE_STEP_TOKENS.set(tokens)
+        self._choices = (
+            *self._choices,
+            EngineChoice(
+                "step_tokens",
+                str(tokens),
+                f"about {self._settings.step_target_ms:g} ms a step at this host's measured speed ({speed.describe()})",
+            ),
+        )
+        log.info("generator steps take at most %d prompt tokens (%s)", tokens, speed.describe())
+
+    async def _timed_prefill(self, words: int) -> tuple[int, float]:
+        """(uncached prompt tokens, ms) of one prefill of `words` words no prompt has had before."""
+        text = " ".join(f"w{uuid.uuid4().hex[:6]}" for _ in range(words))
+        started = time.perf_counter()
+        usage = None
+        async for chunk in self.stream(build_prompt(text, []), GenerateParams(max_tokens=1, temperature=0.0), "size"):
+            usage = chunk.usage or usage
+        ms = (time.perf_counter() - started) * 1000.0
+        uncached = (usage.prompt_tokens - usage.prefix_cache_hit_tokens) if usage is not None else words
+        return max(1, uncached), ms
 
     def load_tokenizer(self) -> None:
         self._renderer.load()

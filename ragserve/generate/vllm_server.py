@@ -40,7 +40,8 @@ from ragserve.generate.vllm_wire import (
     stream_events,
 )
 from ragserve.metrics import REPLICA_IN_FLIGHT
-from ragserve.types import ReplicaState, model_name
+from ragserve.reports import ReplicaState
+from ragserve.types import model_name
 
 log = logging.getLogger(__name__)
 

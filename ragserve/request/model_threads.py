@@ -20,6 +20,7 @@ from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
 
 from ragserve import metrics
+from ragserve.retrieval_first import RetrievalFirst
 from ragserve.types import RequestClass
 
 P = ParamSpec("P")
@@ -101,12 +102,20 @@ class ModelThreads:
     """The one owner of the threads model work runs on, off the event loop: embedding and prompt
     work (`models`), reranking (`rerank`: it holds a thread for up to the whole budget, so the next
     request's embed never waits behind it; defaults to `models`) and a remote index's searches
-    (`search`: a slow Qdrant never holds the embedding threads; None: searches run on `models`)."""
+    (`search`: a slow Qdrant never holds the embedding threads; None: searches run on `models`).
+    `first`: the gate an in-process engine waits at while an interactive retrieval runs."""
 
-    def __init__(self, models: Executor, rerank: Executor | None = None, search: Executor | None = None) -> None:
+    def __init__(
+        self,
+        models: Executor,
+        rerank: Executor | None = None,
+        search: Executor | None = None,
+        first: RetrievalFirst | None = None,
+    ) -> None:
         self.models = models
         self.rerank = rerank or models
         self.search = search
+        self.first = first or RetrievalFirst(0.0)
 
     async def run(self, fn: Callable[[], T]) -> T:
         """`fn` on the model threads (the request's class decides its place in their queue)."""

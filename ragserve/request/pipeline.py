@@ -27,6 +27,7 @@ from ragserve.filters import Filter, check_fields
 from ragserve.generate.base import Generator
 from ragserve.generate.host_share import HostSharePace
 from ragserve.index.base import SearchIndex
+from ragserve.reports import PipelineInfo, WarmState
 from ragserve.request.answer import AnswerStream
 from ragserve.request.caches import PipelineCaches
 from ragserve.request.conversation import search_embedding
@@ -52,15 +53,7 @@ from ragserve.request.sentences import SentenceTable
 from ragserve.request.serving import ServingVersion, VersionSource
 from ragserve.request.warming import QueryTraffic, Warmer
 from ragserve.rerank.base import Reranker
-from ragserve.types import (
-    GenerateParams,
-    PipelineInfo,
-    QueryEvent,
-    RetrievalResult,
-    RetrieveParams,
-    WarmState,
-    model_name,
-)
+from ragserve.types import GenerateParams, QueryEvent, RetrievalResult, RetrieveParams, model_name
 
 T = TypeVar("T")
 
@@ -213,6 +206,13 @@ class RagPipeline:
         for the answer cache) and its sentence table (the context budget reuses it). `read`: the
         reader runs now, within what is left of the retrieval budget, or within its own."""
         CURRENT_CLASS.set(request.request_class)  # this request's task: its model calls queue by class
+        # An engine on this host waits between its steps until this retrieval is done.
+        with self.search.threads.first.retrieving(request.interactive):
+            return await self._retrieve_first(params, request, serving, read)
+
+    async def _retrieve_first(
+        self, params: RetrieveParams, request: RequestContext, serving: ServingVersion, read: ReadWithin
+    ) -> tuple[RetrievalResult, RetrievalKey | None, SentenceTable]:
         deadline = request.deadline
         found, key = await self._find(params, request, serving)
         with request.stage("evidence"):

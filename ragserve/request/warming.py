@@ -28,11 +28,12 @@ from ragserve import metrics
 from ragserve.errors import Overloaded
 from ragserve.generate.base import Generator
 from ragserve.prompt import Prompt, build_prompt
+from ragserve.reports import WarmState
 from ragserve.request.hot import HotPassages
 from ragserve.request.model_threads import CURRENT_CLASS, ModelThreads
 from ragserve.request.policy import AnswerPolicy
 from ragserve.request.serving import ServingVersion
-from ragserve.types import Chunk, Passage, RequestClass, WarmState
+from ragserve.types import Chunk, Passage, RequestClass
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ class _Run:
     left_out: int = 0
     failed: int = 0
     failures_in_row: int = 0
+    planned: int = 0  # the passages this run tries
 
 
 class Warmer:
@@ -154,7 +156,8 @@ class Warmer:
         self._warm_ids = frozenset()
         self._publish(WarmState(serving.identity))
         chunks = await self._threads.run(lambda: self._candidates(serving))
-        run = _Run(int(policy.warm_kv_share * await self._kv_cache_tokens()))
+        run = _Run(int(policy.warm_kv_share * await self._kv_cache_tokens()), planned=len(chunks))
+        self._publish(WarmState(serving.identity, planned=run.planned))
         # Every prompt shares the template's KV: a passage takes what its prompt adds to it.
         template = await self._threads.run(lambda: generator.prompt_tokens(build_prompt("", [], policy.prompt_layout)))
         paced = not generator.status().by_priority
@@ -168,7 +171,7 @@ class Warmer:
             await self._warm_one(Passage(chunk, 1.0, 1), template, run, serving.identity, paced)
         run.left_out += max(0, serving.index.count - len(chunks))
         seconds = time.perf_counter() - started
-        state = WarmState(serving.identity, len(run.warm), run.tokens, run.left_out, True, seconds)
+        state = WarmState(serving.identity, len(run.warm), run.tokens, run.left_out, True, seconds, run.planned)
         self._publish(state)
         log.info(
             "warming done for index version %s: %d passages (%d tokens) pre-filled in %.1f s; %d left cold "
@@ -206,7 +209,7 @@ class Warmer:
         run.warm.add(passage.chunk.chunk_id)
         run.tokens += size
         self._warm_ids = frozenset(run.warm)
-        self._publish(WarmState(identity, len(run.warm), run.tokens, 0))
+        self._publish(WarmState(identity, len(run.warm), run.tokens, run.left_out, planned=run.planned))
         if paced and self._traffic is not None and self._traffic.batch:
             await asyncio.sleep(BATCH_PACE * (time.perf_counter() - started))
 

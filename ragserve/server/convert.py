@@ -4,22 +4,19 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+from ragserve.reports import EngineChoice, HostShareState, PipelineInfo, WarmState
 from ragserve.types import (
     AnswerSpan,
     Degraded,
-    EngineChoice,
     Highlight,
-    HostShareState,
     LateAnswer,
     Passage,
-    PipelineInfo,
     QueryEvent,
     RequestClass,
     RetrievalResult,
     StageTimings,
     Support,
     TokenDelta,
-    WarmState,
 )
 from ragserve.v1 import rag_pb2 as pb
 
@@ -185,6 +182,7 @@ def warming_pb(state: WarmState) -> pb.Warming:
         left_out=state.left_out,
         done=state.done,
         seconds=state.seconds,
+        planned=state.planned,
     )
 
 

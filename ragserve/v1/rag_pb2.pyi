@@ -374,18 +374,20 @@ class InfoResponse(_message.Message):
     def __init__(self, index_version: _Optional[str] = ..., index_chunks: _Optional[int] = ..., embedder_model: _Optional[str] = ..., generator_model: _Optional[str] = ..., rerank_tiers: _Optional[_Iterable[str]] = ..., retrieval_budget_ms: _Optional[int] = ..., generator_unfinished_requests: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., generator_settings: _Optional[_Iterable[_Union[EngineSetting, _Mapping]]] = ..., host_cpu: _Optional[str] = ..., generator_servers: _Optional[_Iterable[_Union[GeneratorServer, _Mapping]]] = ..., generator_pace: _Optional[str] = ..., host_share: _Optional[_Union[HostShare, _Mapping]] = ..., warming: _Optional[_Union[Warming, _Mapping]] = ..., reader_model: _Optional[str] = ..., reader_threshold: _Optional[float] = ..., index_served_s: _Optional[float] = ..., last_reload_refusal: _Optional[str] = ...) -> None: ...
 
 class Warming(_message.Message):
-    __slots__ = ("passages", "tokens", "left_out", "done", "seconds")
+    __slots__ = ("passages", "tokens", "left_out", "done", "seconds", "planned")
     PASSAGES_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     LEFT_OUT_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_FIELD_NUMBER: _ClassVar[int]
     passages: int
     tokens: int
     left_out: int
     done: bool
     seconds: float
-    def __init__(self, passages: _Optional[int] = ..., tokens: _Optional[int] = ..., left_out: _Optional[int] = ..., done: _Optional[bool] = ..., seconds: _Optional[float] = ...) -> None: ...
+    planned: int
+    def __init__(self, passages: _Optional[int] = ..., tokens: _Optional[int] = ..., left_out: _Optional[int] = ..., done: _Optional[bool] = ..., seconds: _Optional[float] = ..., planned: _Optional[int] = ...) -> None: ...
 
 class HostShare(_message.Message):
     __slots__ = ("usable_cpus", "neighbour_cpus", "engine_threads", "adaptive")

@@ -11,7 +11,8 @@ import pytest
 from ragserve.generate import host_share as pace_module
 from ragserve.generate.host_share import HostSharePace
 from ragserve.prompt import Prompt
-from ragserve.types import GenerateParams, GenerationChunk, HostShareState
+from ragserve.reports import HostShareState
+from ragserve.types import GenerateParams, GenerationChunk
 from tests.fakes import FakeClock, FakeGenerator
 
 

@@ -19,10 +19,11 @@ from ragserve.factory import assemble_pipeline
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch, IndexReloader
 from ragserve.prompt import Prompt, build_prompt
+from ragserve.reports import WarmState
 from ragserve.request.hot import HotPassages
 from ragserve.request.pipeline import RagPipeline
 from ragserve.request.policy import AnswerPolicy
-from ragserve.types import GenerateParams, GenerationChunk, Passage, RetrieveParams, Usage, WarmState
+from ragserve.types import GenerateParams, GenerationChunk, Passage, RetrieveParams, Usage
 from tests.fakes import FakeGenerator
 from tests.index.conftest import write_docs
 

@@ -203,7 +203,7 @@ def test_a_reading_belongs_to_its_question_and_is_kept_for_it(make) -> None:
 
 def test_auto_starts_the_reader_beside_the_prefill_only_when_generation_runs_elsewhere() -> None:
     from ragserve.factory.pipeline import reading_stage
-    from ragserve.types import GeneratorStatus
+    from ragserve.reports import GeneratorStatus
 
     class FakeRemote(FakeGeneratorBase):
         def status(self) -> GeneratorStatus:

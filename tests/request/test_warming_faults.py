@@ -20,18 +20,11 @@ from ragserve.errors import Overloaded, Unavailable
 from ragserve.factory import assemble_pipeline
 from ragserve.index.hnsw import HnswIndex
 from ragserve.prompt import Prompt
+from ragserve.reports import GeneratorStatus, WarmState
 from ragserve.request import warming
 from ragserve.request.hot import HotPassages
 from ragserve.request.pipeline import RagPipeline
-from ragserve.types import (
-    GenerateParams,
-    GenerationChunk,
-    GeneratorStatus,
-    RequestClass,
-    RetrieveParams,
-    Usage,
-    WarmState,
-)
+from ragserve.types import GenerateParams, GenerationChunk, RequestClass, RetrieveParams, Usage
 from tests.fakes import FakeGenerator
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from google.protobuf.json_format import MessageToDict
 
+from ragserve.reports import EngineChoice, GeneratorStatus, HostShareState, WarmState
 from ragserve.request.pipeline import RagPipeline
 from ragserve.server.convert import (
     info_response_pb,
@@ -19,11 +20,8 @@ from ragserve.types import (
     AnswerSpan,
     Chunk,
     Degraded,
-    EngineChoice,
     FinalSummary,
-    GeneratorStatus,
     Highlight,
-    HostShareState,
     LateAnswer,
     Passage,
     RetrievalResult,
@@ -31,7 +29,6 @@ from ragserve.types import (
     Support,
     TokenDelta,
     Usage,
-    WarmState,
 )
 from ragserve.v1 import rag_pb2 as pb
 

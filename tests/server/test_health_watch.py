@@ -8,8 +8,8 @@ import asyncio
 from grpc_health.v1 import health_pb2
 
 from ragserve.config import ObservabilitySettings, Settings
+from ragserve.reports import GeneratorStatus, ReplicaState
 from ragserve.server.app import RagServer
-from ragserve.types import GeneratorStatus, ReplicaState
 from tests.fakes import FakeGeneratorBase, FakeHangingHealthGenerator
 
 
