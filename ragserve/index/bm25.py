@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,13 @@ _INDICES_FILE = "indices.csc.index.npy"
 _INDPTR_FILE = "indptr.csc.index.npy"
 # The score matrix's files and the numpy dtype kinds each may hold (scores; row and column offsets).
 _ARRAYS = {_DATA_FILE: "f", _INDICES_FILE: "iu", _INDPTR_FILE: "iu"}
+# A query's work is bounded whatever its text (a long question and the history turn searched with
+# it may list or repeat many common words): past these bounds the commonest terms (longest postings,
+# lowest IDF, least telling) are left out, the rarest kept. A question rarely holds more than a few
+# dozen distinct content terms; four million postings is four terms found in every one of a million
+# chunks, tens of milliseconds of numpy.
+_MAX_TERMS = 64
+_MAX_POSTINGS = 4_000_000
 
 
 def _is_number(value: Any) -> bool:
@@ -129,14 +137,20 @@ class Bm25Index:
         k = min(k, self.count)
         if k <= 0:
             return []
-        rows, values = self._postings(self._terms(query))
-        if mask is not None:
-            keep = mask[rows]
-            rows, values = rows[keep], values[keep]
-        if rows.size == 0:
+        columns = self._columns(self._terms(query))
+        if not columns:
             return []
-        # A repeated query term counts each time, as in bm25s.
-        totals = np.bincount(rows, weights=values)
+        totals = np.zeros(self.count, dtype=np.float64)
+        for column, times in columns:
+            start, end = int(self._indptr[column]), int(self._indptr[column + 1])
+            rows, values = self._indices[start:end], self._data[start:end].astype(np.float64)
+            if mask is not None:
+                keep = mask[rows]
+                rows, values = rows[keep], values[keep]
+            # A term repeated in the query counts each time, as in bm25s: its postings once, times n.
+            if times > 1:
+                values *= times
+            np.add.at(totals, rows, values)  # adds a repeated row twice, as bm25s does
         touched = np.flatnonzero(totals > 0.0)
         if touched.size > k:
             touched = touched[np.argpartition(-totals[touched], k - 1)[:k]]
@@ -151,15 +165,21 @@ class Bm25Index:
         )
         return list(tokens[0]) if tokens else []
 
-    def _postings(self, terms: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The rows holding each known term and their scores, concatenated."""
+    def _columns(self, terms: list[str]) -> list[tuple[int, int]]:
+        """(column, times in the query) for each distinct known term, rarest first, within the
+        bounds; the rarest term is always kept (its postings name a row at most once)."""
         last = self._indptr.size - 1  # bm25s's empty-token id (== last) names no column
-        spans = [(self._indptr[i], self._indptr[i + 1]) for i in (self._vocab.get(t, last) for t in terms) if i < last]
-        if not spans:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
-        rows = np.concatenate([self._indices[start:end] for start, end in spans])
-        values = np.concatenate([self._data[start:end] for start, end in spans])
-        return rows, values
+        counts = Counter(i for i in (self._vocab.get(t, last) for t in terms) if i < last)
+        # A column's length is the term's document frequency: the shorter, the higher its IDF.
+        lengths = {column: int(self._indptr[column + 1] - self._indptr[column]) for column in counts}
+        kept: list[tuple[int, int]] = []
+        total = 0
+        for column in sorted(counts, key=lambda c: (lengths[c], c)):
+            if len(kept) == _MAX_TERMS or (kept and total + lengths[column] > _MAX_POSTINGS):
+                break  # every term left is as common or commoner
+            kept.append((column, counts[column]))
+            total += lengths[column]
+        return kept
 
 
 def _read_params(path: Path) -> dict[str, Any]:
