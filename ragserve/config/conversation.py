@@ -46,9 +46,30 @@ class OpenAISettings(BaseSettings):
     model_name: str = "ragserve"
     # Most bytes in a request body; beyond, 413 (a history at its bounds fits well within it).
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    # Host names a request's Host header may carry besides the listener's own (its address, the
+    # address the connection came in on, and `localhost` on loopback), comma-separated, any port:
+    # a reverse proxy's or a container's name. Any other is refused (421): a web page whose DNS name
+    # was rebound to this address sends its own name, and cannot read answers through the browser.
+    allowed_hosts: str = ""
+    # Connections open at once; one more is answered 503 and closed at once. Sockets are file
+    # descriptors the gRPC port shares: idle or slow clients cannot take them all. Above
+    # RAGSERVE_MAX_IN_FLIGHT (64), for the idle connections clients keep in their pools.
+    max_connections: int = Field(default=128, ge=1)
+    # Seconds a request's headers may take from the connection's start (or the request's first
+    # byte); then 408 and the connection closes: a client trickling bytes (slowloris), or sending
+    # none, holds its socket that long at most.
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    # Seconds a request's body may take after its headers; then 408 and the connection closes.
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    # Seconds a connection may stay idle between requests (uvicorn's keep-alive timeout).
+    keep_alive_s: int = Field(default=5, ge=1)
 
     @model_validator(mode="after")
     def _named(self) -> Self:
         if not self.model_name.strip():
             raise ValueError("RAGSERVE_OPENAI_MODEL_NAME must not be empty")
         return self
+
+    @property
+    def allowed_host_names(self) -> frozenset[str]:
+        return frozenset(name.strip().lower() for name in self.allowed_hosts.split(",") if name.strip())

@@ -5,6 +5,11 @@ and TLS files as the gRPC port; conversion lives in server/openai_wire.py.
 
 A client gone (the connection closed) cancels the call: the pipeline's stream is closed, which
 aborts the engine request, as a cancelled gRPC call does.
+
+What a browser can be made to send is refused before any of it: a Host header that names no host
+this door answers to (421: DNS rebinding), and a POST whose Content-Type is not application/json
+(415: a cross-site form or text/plain POST needs no CORS preflight). Beside a private Unix socket
+the door does not open without a token or client certificates (any local user could reach it).
 """
 
 from __future__ import annotations
@@ -20,13 +25,13 @@ from typing import Any
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from ragserve.config import Settings
-from ragserve.errors import InvalidArgument, RagError, Unavailable
+from ragserve.errors import ConfigError, InvalidArgument, RagError, Unavailable
 from ragserve.request.pipeline import RagPipeline
 from ragserve.server.gate import CallGate, Door, log_answer, log_retrieval
 from ragserve.server.observability import observe_request
@@ -73,6 +78,7 @@ class OpenAIDoor:
     """The door's ASGI app (`app`); `pipeline` is None until loading finishes (503 until then)."""
 
     def __init__(self, settings: Settings, gate: CallGate) -> None:
+        check_door_protected(settings)
         self.pipeline: RagPipeline | None = None
         self._settings = settings
         self._gate = gate
@@ -111,7 +117,17 @@ class OpenAIDoor:
         return json_response(200, {"object": "list", "data": [model]})
 
     async def read_body(self, request: Request) -> bytes:
-        """The body, refused (413) past RAGSERVE_OPENAI_MAX_BODY_BYTES before it is all read."""
+        """The body, refused (413) past RAGSERVE_OPENAI_MAX_BODY_BYTES before it is all read, and
+        (408, the connection closed) when it is not all there within RAGSERVE_OPENAI_BODY_TIMEOUT_S."""
+        timeout_s = self._settings.openai.body_timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._read_body(request)
+        except TimeoutError:
+            message = f"the body did not arrive within {timeout_s:g} s (RAGSERVE_OPENAI_BODY_TIMEOUT_S)"
+            raise Refused(408, message, "invalid_request_error", {"connection": "close"}) from None
+
+    async def _read_body(self, request: Request) -> bytes:
         limit = self._settings.openai.max_body_bytes
         declared = request.headers.get("content-length", "")
         too_big = Refused(
@@ -193,9 +209,16 @@ class _ChatEndpoint:
         request = Request(scope, receive)
         try:
             names = self._door.caller(request)
+            _require_json(request)
             body = await self._door.read_body(request)
         except Refused as refused:
             await refused.response(scope, receive, send)
+            return
+        except ClientDisconnect:  # nobody left to answer: one line, not uvicorn's traceback
+            log.info(
+                "client left before its request body arrived",
+                extra={"request_id": _request_id(request), "method": METHOD},
+            )
             return
         work = asyncio.create_task(self._door.chat(request, body, names, send))
         gone = asyncio.create_task(_disconnected(receive))
@@ -207,6 +230,12 @@ class _ChatEndpoint:
                 work.cancel()  # the client left (or this task was cancelled): stop the call's work
             with contextlib.suppress(asyncio.CancelledError):
                 await work
+
+
+def _require_json(request: Request) -> None:
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media != "application/json":
+        raise Refused(415, "Content-Type must be application/json", "invalid_request_error")
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -277,3 +306,16 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     kind = "not_found_error" if status == 404 else "invalid_request_error"
     return json_response(status, error_body(f"{request.method} {request.url.path}: {exc}", kind))
+
+
+def check_door_protected(settings: Settings) -> None:
+    """Beside a 0600 Unix socket a loopback door would let any local user in: it needs a token or
+    client certificates then (off loopback, server/auth.py's exposure rules already ask for them)."""
+    access = settings.access
+    certificates = bool(access.tls_cert_file and access.tls_key_file and access.tls_client_ca_file)
+    if settings.transport.uds_path and not (access.auth_token or certificates):
+        raise ConfigError(
+            f"the OpenAI-compatible door (RAGSERVE_OPENAI_PORT={settings.openai.port}) would let any local "
+            "user past the private Unix socket (RAGSERVE_UDS_PATH): set RAGSERVE_AUTH_TOKEN, or TLS with "
+            "client certificates (RAGSERVE_TLS_CERT_FILE, RAGSERVE_TLS_KEY_FILE, RAGSERVE_TLS_CLIENT_CA_FILE)"
+        )

@@ -149,7 +149,17 @@ def test_curl_gets_a_whole_completion_and_an_openai_error(live_server: LiveServe
     assert reply["object"] == "chat.completion" and reply["choices"][0]["message"]["content"].strip()
     assert reply["ragserve"]["retrieval"]["passages"]
     bad = subprocess.run(
-        ["curl", "-sS", "-w", "\n%{http_code}", url, "-d", '{"messages": [{"role": "user", "content": 3}]}'],
+        [
+            "curl",
+            "-sS",
+            "-w",
+            "\n%{http_code}",
+            url,
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            '{"messages": [{"role": "user", "content": 3}]}',
+        ],
         capture_output=True,
         text=True,
         check=True,

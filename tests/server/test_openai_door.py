@@ -31,6 +31,7 @@ from tests.fakes import FakeGenerator
 from tests.helpers import free_port
 
 TOKEN = "door-test-token"
+JSON = "Content-Type: application/json"
 
 
 @dataclass
@@ -182,7 +183,9 @@ def test_curl_streams_server_sent_events(door: Door) -> None:
 def test_bad_input_gets_400_with_an_openai_error_naming_the_field(
     door: Door, body: str, status: int, param: str
 ) -> None:
-    code, text, _ = _curl(door, f"{door.url}/v1/chat/completions", "-H", f"Authorization: Bearer {TOKEN}", "-d", body)
+    code, text, _ = _curl(
+        door, f"{door.url}/v1/chat/completions", "-H", f"Authorization: Bearer {TOKEN}", "-H", JSON, "-d", body
+    )
     error = json.loads(text)["error"]
     assert code == status, text
     assert error["param"] == param and error["type"] == "invalid_request_error" and "Traceback" not in text
@@ -298,7 +301,7 @@ def test_tls_with_client_certificates_names_the_caller(tmp_path: Path) -> None:
         status, body = curl("stranger", f"{url}/models")
         assert status == 403 and body["error"]["type"] == "permission_error"
         ask = '{"messages": [{"role": "user", "content": "q"}]}'
-        status, body = curl("billing", f"{url}/chat/completions", "-d", ask)
+        status, body = curl("billing", f"{url}/chat/completions", "-H", JSON, "-d", ask)
         assert status == 503 and "loading" in body["error"]["message"]
         plain = subprocess.run(["curl", "-sS", "--cacert", str(pki.ca_cert), f"{url}/models"], capture_output=True)
         assert plain.returncode != 0  # no client certificate: no TLS session at all
