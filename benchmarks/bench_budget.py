@@ -2,8 +2,7 @@
 
     python benchmarks/bench_budget.py --index <scifact index root> --out bench-results/budget
     python benchmarks/bench_budget.py --index ... --out ... --slow one-core      # the server on one CPU
-    python benchmarks/bench_budget.py --index ... --out ... --slow neighbour     # a nice-19 compile-like
-                                                                                 # job on every CPU beside it
+    python benchmarks/bench_budget.py --index ... --out ... --slow compile       # a C++ build at nice 19
 
 SciFact claims through Retrieve (top_k 100 by default), one at a time, each a claim not asked before
 (no retrieval cache hit); the figure is the server's own `retrieval_total_ms`. Phases, each on a
@@ -17,8 +16,8 @@ fresh server of every `--config`:
 `--config "name:KEY=VALUE,KEY=VALUE"` (repeatable) compares server settings in one run, e.g. the
 engine that does not give way:
 `--config "before:RAGSERVE_GENERATOR_YIELD_TO_RETRIEVAL_MS=0,RAGSERVE_GENERATOR_STEP_TARGET_MS=0"`.
-`--slow one-core` pins the server to one CPU (taskset), so a fast host shows the slow host's case;
-`--slow neighbour` runs one busy process per CPU at nice 19 beside it.
+`--slow one-core` starts the server on one CPU (taskset), so a fast host shows the slow host's case;
+`--slow compile` runs a C++ build at nice 19 beside it (one g++ per CPU, benchmarks/neighbours.py).
 
 Reported per config and phase: Retrieve p50/p95/p99/max (server side), requests over the budget,
 and the Queries' client TTFT p50/p95 in the query-stream phase. Writes results.md and results.json.
@@ -33,7 +32,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +48,14 @@ from benchmarks.harness import (  # noqa: E402
     write_results,
 )
 from benchmarks.harness import start_server as start_plain_server  # noqa: E402
+from benchmarks.neighbours import cxx_build  # noqa: E402
 from benchmarks.workloads import load_queries  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
 
 PHASES = ("retrieval only", "warming", "query stream")
+OTHER_CLAIMS = 150
 # The benchmark servers' defaults turn whole-corpus warming off; the product's default is on.
 WARMING_ON = {"RAGSERVE_WARM_WHOLE_CORPUS": "true"}
-# A busy loop with no I/O: what a compile job's CPU use looks like to the scheduler.
-_BURNER = "import time\nwhile True:\n    sum(i * i for i in range(10000))\n"
 
 
 def parse_configs(given: list[str]) -> dict[str, dict[str, str]]:
@@ -69,29 +67,16 @@ def parse_configs(given: list[str]) -> dict[str, dict[str, str]]:
     return configs
 
 
-@contextlib.contextmanager
-def neighbours(kind: str) -> Iterator[None]:
-    """`neighbour`: one nice-19 busy process per CPU beside the server; otherwise nothing."""
-    processes: list[subprocess.Popen[bytes]] = []
-    if kind == "neighbour":
-        for _ in range(os.cpu_count() or 1):
-            processes.append(subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", _BURNER]))
-    try:
-        yield
-    finally:
-        for process in processes:
-            process.kill()
-            process.wait()
+def neighbours(kind: str) -> contextlib.AbstractContextManager[None]:
+    """`compile`: a C++ build at nice 19 beside the server, one compile per CPU; otherwise nothing."""
+    return cxx_build(jobs=os.cpu_count() or 1, nice=19) if kind == "compile" else contextlib.nullcontext()
 
 
 def start_server(index: Path, env: dict[str, str], log: Path, slow: str) -> tuple[subprocess.Popen[bytes], str]:
-    """The harness's server; with `--slow one-core`, pinned to the first CPU (its children inherit it)."""
-    process, target = start_plain_server(index, env, log)
-    if slow == "one-core":
-        # Every thread of the server and its helper processes, as the host picks settings at start
-        # from the affinity it had then: pinning from the start would change what is measured.
-        subprocess.run(["taskset", "-a", "-p", "-c", "0", str(process.pid)], check=True, capture_output=True)
-    return process, target
+    """The harness's server; with `--slow one-core`, on the first CPU alone from its start (it picks
+    its threads from the CPUs it may use, as on a one-core host)."""
+    prefix = ("taskset", "-c", "0") if slow == "one-core" else ()
+    return start_plain_server(index, env, log, prefix=prefix)
 
 
 async def retrieve_stream(client: RagClient, claims: list[str], top_k: int, until: asyncio.Event | None) -> list[float]:
@@ -152,7 +137,7 @@ async def run_phase(
             finished = done.is_set()
             done.set()
             await watcher
-            return {"retrieve": summary(times, args.budget_ms), "warming_finished_first": finished}
+            return {"retrieve_ms": times, "warming_finished_first": [finished]}
         if phase == "query stream":
             stop = asyncio.Event()
             await warming_done(client, asyncio.Event())
@@ -161,43 +146,48 @@ async def run_phase(
             times = await retrieve_stream(client, claims, args.top_k, None)
             stop.set()
             ttfts = await querying
-            return {"retrieve": summary(times, args.budget_ms), "query_ttft": summary(ttfts, float("inf"))}
-        return {"retrieve": summary(await retrieve_stream(client, claims, args.top_k, None), args.budget_ms)}
+            return {"retrieve_ms": times, "query_ttft_ms": ttfts}
+        return {"retrieve_ms": await retrieve_stream(client, claims, args.top_k, None)}
 
 
-async def run_config(name: str, env: dict[str, str], claims: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-    step = args.requests
-    for number, phase in enumerate(args.phases):
-        phase_env = {**WARMING_ON, **env}
+async def run_config(
+    name: str, env: dict[str, str], claims: list[str], args: argparse.Namespace, results: dict[str, Any]
+) -> None:
+    """Every phase on a fresh server of this config; each phase's raw figures added to `results`."""
+    # Every phase asks the same claims (each on a fresh server: no cache carries over); the other
+    # caller's Queries ask claims no Retrieve asks.
+    others = claims[-OTHER_CLAIMS:]
+    asked = claims[: min(args.requests, len(claims) - OTHER_CLAIMS)]
+    for phase in args.phases:
+        phase_env = {**WARMING_ON, "RAGSERVE_MAX_TOP_K": str(max(50, args.top_k)), **env}
         if phase == "retrieval only":
             phase_env["RAGSERVE_GENERATION_ENABLED"] = "false"
-        asked = claims[number * step : (number + 1) * step]
-        # The other caller's Queries: claims no Retrieve of this run asks.
-        others = claims[len(args.phases) * step :]
         log = args.out / f"server-{name}-{phase.replace(' ', '-')}.log"
         process, target = start_server(args.index, phase_env, log, args.slow)
         try:
-            results[phase] = await run_phase(phase, target, asked, others, args)
+            result = await run_phase(phase, target, asked, others, args)
         finally:
             stop_server(process)
-        print(name, phase, results[phase], flush=True)
-    return results
+        pooled = results.setdefault(phase, {})
+        for key, values in result.items():
+            pooled.setdefault(key, []).extend(values)
+        print(name, phase, summary(result["retrieve_ms"], args.budget_ms), flush=True)
 
 
 def render(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
     lines = [
         f"# The retrieval budget beside the engine ({cpu_name()}; slow: {args.slow}; commit {git_head()})",
         "",
-        f"Retrieve top_k {args.top_k} on SciFact claims, server-side retrieval_total_ms; budget {args.budget_ms:g} ms.",
+        f"Retrieve top_k {args.top_k} on SciFact claims, server-side retrieval_total_ms; budget {args.budget_ms:g} ms; "
+        f"{args.repeat} round(s) of the configs, pooled.",
         "",
         "| config | phase | n | p50 | p95 | p99 | max | over budget | Query TTFT p50 / p95 |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, phases in results.items():
         for phase, result in phases.items():
-            r = result["retrieve"]
-            ttft = result.get("query_ttft")
+            r = summary(result["retrieve_ms"], args.budget_ms)
+            ttft = summary(result["query_ttft_ms"], float("inf")) if "query_ttft_ms" in result else None
             ttft_text = f"{ttft['p50']:.0f} / {ttft['p95']:.0f} ms ({ttft['n']})" if ttft else ""
             lines.append(
                 f"| {name} | {phase} | {r['n']} | {r['p50']:.1f} | {r['p95']:.1f} | {r['p99']:.1f} | "
@@ -215,8 +205,9 @@ def main() -> None:
     parser.add_argument("--phases", default=",".join(PHASES), help="comma-separated, of: " + ", ".join(PHASES))
     parser.add_argument("--requests", type=int, default=150, help="Retrieves per phase")
     parser.add_argument("--top-k", type=int, default=100)
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of every config; phases pool them")
     parser.add_argument("--budget-ms", type=float, default=70.0)
-    parser.add_argument("--slow", choices=("none", "one-core", "neighbour"), default="none")
+    parser.add_argument("--slow", choices=("none", "one-core", "compile"), default="none")
     args = parser.parse_args()
     args.phases = [p.strip() for p in args.phases.split(",") if p.strip()]
     unknown = [p for p in args.phases if p not in PHASES]
@@ -227,8 +218,10 @@ def main() -> None:
     claims = list(load_queries(args.data).values())
     results: dict[str, dict[str, Any]] = {}
     with neighbours(args.slow):
-        for name, env in parse_configs(args.config).items():
-            results[name] = asyncio.run(run_config(name, env, claims, args))
+        # Configs alternate within each repeat, so a drift in the host's speed reaches every one.
+        for _ in range(args.repeat):
+            for name, env in parse_configs(args.config).items():
+                asyncio.run(run_config(name, env, claims, args, results.setdefault(name, {})))
     print(f"load at end {load_avg()}")
     write_results(args.out, render(results, args), results)
 

@@ -12,8 +12,10 @@ questions arrive at a steady rate (`--interval`), one at a time, through `Query`
   neighbour (2 threads)         a 2-thread torch job beside the server (what `ragserve-index` was)
   neighbour (nice 10 1 thread)  the same job at nice 10 on one thread (the indexer's default)
   alone again                   nothing else, once more (the first phase also warms the server)
+  compile (nice 19)             two g++ compiles at a time at nice 19 beside it (a CI agent's build)
   alone during warming          right after SERVING, while warming pre-fills the corpus (not by default:
   batch flood during warming    put them first, with RAGSERVE_WARM_WHOLE_CORPUS=true in --config)
+  compile during warming        the compiles right after SERVING
 
 `--phases` picks some of them (comma-separated, in the order given); `--repeat N` runs them N times;
 `--config "name:KEY=VALUE,KEY=VALUE"` (repeatable) compares server settings, one server each.
@@ -32,6 +34,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.harness import ensure_index, load_avg, percentile, plot_ttft, start_server, stop_server, write_results  # noqa: E402
+from benchmarks.neighbours import cxx_build  # noqa: E402
 from benchmarks.workloads import load_questions  # noqa: E402
 from ragserve.client import RagClient, RequestClassName  # noqa: E402
 from ragserve.generate.host import read_host_cpu  # noqa: E402
@@ -55,18 +59,21 @@ while True:
 """
 
 
-# name -> (class of the batch flood or None, (nice, threads) of a neighbour or None)
-PHASES: dict[str, tuple[RequestClassName | None, tuple[int, int] | None]] = {
+# name -> (class of the batch flood or None, (nice, threads) of a torch neighbour, COMPILE, or None)
+COMPILE = "compile"
+PHASES: dict[str, tuple[RequestClassName | None, tuple[int, int] | str | None]] = {
     "alone": (None, None),
     "batch flood (classes on)": ("batch", None),
     "batch flood (classes off)": ("interactive", None),
     "neighbour (2 threads)": (None, (0, 2)),
     "neighbour (nice 10 1 thread)": (None, (10, 1)),
+    "compile (nice 19)": (None, COMPILE),
     "alone again": (None, None),
     # Right after SERVING, while warming pre-fills the corpus (run these first, on a server with
     # RAGSERVE_WARM_WHOLE_CORPUS=true so warming lasts): warming must yield to both classes.
     "alone during warming": (None, None),
     "batch flood during warming": ("batch", None),
+    "compile during warming": (None, COMPILE),
 }
 USUAL_PHASES = ",".join(name for name in PHASES if "warming" not in name)
 
@@ -188,6 +195,30 @@ def print_phase(label: str, s: dict[str, Any]) -> None:
           f"warming at the end: {s['warming_at_end'] or 'no report'}", flush=True)  # fmt: skip
 
 
+@contextlib.contextmanager
+def beside(neighbour: tuple[int, int] | str | None) -> Iterator[None]:
+    """The phase's neighbour, running for the whole phase (none: nothing)."""
+    if neighbour == COMPILE:
+        with cxx_build(jobs=2, nice=19):
+            time.sleep(3.0)
+            yield
+        return
+    job = None
+    if isinstance(neighbour, tuple):
+        nice, threads = neighbour
+        job = subprocess.Popen(
+            [sys.executable, "-c", NEIGHBOUR, str(threads)],
+            preexec_fn=(lambda n=nice: os.nice(n)) if nice else None,
+        )
+        time.sleep(3.0)
+    try:
+        yield
+    finally:
+        if job is not None:
+            job.kill()
+            job.wait()
+
+
 def run_config(
     name: str, env: dict[str, str], args: argparse.Namespace, pool: list[str], plan: list[str]
 ) -> dict[str, list[dict[str, Any]]]:
@@ -203,20 +234,8 @@ def run_config(
                 batch, neighbour = PHASES[phase_name]
                 questions = [pool[(asked + k) % len(pool)] for k in range(args.questions)]
                 asked += args.questions
-                job = None
-                if neighbour is not None:
-                    nice, threads = neighbour
-                    job = subprocess.Popen(
-                        [sys.executable, "-c", NEIGHBOUR, str(threads)],
-                        preexec_fn=(lambda n=nice: os.nice(n)) if nice else None,
-                    )
-                    time.sleep(3.0)
-                try:
+                with beside(neighbour):
                     result = asyncio.run(phase(target, questions, args, batch))
-                finally:
-                    if job is not None:
-                        job.kill()
-                        job.wait()
                 results[phase_name].append(result)
                 print_phase(f"{name} / {phase_name} #{repeat + 1}", summarize([result]))
     finally:

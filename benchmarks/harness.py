@@ -56,18 +56,23 @@ def free_port() -> int:
 
 
 def start_server(
-    index: Path, env: dict[str, str], log: Path, wait_s: float = 600.0, repo: Path = REPO
+    index: Path,
+    env: dict[str, str],
+    log: Path,
+    wait_s: float = 600.0,
+    repo: Path = REPO,
+    prefix: tuple[str, ...] = (),
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start `ragserve serve` on a free loopback port and wait until it is SERVING.
 
     Runs from `repo` (default: this checkout), so `-m ragserve.cli` imports that tree's code. Returns
     the process and its target ("127.0.0.1:PORT"); exits with the log's tail if the server never
-    comes up.
+    comes up. `prefix`: a command the server runs under (e.g. `taskset -c 0`).
     """
     port = free_port()
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "ragserve.cli", "serve", "--port", str(port), "--index", str(index)],
+            [*prefix, sys.executable, "-m", "ragserve.cli", "serve", "--port", str(port), "--index", str(index)],
             stdout=sink,
             stderr=subprocess.STDOUT,
             env={**os.environ, **SERVER_DEFAULTS, **env},

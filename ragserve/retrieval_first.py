@@ -1,15 +1,15 @@
-"""Retrieval first on a shared CPU: the in-process engine waits between its steps while an
-interactive retrieval runs.
+"""Retrieval first on a shared CPU: the in-process engine waits, between its steps and between
+the layers of a step, while an interactive retrieval runs.
 
 On a small host the engine's step (a prefill chunk, a decode with its OpenMP team on every core)
 takes the whole CPU, and a retrieval beside it misses its budget: the budget can only cut between
 stages, never give a stage CPU it does not get (BENCHMARKS.md, "The retrieval budget beside the
-engine"). A step cannot be interrupted, but it is short (the engine's step target bounds prefill
-chunks), so between steps the engine asks this gate and waits while an interactive retrieval holds
-it. Batch retrievals never hold it: they must not slow people's answers.
+engine"). So the engine asks this gate before every step and before every decoder layer (a few
+milliseconds each in eager mode) and rests while an interactive retrieval holds it. Batch
+retrievals never hold it: they must not slow people's answers.
 
-A run of retrievals cannot stop generation: after waiting `longest_wait_s` in a row the engine runs
-for at least as long before it waits again.
+Retrievals one after another cannot stop generation: while they run, the engine still takes
+ENGINE_SHARE of the time, a layer or a step at a time, and waits at most `longest_wait_s` at once.
 """
 
 from __future__ import annotations
@@ -21,6 +21,11 @@ from collections.abc import Iterator
 
 from ragserve import metrics
 
+# The engine's share of the time while retrievals run back to back: each unit it runs (a layer, a
+# step's bookkeeping) is followed by a rest three times as long, so a retrieval keeps about three
+# quarters of the CPU and another caller's answer still moves.
+ENGINE_SHARE = 0.25
+
 
 class RetrievalFirst:
     def __init__(self, longest_wait_s: float) -> None:
@@ -28,7 +33,7 @@ class RetrievalFirst:
         self._longest_wait_s = longest_wait_s
         self._retrieving = 0
         self._changed = threading.Condition()
-        self._runs_until = 0.0  # after a wait cut short, the engine runs until then without waiting
+        self._resumed = 0.0  # when the engine last went on from this gate (its unit since: its run)
 
     @property
     def enabled(self) -> bool:
@@ -54,21 +59,21 @@ class RetrievalFirst:
         return self._retrieving
 
     def wait_turn(self) -> float:
-        """On the engine thread, before a step: wait while a retrieval runs; the seconds waited."""
+        """On the engine thread, before a step or a layer: while a retrieval runs, rest for three
+        times what the engine ran since its last turn (at most `longest_wait_s`, a retrieval's whole
+        run after the engine sat idle), or until no retrieval runs; the seconds waited."""
+        now = time.monotonic()
+        ran, self._resumed = now - self._resumed, now
         if not self._retrieving or not self.enabled:
             return 0.0
-        started = time.monotonic()
-        if started < self._runs_until:
-            return 0.0
-        give_up = started + self._longest_wait_s
+        give_up = now + min(self._longest_wait_s, ran * (1.0 - ENGINE_SHARE) / ENGINE_SHARE)
         with self._changed:
             while self._retrieving:
                 left = give_up - time.monotonic()
                 if left <= 0:
-                    # Cut short: the engine now runs as long as it waited before it yields again.
-                    self._runs_until = time.monotonic() + self._longest_wait_s
                     break
                 self._changed.wait(left)
-        waited = time.monotonic() - started
+        self._resumed = time.monotonic()
+        waited = self._resumed - now
         metrics.ENGINE_YIELD_SECONDS.inc(waited)
         return waited

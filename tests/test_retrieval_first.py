@@ -6,8 +6,10 @@ import asyncio
 import threading
 import time
 
+import pytest
+
 from ragserve.generate.engine_thread import ThreadedEngine
-from ragserve.retrieval_first import RetrievalFirst
+from ragserve.retrieval_first import ENGINE_SHARE, RetrievalFirst
 from tests.fakes import FakeSyncEngine
 
 
@@ -44,16 +46,22 @@ def test_batch_retrievals_and_a_gate_turned_off_never_hold_the_engine() -> None:
 
 
 def test_a_run_of_retrievals_cannot_stop_the_engine() -> None:
-    gate = RetrievalFirst(longest_wait_s=0.1)
+    gate = RetrievalFirst(longest_wait_s=5.0)
     with gate.retrieving():
-        started = time.monotonic()
-        first = gate.wait_turn()
-        assert 0.09 <= first < 1.0
-        # Cut short: the engine now runs as long as it waited before it waits again.
-        assert gate.wait_turn() == 0.0
-        time.sleep(0.15)
-        assert gate.wait_turn() >= 0.09
-        assert time.monotonic() - started < 2.0
+        gate.wait_turn()  # the engine's first turn: it sat idle before, so it rests its longest
+    with gate.retrieving():
+        # A unit of 20 ms ran since its last turn: it rests three times that, not the retrieval's run.
+        time.sleep(0.02)
+        waited = gate.wait_turn()
+        assert 0.05 <= waited < 0.5
+        assert waited / (waited + 0.02) == pytest.approx(1 - ENGINE_SHARE, abs=0.15)
+
+
+def test_after_idling_the_engine_waits_for_the_whole_retrieval_up_to_the_longest_wait() -> None:
+    gate = RetrievalFirst(longest_wait_s=0.1)
+    time.sleep(0.2)
+    with gate.retrieving():
+        assert 0.09 <= gate.wait_turn() < 1.0
 
 
 def test_the_engine_thread_takes_no_step_while_a_retrieval_runs() -> None:

@@ -13,7 +13,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,20 @@ def _cap_step_tokens(engine: Any, tokens: int) -> None:
     engine.engine_core.engine_core.scheduler.max_num_scheduled_tokens = tokens
 
 
+def _pause_between_layers(model: Any, wait: Callable[[], object]) -> int:
+    """`wait` runs before every decoder layer of `model` (in eager mode each layer is a few
+    milliseconds of a step that may take a hundred): a retrieval that arrives mid-step waits at
+    most one layer for the CPU. How many layers were found (0: the engine waits between steps only)."""
+    layers = [module for module in model.modules() if type(module).__name__.endswith("DecoderLayer")]
+
+    def before_layer(_module: object, _args: object) -> None:  # None: the layer's inputs as they are
+        wait()
+
+    for layer in layers:
+        layer.register_forward_pre_hook(before_layer)
+    return len(layers)
+
+
 class VllmGenerator:
     def __init__(self, settings: GeneratorSettings, retrieval_first: RetrievalFirst | None = None) -> None:
         """`retrieval_first`: the gate the engine on a server thread waits at between steps while
@@ -88,7 +102,7 @@ class VllmGenerator:
         block = self._resolved.block_size or CUDA_BLOCK_SIZE
         self._renderer = ChatRenderer(self._model, block, settings.reuse_pad_max_tokens)
         self._choices = (*self._resolved.choices, resolve_reuse_pad(settings, block))
-        self._step_tokens = 0  # prompt tokens one step may take once measured (0: vLLM's own)
+        self._step_choice: EngineChoice | None = None  # prompt tokens a step may take, once measured
         # Only an engine on a server thread can change its thread count between steps.
         self._host_share: HostShareWatch | None = None
         if self._resolved.engine_layout == "thread" and settings.device == "cpu":
@@ -105,7 +119,7 @@ class VllmGenerator:
 
     @property
     def engine_choices(self) -> tuple[EngineChoice, ...]:
-        return self._choices
+        return self._choices if self._step_choice is None else (*self._choices, self._step_choice)
 
     @property
     def host_cpu(self) -> str:
@@ -198,9 +212,27 @@ class VllmGenerator:
         warm = build_prompt("Warm-up.", [])
         async for _ in self.stream(warm, GenerateParams(max_tokens=2, temperature=0.0), "warmup"):
             pass
-        if isinstance(self._engine, ThreadedEngine) and self._settings.step_target_ms > 0:
-            await self._size_steps(self._engine)
+        if isinstance(self._engine, ThreadedEngine):
+            await self._give_way_inside_steps(self._engine)
+            if self._settings.step_target_ms > 0:
+                await self._size_steps(self._engine)
         log.info("generator ready: %s (prefix of %d chars cached)", self._model, len(SYSTEM_PREFIX))
+
+    async def _give_way_inside_steps(self, engine: ThreadedEngine) -> None:
+        """Between the layers of a step too, the engine waits while an interactive retrieval runs."""
+        first = self._retrieval_first
+        if first is None or not first.enabled or not self._settings.enforce_eager:
+            return  # a compiled graph runs no Python between its layers
+
+        def hook(worker: Any) -> int:
+            return int(worker.apply_model(lambda model: _pause_between_layers(model, first.wait_turn)))
+
+        try:
+            layers = await engine.call(lambda core: core.collective_rpc(hook)[0])
+        except Exception:  # an engine without these hooks still gives way between steps
+            log.warning("the engine gives way to retrievals between steps only", exc_info=True)
+            return
+        log.info("the engine gives way to retrievals between steps and before each of %d layers", layers)
 
     async def _size_steps(self, engine: ThreadedEngine) -> None:
         """Measure this host's prefill speed on two uncached prompts, then cap the prompt tokens a
@@ -211,15 +243,13 @@ class VllmGenerator:
         most = await engine.call(lambda core: core.vllm_config.scheduler_config.max_num_batched_tokens)
         tokens = chunk_tokens(speed, self._settings.step_target_ms, block, int(most))
         await engine.call(lambda core: _cap_step_tokens(core, tokens))
-        self._step_tokens = tokens
         metrics.ENGINE_STEP_TOKENS.set(tokens)
-        self._choices = (
-            *self._choices,
-            EngineChoice(
-                "step_tokens",
-                str(tokens),
-                f"about {self._settings.step_target_ms:g} ms a step at this host's measured speed ({speed.describe()})",
-            ),
+        # Shown with the settings, not part of the answer's identity: it is measured anew at every
+        # start, and where a prompt is cut into steps does not change a greedy answer.
+        self._step_choice = EngineChoice(
+            "step_tokens",
+            str(tokens),
+            f"about {self._settings.step_target_ms:g} ms a step at this host's measured speed ({speed.describe()})",
         )
         log.info("generator steps take at most %d prompt tokens (%s)", tokens, speed.describe())
 

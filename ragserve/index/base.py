@@ -72,9 +72,9 @@ class SearchIndex(Protocol):
         with the query)."""
         ...
 
-    def chunks_in_order(self, limit: int) -> list[Chunk]:
+    def chunks_in_order(self, limit: int) -> Sequence[Chunk]:
         """The first `limit` chunks in the index's own order (warming fills the KV cache with them
-        after the most retrieved)."""
+        after the most retrieved); where the index can, each is decoded when it is read."""
         ...
 
     def chunks_by_id(self, chunk_ids: Sequence[str]) -> list[Chunk]:

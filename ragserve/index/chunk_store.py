@@ -157,6 +157,31 @@ class ChunkStore(Sequence[Chunk]):
         return (self[i] for i in range(len(self)))
 
 
+class Prefix(Sequence[Chunk]):
+    """The first `count` rows of a docstore, each decoded only when read (warming reads them a few
+    at a time, so no one call holds the interpreter for the whole corpus)."""
+
+    def __init__(self, rows: Sequence[Chunk], count: int) -> None:
+        self._rows = rows
+        self._count = min(count, len(rows))
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, row: int) -> Chunk: ...
+
+    @overload
+    def __getitem__(self, row: slice) -> list[Chunk]: ...
+
+    def __getitem__(self, row: int | slice) -> Chunk | list[Chunk]:
+        if isinstance(row, slice):
+            return [self._rows[i] for i in range(*row.indices(self._count))]
+        if not -self._count <= row < self._count:
+            raise IndexError(row)
+        return self._rows[row % self._count]
+
+
 def _advise(data: mmap.mmap, name: str) -> None:
     """An access-pattern hint to the kernel, where it takes one (a hint: never fails)."""
     advice = getattr(mmap, name, None)

@@ -16,7 +16,7 @@ from ragserve.errors import IndexLoadError
 from ragserve.filters import FieldSchema, Filter
 from ragserve.index.base import ScoredChunk
 from ragserve.index.bm25 import BM25_DIR, Bm25Index
-from ragserve.index.chunk_store import ChunkStore
+from ragserve.index.chunk_store import ChunkStore, Prefix
 from ragserve.index.format import (
     CHUNKS_FILE,
     DOCUMENTS_FILE,
@@ -215,8 +215,8 @@ class HnswIndex:
         """Row i of the version (the docstore, decoded row by row)."""
         return self._chunks
 
-    def chunks_in_order(self, limit: int) -> list[Chunk]:
-        return [self._chunks[row] for row in range(min(limit, self.count))]
+    def chunks_in_order(self, limit: int) -> Sequence[Chunk]:
+        return Prefix(self._chunks, limit)
 
     def chunks_by_id(self, chunk_ids: Sequence[str]) -> list[Chunk]:
         if self._rows_by_id is None:

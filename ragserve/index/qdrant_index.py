@@ -295,7 +295,7 @@ class QdrantIndex(PublishedMeta):
     def source(self) -> str:
         return self.collection
 
-    def chunks_in_order(self, limit: int) -> list[Chunk]:
+    def chunks_in_order(self, limit: int) -> Sequence[Chunk]:
         """The collection's points in Qdrant's own order (by point id), paged."""
         chunks: list[Chunk] = []
         offset: Any = None

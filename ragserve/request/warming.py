@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ragserve import metrics
@@ -52,6 +52,8 @@ FAILURE_WAIT_MAX_S = 5.0
 GIVE_UP_AFTER_FAILURES = 4
 # The longest one prefill may take (a stalled engine): past it its passage counts as failed.
 PREFILL_LIMIT_S = 60.0
+# Corpus passages read (decoded) per call on the model threads: a few milliseconds each.
+READ_BATCH = 16
 
 
 class QueryTraffic:
@@ -155,21 +157,23 @@ class Warmer:
         generator, policy = self._generator, self._policy
         self._warm_ids = frozenset()
         self._publish(WarmState(serving.identity))
-        chunks = await self._threads.run(lambda: self._candidates(serving))
-        run = _Run(int(policy.warm_kv_share * await self._kv_cache_tokens()), planned=len(chunks))
+        hot, corpus = await self._threads.run(lambda: self._candidates(serving))
+        planned = min(policy.warm_passages, len(hot) + len(corpus))
+        run = _Run(int(policy.warm_kv_share * await self._kv_cache_tokens()), planned=planned)
         self._publish(WarmState(serving.identity, planned=run.planned))
         # Every prompt shares the template's KV: a passage takes what its prompt adds to it.
         template = await self._threads.run(lambda: generator.prompt_tokens(build_prompt("", [], policy.prompt_layout)))
         paced = not generator.status().by_priority
-        for at, chunk in enumerate(chunks):
+        tried = 0
+        async for chunk in self._in_order(hot, corpus, planned):
             if run.failures_in_row >= GIVE_UP_AFTER_FAILURES:
                 log.warning(
                     "warming stopped after %d failed prefills in a row; the rest stays cold", run.failures_in_row
                 )
-                run.left_out += len(chunks) - at
                 break
+            tried += 1
             await self._warm_one(Passage(chunk, 1.0, 1), template, run, serving.identity, paced)
-        run.left_out += max(0, serving.index.count - len(chunks))
+        run.left_out += max(0, serving.index.count - tried)
         seconds = time.perf_counter() - started
         state = WarmState(serving.identity, len(run.warm), run.tokens, run.left_out, True, seconds, run.planned)
         self._publish(state)
@@ -225,16 +229,32 @@ class Warmer:
             wait = max(wait, exc.retry_after_ms / 1000.0)
         await asyncio.sleep(wait)
 
-    def _candidates(self, serving: ServingVersion) -> list[Chunk]:
-        """The most retrieved passages first, then the index's own order, each once."""
+    def _candidates(self, serving: ServingVersion) -> tuple[list[Chunk], Sequence[Chunk]]:
+        """The most retrieved passages, then (whole-corpus warming) the index's own order, which
+        the index may decode only as it is read."""
         limit = self._policy.warm_passages
         index = serving.index
         ids = self._hot.top(limit)
-        chunks = index.chunks_by_id(ids) if ids else []
-        if self._policy.warm_whole_corpus and len(chunks) < limit:
-            seen = {chunk.chunk_id for chunk in chunks}
-            chunks += [c for c in index.chunks_in_order(limit) if c.chunk_id not in seen][: limit - len(chunks)]
-        return chunks
+        hot = index.chunks_by_id(ids) if ids else []
+        corpus = index.chunks_in_order(limit) if self._policy.warm_whole_corpus and len(hot) < limit else []
+        return hot, corpus
+
+    async def _in_order(self, hot: list[Chunk], corpus: Sequence[Chunk], planned: int) -> AsyncIterator[Chunk]:
+        """`planned` passages, each once: the hot ones, then the corpus's, read a few at a time on
+        the model threads (a retrieval never waits behind one long read of the whole corpus)."""
+        seen = {chunk.chunk_id for chunk in hot}
+        given = 0
+        for chunk in hot[:planned]:
+            given += 1
+            yield chunk
+        for start in range(0, len(corpus), READ_BATCH):
+            batch = await self._threads.run(lambda at=start: corpus[at : at + READ_BATCH])  # type: ignore[misc]
+            for chunk in batch:
+                if given >= planned:
+                    return
+                if chunk.chunk_id not in seen:
+                    given += 1
+                    yield chunk
 
     def _prompt(self, passage: Passage) -> Prompt:
         return build_prompt("", [passage], self._policy.prompt_layout, warmed=True)
