@@ -13,10 +13,11 @@ fresh server of every `--config`:
   query stream       the same server once warming is done, while a second client asks Queries one
                      after another (other callers' prefills and decodes beside every Retrieve)
 
-`--config "name:KEY=VALUE,KEY=VALUE"` (repeatable) compares server settings in one run, e.g. the
-engine that does not give way:
+`--config "name[@TREE]:KEY=VALUE,KEY=VALUE"` (repeatable) compares server settings, or another source
+tree's server (a worktree of an earlier commit), in one run; e.g. the engine that does not give way:
 `--config "before:RAGSERVE_GENERATOR_YIELD_TO_RETRIEVAL_MS=0,RAGSERVE_GENERATOR_STEP_TARGET_MS=0"`.
 `--slow one-core` starts the server on one CPU (taskset), so a fast host shows the slow host's case;
+`--slow quota` gives the server one CPU's worth of time over every CPU (a cgroup, as root);
 `--slow compile` runs a C++ build at nice 19 beside it (one g++ per CPU, benchmarks/neighbours.py).
 
 Reported per config and phase: Retrieve p50/p95/p99/max (server side), requests over the budget,
@@ -58,12 +59,14 @@ OTHER_CLAIMS = 150
 WARMING_ON = {"RAGSERVE_WARM_WHOLE_CORPUS": "true"}
 
 
-def parse_configs(given: list[str]) -> dict[str, dict[str, str]]:
-    configs: dict[str, dict[str, str]] = {}
+def parse_configs(given: list[str]) -> dict[str, tuple[Path, dict[str, str]]]:
+    """ "name[@TREE]:KEY=VALUE,..." -> name: (the source tree its server runs, its settings)."""
+    configs: dict[str, tuple[Path, dict[str, str]]] = {}
     for spec in given or ["default:"]:
-        name, _, pairs = spec.partition(":")
+        label, _, pairs = spec.partition(":")
+        name, _, tree = label.partition("@")
         env = dict(pair.split("=", 1) for pair in pairs.split(",") if pair)
-        configs[name] = env
+        configs[name] = (Path(tree) if tree else REPO, env)
     return configs
 
 
@@ -72,11 +75,35 @@ def neighbours(kind: str) -> contextlib.AbstractContextManager[None]:
     return cxx_build(jobs=os.cpu_count() or 1, nice=19) if kind == "compile" else contextlib.nullcontext()
 
 
-def start_server(index: Path, env: dict[str, str], log: Path, slow: str) -> tuple[subprocess.Popen[bytes], str]:
+def quota_group(cpus: float) -> Path:
+    """A cgroup whose processes get `cpus` CPUs' worth of time (cgroup v1 cpu or v2 cpu.max; root)."""
+    period = 100_000
+    v1 = Path("/sys/fs/cgroup/cpu")
+    if v1.is_dir():
+        group = v1 / "ragserve-bench"
+        group.mkdir(exist_ok=True)
+        (group / "cpu.cfs_period_us").write_text(str(period))
+        (group / "cpu.cfs_quota_us").write_text(str(int(cpus * period)))
+    else:
+        group = Path("/sys/fs/cgroup/ragserve-bench")
+        group.mkdir(exist_ok=True)
+        (group / "cpu.max").write_text(f"{int(cpus * period)} {period}")
+    return group
+
+
+def start_server(
+    index: Path, env: dict[str, str], log: Path, slow: str, tree: Path
+) -> tuple[subprocess.Popen[bytes], str]:
     """The harness's server; with `--slow one-core`, on the first CPU alone from its start (it picks
-    its threads from the CPUs it may use, as on a one-core host)."""
-    prefix = ("taskset", "-c", "0") if slow == "one-core" else ()
-    return start_plain_server(index, env, log, prefix=prefix)
+    its threads from the CPUs it may use, as on a one-core host); with `--slow quota`, on every CPU
+    but with one CPU's worth of time (a container's CPU limit, which it is not told of under cgroup v1)."""
+    prefix: tuple[str, ...] = ()
+    if slow == "one-core":
+        prefix = ("taskset", "-c", "0")
+    elif slow == "quota":
+        procs = quota_group(1.0) / "cgroup.procs"
+        prefix = ("sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh")
+    return start_plain_server(index, env, log, repo=tree, prefix=prefix)
 
 
 async def retrieve_stream(client: RagClient, claims: list[str], top_k: int, until: asyncio.Event | None) -> list[float]:
@@ -151,19 +178,20 @@ async def run_phase(
 
 
 async def run_config(
-    name: str, env: dict[str, str], claims: list[str], args: argparse.Namespace, results: dict[str, Any]
+    name: str, config: tuple[Path, dict[str, str]], claims: list[str], args: argparse.Namespace, results: dict[str, Any]
 ) -> None:
     """Every phase on a fresh server of this config; each phase's raw figures added to `results`."""
     # Every phase asks the same claims (each on a fresh server: no cache carries over); the other
     # caller's Queries ask claims no Retrieve asks.
     others = claims[-OTHER_CLAIMS:]
     asked = claims[: min(args.requests, len(claims) - OTHER_CLAIMS)]
+    tree, env = config
     for phase in args.phases:
         phase_env = {**WARMING_ON, "RAGSERVE_MAX_TOP_K": str(max(50, args.top_k)), **env}
         if phase == "retrieval only":
             phase_env["RAGSERVE_GENERATION_ENABLED"] = "false"
         log = args.out / f"server-{name}-{phase.replace(' ', '-')}.log"
-        process, target = start_server(args.index, phase_env, log, args.slow)
+        process, target = start_server(args.index, phase_env, log, args.slow, tree)
         try:
             result = await run_phase(phase, target, asked, others, args)
         finally:
@@ -207,7 +235,7 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=1, help="rounds of every config; phases pool them")
     parser.add_argument("--budget-ms", type=float, default=70.0)
-    parser.add_argument("--slow", choices=("none", "one-core", "compile"), default="none")
+    parser.add_argument("--slow", choices=("none", "one-core", "quota", "compile"), default="none")
     args = parser.parse_args()
     args.phases = [p.strip() for p in args.phases.split(",") if p.strip()]
     unknown = [p for p in args.phases if p not in PHASES]
@@ -220,8 +248,8 @@ def main() -> None:
     with neighbours(args.slow):
         # Configs alternate within each repeat, so a drift in the host's speed reaches every one.
         for _ in range(args.repeat):
-            for name, env in parse_configs(args.config).items():
-                asyncio.run(run_config(name, env, claims, args, results.setdefault(name, {})))
+            for name, config in parse_configs(args.config).items():
+                asyncio.run(run_config(name, config, claims, args, results.setdefault(name, {})))
     print(f"load at end {load_avg()}")
     write_results(args.out, render(results, args), results)
 

@@ -81,15 +81,44 @@ class ResolvedEngine:
         return "; ".join(f"{c.name}={c.value} ({c.reason})" for c in self.choices)
 
 
-def read_cpu_quota(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int | None:
-    """Whole CPUs the cgroup's quota allows ("max 100000": none; "150000 100000": 2)."""
+def read_cpu_quota(
+    cpu_max: Path = Path("/sys/fs/cgroup/cpu.max"),
+    own_cgroup: Path = Path("/proc/self/cgroup"),
+    v1_root: Path = Path("/sys/fs/cgroup"),
+) -> int | None:
+    """Whole CPUs the cgroup's quota allows ("max 100000": none; "150000 100000": 2): cgroup v2's
+    cpu.max, or cgroup v1's cpu controller for this process's own group (older container hosts)."""
+    limits = [q for q in (_v2_quota(cpu_max), _v1_quota(own_cgroup, v1_root)) if q is not None]
+    return min(limits) if limits else None
+
+
+def _whole_cpus(quota: int, period: int) -> int | None:
+    return None if quota <= 0 or period <= 0 else max(1, math.ceil(quota / period))
+
+
+def _v2_quota(cpu_max: Path) -> int | None:
     try:
         quota, _, period = cpu_max.read_text().strip().partition(" ")
-        if quota == "max":
-            return None
-        return max(1, math.ceil(int(quota) / int(period or "100000")))
-    except (OSError, ValueError, ZeroDivisionError):
+        return None if quota == "max" else _whole_cpus(int(quota), int(period or "100000"))
+    except (OSError, ValueError):
         return None
+
+
+def _v1_quota(own_cgroup: Path, root: Path) -> int | None:
+    """cpu.cfs_quota_us over cpu.cfs_period_us of the v1 cpu group this process is in (-1: none)."""
+    try:
+        for line in own_cgroup.read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "cpu" not in controllers.split(","):
+                continue
+            for folder in (root / controllers, root / "cpu"):
+                group = folder / path.lstrip("/")
+                if (group / "cpu.cfs_quota_us").is_file():
+                    quota = int((group / "cpu.cfs_quota_us").read_text())
+                    return _whole_cpus(quota, int((group / "cpu.cfs_period_us").read_text()))
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def read_host_cpu(cpuinfo: Path = Path("/proc/cpuinfo"), cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> HostCpu:

@@ -217,10 +217,26 @@ def test_a_failing_sample_is_logged_and_the_engine_gets_every_thread_back(
 def test_the_containers_cpu_quota_bounds_the_usable_cpus(tmp_path: Path, text: str, quota: int | None) -> None:
     cpu_max = tmp_path / "cpu.max"
     cpu_max.write_text(text)
-    assert read_cpu_quota(cpu_max) == quota
-    host = HostCpu("CPU", frozenset(), tuple(range(64)), read_cpu_quota(cpu_max))
+    no_v1 = tmp_path / "no-cgroup"
+    assert read_cpu_quota(cpu_max, no_v1) == quota
+    host = HostCpu("CPU", frozenset(), tuple(range(64)), read_cpu_quota(cpu_max, no_v1))
     assert host.usable == (quota or 64) and len(host.usable_cpus) == host.usable
-    assert read_cpu_quota(tmp_path / "missing") is None
+    assert read_cpu_quota(tmp_path / "missing", no_v1) is None
+
+
+@pytest.mark.parametrize(("quota", "cpus"), [("-1", None), ("100000", 1), ("150000", 2)])
+def test_a_cgroup_v1_quota_bounds_the_usable_cpus_too(tmp_path: Path, quota: str, cpus: int | None) -> None:
+    own = tmp_path / "self-cgroup"
+    own.write_text("4:memory:/pod\n3:cpu,cpuacct:/pod/sidecar\n0::/\n")
+    group = tmp_path / "root" / "cpu,cpuacct" / "pod" / "sidecar"
+    group.mkdir(parents=True)
+    (group / "cpu.cfs_quota_us").write_text(quota + "\n")
+    (group / "cpu.cfs_period_us").write_text("100000\n")
+    assert read_cpu_quota(tmp_path / "no-cpu.max", own, tmp_path / "root") == cpus
+    # Both kinds present: the tighter one holds.
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("300000 100000")
+    assert read_cpu_quota(cpu_max, own, tmp_path / "root") == (cpus or 3)
 
 
 def test_the_sidecars_own_child_processes_are_no_neighbour() -> None:
