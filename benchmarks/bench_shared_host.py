@@ -183,7 +183,7 @@ def summarize(repeats: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def parse_config(text: str) -> tuple[str, dict[str, str]]:
-    """ "name:KEY=VALUE,KEY=VALUE" -> (name, settings)."""
+    """ "name[@TREE]:KEY=VALUE,KEY=VALUE" -> (name, settings)."""
     name, _, settings = text.partition(":")
     return name, dict(item.split("=", 1) for item in settings.split(",") if item)
 
@@ -224,8 +224,10 @@ def run_config(
 ) -> dict[str, list[dict[str, Any]]]:
     """Every phase of `plan`, `args.repeat` times, on one server; results per phase, one per repeat."""
     server_env = {"RAGSERVE_CACHE_ANSWERS": "false", **env}
+    # "name@TREE": that source tree's server (a worktree of an earlier commit), same client.
+    name, _, tree = name.partition("@")
     log = args.out / f"server-{name}.log"
-    process, target = start_server(args.index, server_env, log, repo=REPO)
+    process, target = start_server(args.index, server_env, log, repo=Path(tree) if tree else REPO)
     results: dict[str, list[dict[str, Any]]] = {phase_name: [] for phase_name in plan}
     asked = 0
     try:

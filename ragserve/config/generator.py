@@ -72,8 +72,10 @@ class GeneratorSettings(BaseSettings):
     yield_to_retrieval_ms: float = Field(default=100.0, ge=0)
     # With the engine on a server thread: about how long one engine step may take. Prompts prefill
     # in chunks sized from this host's prefill speed, measured at start (generate/step_size.py), so
-    # a waiting retrieval or a decode waits at most one short step. 0: vLLM's own (whole prompts).
-    step_target_ms: float = Field(default=40.0, ge=0)
+    # a Query waits behind at most one short step of warming. 0 (the default): vLLM's own (whole
+    # prompts in one step); chunks cost first tokens more than they saved, measured (BENCHMARKS.md,
+    # "The retrieval budget beside the engine"), once the engine gave way between layers.
+    step_target_ms: float = Field(default=0.0, ge=0)
     max_num_seqs: int = 16
     # priority: interactive requests run before batch ones in the engine's waiting queue (vLLM's
     # priority scheduling); fcfs: arrival order for all.

@@ -11,8 +11,11 @@ thread that is not running, and answers slow in proportion to the CPU taken.
 The neighbour's share is read from the kernel's per-CPU counters (/proc/stat) for the CPUs this
 process may run on, minus the CPU time of this process and the processes it started (a big
 version's graph helper, an engine's own processes): steal time (another VM on the same cores)
-counts as a neighbour too. Time of niced processes does not: the scheduler hands the core back to
-the engine when it needs it (an indexer at nice 10 cost nothing measurable with every thread kept).
+counts as a neighbour too, and so does the time of niced processes: nice orders processes only
+within one scheduling group, and a niced job started from another session (autogroups: a CI agent,
+a build in another terminal, cron) or run as another service (its own cgroup) takes its full share
+beside the server. A C++ build at nice 19 in its own session took first tokens to seconds while
+the engine kept both threads (BENCHMARKS.md, "The retrieval budget beside the engine").
 """
 
 from __future__ import annotations
@@ -35,8 +38,7 @@ from ragserve.types import GenerateParams
 log = logging.getLogger(__name__)
 
 # /proc/stat per-CPU columns: user nice system idle iowait irq softirq steal (guest time is in user).
-_BUSY_COLUMNS = (0, 2, 5, 6, 7)
-_NICE_COLUMN = 1
+_BUSY_COLUMNS = (0, 1, 2, 5, 6, 7)
 # A neighbour counts as taking a core from this share of one up (0.6 of a core busy: one thread fewer).
 TAKES_A_CORE_FROM = 0.6
 SAMPLE_EVERY_S = 0.5
@@ -45,15 +47,8 @@ SAMPLE_EVERY_S = 0.5
 SAMPLES_TO_GROW = 3
 
 
-def own_niceness() -> int:
-    try:
-        return os.getpriority(os.PRIO_PROCESS, 0)
-    except (AttributeError, OSError):  # not a POSIX host
-        return 0
-
-
 class CpuCounters:
-    """Busy seconds of a set of CPUs (all processes but niced ones) and of this process, read together."""
+    """Busy seconds of a set of CPUs (every process, niced ones too) and of this process, read together."""
 
     def __init__(
         self,
@@ -65,9 +60,6 @@ class CpuCounters:
         self._stat_path = stat_path
         self._own_seconds = own_seconds or own_cpu_seconds
         self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        # A niced server's own time is in the nice column: then niced neighbours are its equals.
-        niced = own_niceness() > 0
-        self._columns = (*_BUSY_COLUMNS, _NICE_COLUMN) if niced else _BUSY_COLUMNS
 
     def read(self) -> tuple[float, float] | None:
         """(busy seconds of the CPUs, this process's CPU seconds); None where /proc/stat is missing."""
@@ -80,7 +72,7 @@ class CpuCounters:
             name, _, rest = line.partition(" ")
             if name in self._names:
                 columns = rest.split()
-                busy += sum(int(columns[i]) for i in self._columns if i < len(columns))
+                busy += sum(int(columns[i]) for i in _BUSY_COLUMNS if i < len(columns))
         return busy / self._tick, self._own_seconds()
 
 
