@@ -102,7 +102,9 @@ class VllmGenerator:
         block = self._resolved.block_size or CUDA_BLOCK_SIZE
         self._renderer = ChatRenderer(self._model, block, settings.reuse_pad_max_tokens)
         self._choices = (*self._resolved.choices, resolve_reuse_pad(settings, block))
-        self._step_choice: EngineChoice | None = None  # prompt tokens a step may take, once measured
+        # Shown with the settings once the engine runs, never part of the answer's identity: where the
+        # engine pauses, and where a prompt is cut into steps, do not change a greedy answer.
+        self._measured: dict[str, EngineChoice] = {}
         # Only an engine on a server thread can change its thread count between steps.
         self._host_share: HostShareWatch | None = None
         if self._resolved.engine_layout == "thread" and settings.device == "cpu":
@@ -119,7 +121,7 @@ class VllmGenerator:
 
     @property
     def engine_choices(self) -> tuple[EngineChoice, ...]:
-        return self._choices if self._step_choice is None else (*self._choices, self._step_choice)
+        return (*self._choices, *self._measured.values())
 
     @property
     def host_cpu(self) -> str:
@@ -221,7 +223,11 @@ class VllmGenerator:
     async def _give_way_inside_steps(self, engine: ThreadedEngine) -> None:
         """Between the layers of a step too, the engine waits while an interactive retrieval runs."""
         first = self._retrieval_first
-        if first is None or not first.enabled or not self._settings.enforce_eager:
+        if first is None or not first.enabled:
+            return
+        where = EngineChoice("gives_way", "between steps", "RAGSERVE_GENERATOR_YIELD_TO_RETRIEVAL_MS: retrieval first")
+        self._measured["gives_way"] = where
+        if not self._settings.enforce_eager:
             return  # a compiled graph runs no Python between its layers
 
         def hook(worker: Any) -> int:
@@ -232,7 +238,10 @@ class VllmGenerator:
         except Exception:  # an engine without these hooks still gives way between steps
             log.warning("the engine gives way to retrievals between steps only", exc_info=True)
             return
-        log.info("the engine gives way to retrievals between steps and before each of %d layers", layers)
+        if layers:
+            value = f"between steps and before each of {layers} layers"
+            self._measured["gives_way"] = EngineChoice("gives_way", value, where.reason)
+        log.info("the engine gives way to retrievals %s", self._measured["gives_way"].value)
 
     async def _size_steps(self, engine: ThreadedEngine) -> None:
         """Measure this host's prefill speed on two uncached prompts, then cap the prompt tokens a
@@ -244,9 +253,7 @@ class VllmGenerator:
         tokens = chunk_tokens(speed, self._settings.step_target_ms, block, int(most))
         await engine.call(lambda core: _cap_step_tokens(core, tokens))
         metrics.ENGINE_STEP_TOKENS.set(tokens)
-        # Shown with the settings, not part of the answer's identity: it is measured anew at every
-        # start, and where a prompt is cut into steps does not change a greedy answer.
-        self._step_choice = EngineChoice(
+        self._measured["step_tokens"] = EngineChoice(
             "step_tokens",
             str(tokens),
             f"about {self._settings.step_target_ms:g} ms a step at this host's measured speed ({speed.describe()})",

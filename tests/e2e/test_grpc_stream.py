@@ -121,6 +121,8 @@ def test_info_names_the_engine_settings_and_why(live_server: LiveServer) -> None
     assert settings["block_size"].value == "32"
     assert info.host_cpu
     if settings["engine_layout"].value == "thread":
+        # Retrieval first: the engine pauses before each decoder layer too, not only between steps.
+        assert settings["gives_way"].value.startswith("between steps and before each of ")
         share = info.host_share
         assert share.usable_cpus == len(os.sched_getaffinity(live_server.process.pid))
         assert 1 <= share.engine_threads <= share.usable_cpus and share.adaptive
