@@ -35,6 +35,7 @@ from ragserve.request.evidence import with_answer, with_evidence
 from ragserve.request.hot import HotPassages
 from ragserve.request.model_threads import CURRENT_CLASS
 from ragserve.request.policy import AnswerPolicy
+from ragserve.request.readable import ReadableCounts
 from ragserve.request.reading import ReadingStage, ReadWithin
 from ragserve.request.reply import (
     BatchShare,
@@ -90,6 +91,7 @@ class RagPipeline:
         self._batch_share = BatchShare(batch_engine_seqs)
         self._traffic = QueryTraffic()  # warming gives way to it
         self._warmer = Warmer(generator, policy, hot, search.threads, self._traffic) if generator else None
+        self._readable = ReadableCounts()
 
     @property
     def serving(self) -> ServingVersion:
@@ -136,12 +138,17 @@ class RagPipeline:
         """What warming did for the serving version (done, nothing warmed, without a generator)."""
         return self._warmer.state if self._warmer is not None else WarmState(self.serving.identity, done=True)
 
-    def info(self, grant: Filter | None = None) -> PipelineInfo:
-        """What this pipeline serves with now (Info); its chunk count is of those `grant` may read."""
+    async def info_for(self, grant: Filter | None) -> PipelineInfo:
+        """Info for one caller: the chunks its grant reads counted off the loop, once per version."""
+        return self.info(grant, await self._readable.count(self.serving, grant, self._off_loop))
+
+    def info(self, grant: Filter | None = None, chunks: int | None = None) -> PipelineInfo:
+        """What this pipeline serves with now (Info); its chunk count (`chunks`, else counted here)
+        is of those `grant` may read."""
         serving, generator = self.serving, self.generator
         about = PipelineInfo(
             index_version=serving.index.version,
-            index_chunks=serving.index.count_matching(grant),
+            index_chunks=serving.index.count_matching(grant) if chunks is None else chunks,
             embedder_model=model_name(serving.embedder.model_id),  # a name, never the server's path
             rerank_tiers=tuple(serving.reranker.describe()) if serving.reranker is not None else (),
             warming=self.warm_state(),

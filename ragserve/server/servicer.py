@@ -92,7 +92,9 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
                     await events.aclose()
 
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
-        async with self._gate.call("Info", context, admit=False):  # counted like every call, no slot
-            info = self._ready().info(self._narrowing.access.grant_for(client_ids(context)))
-            return info_response_pb(info, self._settings.requests.retrieval_budget_ms, self._gate.in_flight)
+        # A slot like every call: its count may be a round trip to the index (request/readable.py).
+        async with self._gate.call("Info", context):
+            info = await self._ready().info_for(self._narrowing.access.grant_for(client_ids(context)))
+            others = max(0, self._gate.in_flight - 1)  # this Info holds a slot too; it reports the rest
+            return info_response_pb(info, self._settings.requests.retrieval_budget_ms, others)
         raise AssertionError("the gate returned without a response")  # pragma: no cover (it aborts instead)

@@ -133,7 +133,12 @@ def _pipeline(generator: Any, reranker: Any) -> Any:
         pace=SimpleNamespace(describe=lambda share=None: "normal (decode 1.0x its pace alone, 10.0 ms/token)"),
         warm_state=lambda: WarmState("v3", passages=12, tokens=3400, left_out=2, done=True, seconds=1.5),
     )
-    pipeline.info = lambda grant=None: RagPipeline.info(pipeline, grant)  # type: ignore[arg-type]
+    pipeline.info = lambda grant=None, chunks=None: RagPipeline.info(pipeline, grant, chunks)  # type: ignore[arg-type]
+
+    async def info_for(grant: Any) -> Any:
+        return pipeline.info(grant)
+
+    pipeline.info_for = info_for
     return pipeline
 
 
