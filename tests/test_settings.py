@@ -336,3 +336,24 @@ def test_indexer_builds_its_embedder_through_the_factory(monkeypatch: pytest.Mon
     assert onnx_indexing and onnx.backend == "onnx" and onnx.device == "cpu" and not onnx.onnx_int8
     assert onnx.threads == host_share.threads and onnx.model == "/models/e5"  # --threads, or 0 when not run
     assert torch.backend == "torch" and torch.device == "cuda"
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"RAGSERVE_ACCESS_FIELD": "groups", "RAGSERVE_ACCESS_PUBLIC_VALUE": "*"}, "every document public"),
+        ({"RAGSERVE_ACCESS_FIELD": "groups", "RAGSERVE_ACCESS_GRANTS": '{"*": ["eng"]}'}, "not a caller name"),
+    ],
+)
+def test_a_star_where_it_would_turn_access_off_or_name_nobody_is_refused(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], says: str
+) -> None:
+    from ragserve.config.filters import GrantSettings
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ValueError, match=says):
+        GrantSettings()
+    monkeypatch.setenv("RAGSERVE_ACCESS_PUBLIC_VALUE", "public")
+    monkeypatch.setenv("RAGSERVE_ACCESS_GRANTS", '{"admin-svc": ["*"]}')  # "*" as a value reads everything
+    assert GrantSettings().grant_table() == {"admin-svc": ("*",)}

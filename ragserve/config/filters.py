@@ -67,4 +67,10 @@ class GrantSettings(BaseSettings):
             )
         if not self.public_value:
             raise ValueError("RAGSERVE_ACCESS_PUBLIC_VALUE must not be empty")
+        # "*" is the grant that reads everything: as the public value it would turn access off
+        # without a word, and as a caller name it would name nobody (a literal CN "*").
+        if self.public_value == "*":
+            raise ValueError('RAGSERVE_ACCESS_PUBLIC_VALUE must not be "*" (it would make every document public)')
+        if "*" in table:
+            raise ValueError('RAGSERVE_ACCESS_GRANTS: "*" is not a caller name (grant "*" as a value instead)')
         return self

@@ -7,6 +7,7 @@ and opened by `embed/tuned.py` and `rerank/tuned.py` from the plain paths it han
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,22 @@ if TYPE_CHECKING:
     from ragserve.embed.onnx_backend import OnnxEmbedder
 
 log = logging.getLogger(__name__)
+
+# The most search breadth a version's manifest may ask for: the indexer measures a few hundred at a
+# million chunks; a manifest edited to ask for millions would make every search walk the graph.
+MAX_MEASURED_EF = 4096
+
+
+def measured_ef(hnsw: Mapping[str, object], version: str) -> int:
+    """The manifest's measured ef_search as a floor, within [0, MAX_MEASURED_EF] (0: none)."""
+    value = hnsw.get("ef_search", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        log.warning("index version %s: manifest hnsw.ef_search %r is not a count; ignored", version, value)
+        return 0
+    if value > MAX_MEASURED_EF:
+        log.warning("index version %s: manifest hnsw.ef_search %d cut to %d", version, value, MAX_MEASURED_EF)
+        return MAX_MEASURED_EF
+    return value
 
 
 def load_tuned_embedder(folder: Path, manifest: Manifest, threads: int) -> OnnxEmbedder | None:
@@ -98,7 +115,7 @@ class VersionBuilder:
             folder, manifest = index.folder, index.manifest
             embedder = load_tuned_embedder(folder, manifest, self._embedder_threads) or embedder
             tuned_reranker = load_tuned_reranker(folder, manifest, self._reranker_threads, self._reranker_cpus)
-            options = options.for_version(fitted_weight(folder, manifest), manifest.hnsw.get("ef_search", 0))
+            options = options.for_version(fitted_weight(folder, manifest), measured_ef(manifest.hnsw, index.version))
         check_compatible(embedder, index)
         if embedder is not self._configured:
             log.info(

@@ -79,6 +79,22 @@ class ChatRequest(BaseModel):
     dedupe_documents: bool = False
     request_class: Literal["interactive", "batch"] | None = None
     filter: dict[str, Any] | None = None
+    # OpenAI fields that would change what the answer means; read only to refuse them (MEANING_FIELDS).
+    stop: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: Any = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+
+
+# A field a caller sets expecting a different answer than ragserve gives (stop sequences, tool calls,
+# a JSON schema, log-probabilities) is refused, not silently ignored; its values that ask for
+# nothing (OpenAI's own defaults) pass.
+MEANING_FIELDS = ("stop", "tools", "tool_choice", "functions", "function_call", "response_format", "logprobs")
+_ASKS_NOTHING: tuple[object, ...] = (None, False, [], "", "none", {"type": "text"})
 
 
 class Asked(BaseModel):
@@ -101,6 +117,9 @@ def parse_chat(body: bytes) -> tuple[ChatRequest, Asked]:
         if error["type"] == "json_invalid":
             raise InvalidArgument("body", f"is not valid JSON ({error['msg']})") from None
         raise InvalidArgument(_field_path(error["loc"]), error["msg"]) from None
+    for name in (*MEANING_FIELDS, "top_logprobs"):
+        if getattr(request, name) not in _ASKS_NOTHING:
+            raise InvalidArgument(name, "is not supported: ragserve answers with cited text from the passages only")
     last = len(request.messages) - 1
     if request.messages[last].role != "user":
         raise InvalidArgument(f"messages[{last}].role", "the last message must be the user's question")

@@ -101,6 +101,18 @@ def test_the_openai_package_gets_an_answer_with_passages(door: Door) -> None:
     assert reply.usage is not None and reply.usage.completion_tokens == 4
 
 
+def test_fields_at_the_values_that_ask_for_nothing_pass(door: Door) -> None:
+    reply = door.client().chat.completions.create(
+        model="ragserve",
+        messages=[{"role": "user", "content": "Who discovered penicillin?"}],
+        response_format={"type": "text"},
+        tool_choice="none",
+        logprobs=False,
+        stop=[],
+    )
+    assert reply.choices[0].message.content == "Fleming found it [1]."
+
+
 def test_the_openai_package_streams_with_passages_first_and_a_history(door: Door) -> None:
     stream = door.client().chat.completions.create(
         model="anything",
@@ -178,6 +190,16 @@ def test_curl_streams_server_sent_events(door: Door) -> None:
         (json.dumps({"messages": [{"role": "user", "content": "q"}] * 6}), 400, "messages"),
         ('{"messages": [{"role": "user", "content": "q"}], "temperature": 9}', 400, "temperature"),
         ('{"messages": [{"role": "user", "content": "q"}], "n": 2}', 400, "n"),
+        # Fields that change what an answer means are refused, never silently ignored.
+        ('{"messages": [{"role": "user", "content": "q"}], "stop": ["."]}', 400, "stop"),
+        ('{"messages": [{"role": "user", "content": "q"}], "tools": [{"type": "function"}]}', 400, "tools"),
+        ('{"messages": [{"role": "user", "content": "q"}], "tool_choice": "required"}', 400, "tool_choice"),
+        (
+            '{"messages": [{"role": "user", "content": "q"}], "response_format": {"type": "json_object"}}',
+            400,
+            "response_format",
+        ),
+        ('{"messages": [{"role": "user", "content": "q"}], "logprobs": true}', 400, "logprobs"),
     ],
 )
 def test_bad_input_gets_400_with_an_openai_error_naming_the_field(
