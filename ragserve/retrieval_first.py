@@ -29,7 +29,7 @@ ENGINE_SHARE = 0.25
 
 class RetrievalFirst:
     def __init__(self, longest_wait_s: float) -> None:
-        """`longest_wait_s` <= 0: the engine never waits (the gate only counts)."""
+        """`longest_wait_s` <= 0: the gate is off (the engine never waits, retrievals are not counted)."""
         self._longest_wait_s = longest_wait_s
         self._retrieving = 0
         self._changed = threading.Condition()

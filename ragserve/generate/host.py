@@ -111,8 +111,8 @@ def _v1_quota(own_cgroup: Path, root: Path) -> int | None:
             _, controllers, path = line.split(":", 2)
             if "cpu" not in controllers.split(","):
                 continue
-            for folder in (root / controllers, root / "cpu"):
-                group = folder / path.lstrip("/")
+            # The group under the mount, or the mount itself (a container sees its own group there).
+            for group in (root / controllers / path.lstrip("/"), root / "cpu" / path.lstrip("/"), root / "cpu"):
                 if (group / "cpu.cfs_quota_us").is_file():
                     quota = int((group / "cpu.cfs_quota_us").read_text())
                     return _whole_cpus(quota, int((group / "cpu.cfs_period_us").read_text()))

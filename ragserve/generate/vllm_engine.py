@@ -90,8 +90,8 @@ def _pause_between_layers(model: Any, wait: Callable[[], object]) -> int:
 
 class VllmGenerator:
     def __init__(self, settings: GeneratorSettings, retrieval_first: RetrievalFirst | None = None) -> None:
-        """`retrieval_first`: the gate the engine on a server thread waits at between steps while
-        an interactive retrieval runs (None: it never waits)."""
+        """`retrieval_first`: the gate the engine on a server thread waits at, between steps and
+        before each decoder layer, while an interactive retrieval runs (None: it never waits)."""
         self._settings = settings
         self._retrieval_first = retrieval_first
         self._model = settings.resolved_model()

@@ -213,7 +213,7 @@ class RagPipeline:
         for the answer cache) and its sentence table (the context budget reuses it). `read`: the
         reader runs now, within what is left of the retrieval budget, or within its own."""
         CURRENT_CLASS.set(request.request_class)  # this request's task: its model calls queue by class
-        # An engine on this host waits between its steps until this retrieval is done.
+        # An engine on this host rests between its steps and layers until this retrieval is done.
         with self.search.threads.first.retrieving(request.interactive):
             return await self._retrieve_first(params, request, serving, read)
 

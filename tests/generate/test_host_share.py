@@ -250,3 +250,14 @@ def test_the_sidecars_own_child_processes_are_no_neighbour() -> None:
     child.communicate(b"", timeout=10)
     ended = own_cpu_seconds() - before
     assert running >= 0.35 and ended >= running - 0.05
+
+
+def test_a_containers_own_v1_group_is_found_at_the_mount(tmp_path: Path) -> None:
+    """Inside a container /proc/self/cgroup names the host's path; the mount holds the container's group."""
+    own = tmp_path / "self-cgroup"
+    own.write_text("3:cpu,cpuacct:/docker/abc123\n")
+    mount = tmp_path / "root" / "cpu"
+    mount.mkdir(parents=True)
+    (mount / "cpu.cfs_quota_us").write_text("200000\n")
+    (mount / "cpu.cfs_period_us").write_text("100000\n")
+    assert read_cpu_quota(tmp_path / "no-cpu.max", own, tmp_path / "root") == 2
