@@ -97,7 +97,7 @@ def make_retrieval_options(settings: Settings) -> RetrievalOptions:
 
 
 def make_retrieval_first(settings: Settings) -> RetrievalFirst:
-    """The gate an in-process engine waits at between steps while an interactive retrieval runs."""
+    """The gate an in-process engine waits at (between steps and layers) while an interactive retrieval runs."""
     return RetrievalFirst(settings.generator.yield_to_retrieval_ms / 1000.0)
 
 
