@@ -39,7 +39,7 @@ from ragserve.client import RagClient
 from ragserve.config import AnswerSettings, Settings
 from ragserve.embed.base import resolve_embedder_path
 from ragserve.rerank.cross_encoder import RANDOM_HEAD_MARKER
-from ragserve.server.app import build_grpc_server, call_gate
+from ragserve.server.app import build_grpc_server, make_front
 from ragserve.server.servicer import RagServicer
 
 if TYPE_CHECKING:
@@ -440,8 +440,7 @@ async def serve_pipeline(pipeline: RagPipeline, settings: Settings | None = None
     ("127.0.0.1:<port>"); stops the server on exit."""
     settings = settings or Settings(answer=AnswerSettings(generation_enabled=False))
     # The production wiring: server options, interceptors, health and reflection.
-    gate = call_gate(settings)
-    server, _ = build_grpc_server(settings, RagServicer(settings, gate, pipeline), gate)
+    server, _ = build_grpc_server(settings, RagServicer(make_front(settings, pipeline)))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:

@@ -22,7 +22,7 @@ FLOORS = [
     {"index"},
     {"config", "types", "errors", "budget", "prompt", "metrics", "pretrained", "onnx_export", "addresses", "digests"}
     | {"tracing", "logs", "v1", "filters", "access", "sentence_spans", "priority", "json_bytes", "heap"}
-    | {"retrieval_first", "reports"},
+    | {"retrieval_first", "reports", "api_keys"},
 ]
 FLOOR = {part: level for level, parts in enumerate(FLOORS) for part in parts}
 GENERATOR_OR_INDEX_TYPES = {"RemoteVllmGenerator", "VllmGenerator", "HnswIndex", "QdrantIndex"}
@@ -259,3 +259,21 @@ def test_the_architecture_page_names_every_protocol_tuning_module_and_pipeline_p
     parts = len(inspect.signature(RagPipeline.__init__).parameters) - 1
     words = {6: "six", 7: "seven", 8: "eight"}
     assert not missing and f"`RagPipeline` takes {words.get(parts, parts)} parts" in page
+
+
+DOOR_NEUTRAL = ("server/front.py", "server/gate.py", "server/identity.py", "server/validation.py", "server/limiter.py")
+
+
+def test_the_front_knows_no_door() -> None:
+    """The front every door calls, and what it stands on, import no wire library: a door maps its
+    wire to the front's values and back (server/front.py)."""
+    wires = ("grpc", "grpc_status", "google", "starlette", "uvicorn", "mcp")
+    found = []
+    for relative in DOOR_NEUTRAL:
+        tree = ast.parse((PACKAGE / relative).read_text())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            found += [f"{relative}: {n}" for n in names if n.split(".")[0] in wires]
+    assert not found

@@ -19,9 +19,11 @@ from typer.testing import CliRunner, Result
 
 from ragserve.cli import app as cli
 from ragserve.client import ClientSettings, RagClient, is_local_target
+from ragserve.config import AccessSettings
 from ragserve.errors import ConfigError
 from ragserve.server.app import RETRIEVE_HEALTH_NAME
 from ragserve.server.auth import BearerTokenInterceptor
+from ragserve.server.identity import Identity
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 from tests.certs import Pki, make_pki
@@ -47,7 +49,7 @@ def no_client_env(monkeypatch) -> None:
 @asynccontextmanager
 async def protected_server(address: str, pki: Pki | None) -> AsyncIterator[str]:
     """Token always; with `pki`, TLS that requires a client certificate (mTLS). Yields the target."""
-    server = grpc.aio.server(interceptors=[BearerTokenInterceptor(TOKEN)])
+    server = grpc.aio.server(interceptors=[BearerTokenInterceptor(Identity(AccessSettings(auth_token=TOKEN)))])
     pb_grpc.add_RagServiceServicer_to_server(FakeRagService(), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from ragserve import tracing
 from ragserve.config import AnswerSettings, IndexSettings, Settings
 from ragserve.factory import make_pipeline
-from ragserve.server.app import call_gate
+from ragserve.server.app import make_front
 from ragserve.server.servicer import RagServicer
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
@@ -28,7 +28,7 @@ def test_retrieve_spans_continue_the_callers_trace(sample_index: Path) -> None:
 
     async def run() -> None:
         server = grpc.aio.server()
-        pb_grpc.add_RagServiceServicer_to_server(RagServicer(settings, call_gate(settings), pipeline), server)
+        pb_grpc.add_RagServiceServicer_to_server(RagServicer(make_front(settings, pipeline)), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         try:

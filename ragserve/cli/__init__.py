@@ -1,7 +1,7 @@
 """`ragserve`: serve, prepare models, ask questions and look after the caches from the command line.
 
 Each command module registers on one Typer app (`cli/app.py`): `serve.py` (serve, prepare-models),
-`client_commands.py` (ask, retrieve, health), `admin.py` (cache-flush).
+`client_commands.py` (ask, retrieve, health), `admin.py` (cache-flush), `keys.py` (keys add, revoke, list).
 """
 
 # isort: off
@@ -9,6 +9,7 @@ Each command module registers on one Typer app (`cli/app.py`): `serve.py` (serve
 from ragserve.cli import serve  # noqa: F401
 from ragserve.cli import client_commands  # noqa: F401
 from ragserve.cli import admin  # noqa: F401
+from ragserve.cli import keys  # noqa: F401
 
 # isort: on
 from ragserve.cli.app import app

@@ -101,12 +101,15 @@ class TransportSettings(BaseSettings):
 class AccessSettings(BaseSettings):
     """Who may call. Loopback and Unix sockets need nothing; any other address requires
     allow_non_loopback, TLS (tls_cert_file/tls_key_file), and client certificates or an auth token.
-    Variables: RAGSERVE_ALLOW_NON_LOOPBACK, RAGSERVE_AUTH_TOKEN, RAGSERVE_TLS_*."""
+    Variables: RAGSERVE_ALLOW_NON_LOOPBACK, RAGSERVE_AUTH_TOKEN, RAGSERVE_API_KEYS_FILE, RAGSERVE_TLS_*."""
 
     model_config = SettingsConfigDict(env_prefix="RAGSERVE_", extra="forbid", frozen=True)
 
     allow_non_loopback: bool = False
     auth_token: str = Field(default="", repr=False)
+    # Named API keys: a file of caller names and key hashes (`ragserve keys add NAME`), re-read when
+    # it changes; a key names its caller for grants and caller limits, as a certificate does.
+    api_keys_file: str = ""
     tls_cert_file: str = ""
     tls_key_file: str = ""
     # With a CA file, clients must present a certificate signed by it (mTLS).
@@ -254,10 +257,10 @@ class LimitsSettings(BaseSettings):
     # Batch Query streams in the generator at once (vLLM does not preempt for priority while its
     # running batch is full: vLLM issue 40004); more wait, within their deadline. 0: no cap.
     batch_max_engine_seqs: int = Field(default=4, ge=0)
-    # Per caller (the name on its mTLS client certificate, CN or SAN): the highest request class it
+    # Per caller (the name of its API key, or on its mTLS client certificate, CN or SAN): the highest request class it
     # may use and its calls in flight, as `name=class:cap` pairs, e.g.
     # `reports-job=batch:4,web=interactive:48,*=batch:8` (`*`: every caller no other pair names, a
-    # caller without a certificate too, all in one shared cap). A caller asking above its class is
+    # caller without a key or certificate too, all in one shared cap). A caller asking above its class is
     # served at its class; a certificate with several named names gets the most restrictive pair.
     # Empty: the class is the caller's word (docs/api.md).
     caller_limits: str = ""

@@ -10,7 +10,7 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -19,13 +19,14 @@ from grpc_reflection.v1alpha import reflection
 
 from ragserve import tracing
 from ragserve.config import Settings
-from ragserve.errors import ConfigError, RagError
+from ragserve.errors import ConfigError, Overloaded, RagError
 from ragserve.factory import make_index_watch, make_pipeline
 from ragserve.generate.base import Generator
 from ragserve.heap import freeze_start_up_heap
 from ragserve.index.reload import IndexReloader
 from ragserve.request.pipeline import RagPipeline
 from ragserve.server.auth import BearerTokenInterceptor, ClientIdentityInterceptor, check_exposure
+from ragserve.server.front import Front
 from ragserve.server.gate import SERVICE_NAME, CallGate
 from ragserve.server.handlers import AroundCallInterceptor
 from ragserve.server.http_listener import HttpListener
@@ -33,6 +34,7 @@ from ragserve.server.limiter import CallerLimits, InFlightLimiter
 from ragserve.server.metrics_http import MetricsServer
 from ragserve.server.openai_http import OpenAIDoor
 from ragserve.server.servicer import RagServicer
+from ragserve.server.status import to_status
 from ragserve.server.tls import CertificateReloader, TlsFiles
 from ragserve.server.unix_socket import private_socket_path
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
@@ -155,8 +157,14 @@ class SideStreams(AroundCallInterceptor):
         streaming = bool(handler.request_streaming or handler.response_streaming)
         return streaming and not details.method.startswith(f"/{SERVICE_NAME}/")
 
-    def around(self, context: grpc.aio.ServicerContext) -> contextlib.AbstractAsyncContextManager[None]:
-        return self._gate.side_stream(context)
+    @contextlib.asynccontextmanager
+    async def around(self, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+        with contextlib.ExitStack() as slot:
+            try:
+                slot.enter_context(self._gate.side_stream())
+            except Overloaded as error:
+                await context.abort_with_status(to_status(error))
+            yield
 
 
 def call_gate(settings: Settings) -> CallGate:
@@ -169,17 +177,23 @@ def call_gate(settings: Settings) -> CallGate:
     )
 
 
-def build_grpc_server(
-    settings: Settings, servicer: RagServicer, gate: CallGate
-) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+def make_front(settings: Settings, pipeline: RagPipeline | None = None) -> Front:
+    """The front every door of one server shares (its gate from the settings); `pipeline`: None
+    until loading finishes."""
+    front = Front(settings, call_gate(settings))
+    front.pipeline = pipeline
+    return front
+
+
+def build_grpc_server(settings: Settings, servicer: RagServicer) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     """The gRPC server with its options, interceptors, RagService, health and reflection (not bound)."""
+    front = servicer.front
     interceptors: list[grpc.aio.ServerInterceptor] = []
-    if settings.access.auth_token:
-        interceptors.append(BearerTokenInterceptor(settings.access.auth_token))
-    allowed = frozenset(name.strip() for name in settings.access.tls_allowed_client_ids.split(",") if name.strip())
-    if allowed:
-        interceptors.append(ClientIdentityInterceptor(allowed))
-    interceptors.append(SideStreams(gate))
+    if front.identity.wants_credential:
+        interceptors.append(BearerTokenInterceptor(front.identity))
+    if front.identity.allowed:
+        interceptors.append(ClientIdentityInterceptor(front.identity))
+    interceptors.append(SideStreams(front.gate))
     server = grpc.aio.server(options=server_options(settings), interceptors=interceptors)
     health_servicer = health.aio.HealthServicer()
     pb_grpc.add_RagServiceServicer_to_server(servicer, server)
@@ -201,12 +215,12 @@ class RagServer:
         self._owns_socket = False  # a server refused at start-up must not remove another's socket
         self._background: list[asyncio.Task[None]] = []
         self._metrics: MetricsServer | None = None
-        gate = call_gate(settings)
-        self._servicer = RagServicer(settings, gate)
-        # The OpenAI-compatible door (RAGSERVE_OPENAI_PORT): the same gate and, once loaded, pipeline.
-        self._door = OpenAIDoor(settings, gate) if settings.openai.port else None
+        # Every door over one front: the same identity, gate, request values and, once loaded, pipeline.
+        self._front = make_front(settings)
+        self._servicer = RagServicer(self._front)
+        self._door = OpenAIDoor(settings, self._front) if settings.openai.port else None
         self._http: HttpListener | None = None
-        self.server, self.health = build_grpc_server(settings, self._servicer, gate)
+        self.server, self.health = build_grpc_server(settings, self._servicer)
 
     async def _set_health(self, status: int, names: tuple[str, ...] = ("", SERVICE_NAME, RETRIEVE_HEALTH_NAME)) -> None:
         for name in names:
@@ -251,9 +265,7 @@ class RagServer:
             watch = self._watch_generator(pipeline.generator, rewarm=pipeline.warm_hot_passages)
             self._background.append(asyncio.create_task(watch))
         self.pipeline = pipeline
-        self._servicer.pipeline = pipeline
-        if self._door is not None:
-            self._door.pipeline = pipeline
+        self._front.pipeline = pipeline
         if self.settings.index.reload_interval_s > 0:
             self._background.append(asyncio.create_task(self._index_reloader(pipeline).run()))
         if pipeline.generator is not None:

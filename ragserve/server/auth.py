@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hmac
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,8 +10,10 @@ import grpc
 
 from ragserve.addresses import is_loopback
 from ragserve.config import Settings
-from ragserve.errors import ConfigError
+from ragserve.errors import ConfigError, RagError
 from ragserve.server.handlers import AroundCallInterceptor
+from ragserve.server.identity import Identity
+from ragserve.server.status import to_status
 
 
 def check_exposure(settings: Settings) -> None:
@@ -33,7 +34,7 @@ def _check_protected(settings: Settings, host: str) -> None:
     access = settings.access
     needs = (
         "TLS (RAGSERVE_TLS_CERT_FILE/RAGSERVE_TLS_KEY_FILE) with client certificates "
-        "(RAGSERVE_TLS_CLIENT_CA_FILE) or a bearer token (RAGSERVE_AUTH_TOKEN)"
+        "(RAGSERVE_TLS_CLIENT_CA_FILE), a bearer token (RAGSERVE_AUTH_TOKEN) or API keys (RAGSERVE_API_KEYS_FILE)"
     )
     if not access.allow_non_loopback:
         raise ConfigError(f"refusing to listen on {host}: set RAGSERVE_ALLOW_NON_LOOPBACK=true with {needs}")
@@ -42,15 +43,23 @@ def _check_protected(settings: Settings, host: str) -> None:
         raise ConfigError(
             f"listening on {host} needs {needs}; a bearer token over plaintext is readable on the network"
         )
-    if not (access.tls_client_ca_file or access.auth_token):
+    if not (access.tls_client_ca_file or access.auth_token or access.api_keys_file):
         raise ConfigError(f"listening on {host} with TLS alone lets any peer in: it needs {needs}")
 
 
-def _deny(message: str) -> grpc.RpcMethodHandler:
+def _deny(error: RagError) -> grpc.RpcMethodHandler:
     async def abort(request: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await context.abort_with_status(to_status(error))
 
     return grpc.unary_unary_rpc_method_handler(abort)
+
+
+def metadata_value(context: grpc.aio.ServicerContext, key: str) -> str | bytes | None:
+    """The first value of a metadata key the caller sent, None when it sent none."""
+    for name, value in context.invocation_metadata() or ():
+        if name == key:
+            return value  # type: ignore[no-any-return]
+    return None
 
 
 def client_ids(context: grpc.aio.ServicerContext) -> set[str]:
@@ -62,40 +71,45 @@ def client_ids(context: grpc.aio.ServicerContext) -> set[str]:
 
 class ClientIdentityInterceptor(AroundCallInterceptor):
     """mTLS pinning: every method, health and reflection included, only for certificates whose CN or
-    a SAN is in RAGSERVE_TLS_ALLOWED_CLIENT_IDS (a certificate the CA signed is not enough)."""
+    a SAN is in RAGSERVE_TLS_ALLOWED_CLIENT_IDS (a certificate the CA signed is not enough); the
+    rule is server/identity.py's, the same on every door."""
 
-    def __init__(self, allowed: frozenset[str]) -> None:
-        if not allowed:
+    def __init__(self, identity: Identity) -> None:
+        if not identity.allowed:
             raise ValueError("no allowed client ids")
-        self._allowed = allowed
+        self._identity = identity
 
     @contextlib.asynccontextmanager
     async def around(self, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
         # The same handler, refusing a caller whose certificate names none of the allowed ids.
-        if not client_ids(context) & self._allowed:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "client certificate is not allowed")
+        try:
+            self._identity.check_certificate(client_ids(context))
+        except RagError as error:
+            await context.abort_with_status(to_status(error))
         yield
 
 
 class BearerTokenInterceptor(AroundCallInterceptor):
-    """Every method, health and reflection included, needs `authorization: Bearer <token>`.
+    """Every method, health and reflection included, needs `authorization: Bearer <token or key>`,
+    checked by server/identity.py (constant time, never logged or echoed) before the method is
+    looked up."""
 
-    The token is compared in constant time and never logged or echoed.
-    """
-
-    def __init__(self, token: str) -> None:
-        if not token:
-            raise ValueError("empty token")
-        self._expected = f"Bearer {token}".encode()
-        self._deny = _deny("missing or invalid bearer token")
+    def __init__(self, identity: Identity) -> None:
+        if not identity.wants_credential:
+            raise ValueError("no token or keys")
+        self._identity = identity
 
     def refuse(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        presented = b""
+        presented = None
         for key, value in details.invocation_metadata or ():
             if key == "authorization":
-                presented = value.encode() if isinstance(value, str) else value
+                presented = value
                 break
-        return None if hmac.compare_digest(presented, self._expected) else self._deny
+        try:
+            self._identity.key_name(presented)
+        except RagError as error:
+            return _deny(error)
+        return None
 
     def applies(self, details: grpc.HandlerCallDetails, handler: grpc.RpcMethodHandler) -> bool:
         return False  # an admitted call runs as it is

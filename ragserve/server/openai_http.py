@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
-import time
-import uuid
 from typing import Any
 
 import orjson
@@ -31,34 +28,15 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from ragserve.config import Settings
-from ragserve.errors import ConfigError, InvalidArgument, RagError, Unavailable
-from ragserve.request.pipeline import RagPipeline
-from ragserve.server.gate import CallGate, Door, log_answer, log_retrieval
-from ragserve.server.observability import observe_request
-from ragserve.server.openai_wire import (
-    Asked,
-    ChatRequest,
-    Reply,
-    error_body,
-    http_error,
-    max_tokens_of,
-    parse_chat,
-    temperature_of,
-)
-from ragserve.server.status import to_status
-from ragserve.server.validation import (
-    Narrowing,
-    validate_generate,
-    validate_history,
-    validate_retrieve,
-    with_history,
-)
-from ragserve.types import FinalSummary, GenerateParams, QueryEvent, RequestClass, RetrievalResult, RetrieveParams
+from ragserve.errors import ConfigError, InvalidArgument, RagError
+from ragserve.server.front import Front
+from ragserve.server.gate import Door, request_id_from
+from ragserve.server.openai_wire import ChatRequest, Reply, ask_of, error_body, http_error, parse_chat
+from ragserve.types import RequestClass
 
 log = logging.getLogger(__name__)
 
 METHOD = "ChatCompletions"  # the metrics' and logs' method name for this door's calls
-_MAX_REQUEST_ID = 64
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
 
@@ -67,26 +45,28 @@ def json_response(status: int, body: dict[str, Any], headers: dict[str, str] | N
 
 
 class Refused(Exception):
-    """A call turned away before it reaches the gate (the token, the certificate, the body's size)."""
+    """A call turned away before it reaches the front (the caller, the body's type, size and time)."""
 
     def __init__(self, status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.response = json_response(status, error_body(message, kind), headers)
 
+    @classmethod
+    def of(cls, error: RagError) -> Refused:
+        """A front refusal (the caller's credential) in the door's one table's shape."""
+        status, body, headers = http_error(error)
+        refused = cls(status, str(error), body["error"]["type"], headers)
+        refused.response = json_response(status, body, headers)
+        return refused
+
 
 class OpenAIDoor:
-    """The door's ASGI app (`app`); `pipeline` is None until loading finishes (503 until then)."""
+    """The door's ASGI app (`app`), over the front every door shares (server/front.py)."""
 
-    def __init__(self, settings: Settings, gate: CallGate) -> None:
+    def __init__(self, settings: Settings, front: Front) -> None:
         check_door_protected(settings)
-        self.pipeline: RagPipeline | None = None
         self._settings = settings
-        self._gate = gate
-        self._narrowing = Narrowing(settings)
-        token = settings.access.auth_token
-        self._expected = f"Bearer {token}".encode() if token else None
-        ids = settings.access.tls_allowed_client_ids.split(",")
-        self._allowed = frozenset(name.strip() for name in ids if name.strip())
+        self._front = front
         self._model = settings.openai.model_name
         self.app = Starlette(
             routes=[
@@ -97,16 +77,12 @@ class OpenAIDoor:
         )
 
     def caller(self, request: Request) -> set[str]:
-        """The caller's verified certificate names, once its token and certificate pass."""
-        if self._expected is not None:
-            presented = request.headers.get("authorization", "").encode()
-            if not hmac.compare_digest(presented, self._expected):
-                headers = {"www-authenticate": "Bearer"}
-                raise Refused(401, "missing or invalid bearer token", "authentication_error", headers)
+        """The names the caller goes by, once what it presented passes (401 or 403 otherwise)."""
         names: set[str] = request.scope.get("state", {}).get("client_ids", set())
-        if self._allowed and not names & self._allowed:
-            raise Refused(403, "client certificate is not allowed", "permission_error")
-        return names
+        try:
+            return self._front.identity.caller(request.headers.get("authorization"), names)
+        except RagError as error:
+            raise Refused.of(error) from None
 
     async def models(self, request: Request) -> Response:
         try:
@@ -144,58 +120,26 @@ class OpenAIDoor:
 
     async def chat(self, request: Request, body: bytes, names: set[str], send: Send) -> None:
         """One chat completion, from the parsed body to its last byte; every failure a status."""
-        arrived = time.monotonic()
-        request_id = _request_id(request)
+        request_id = request_id_from(request.headers.get("x-request-id"))
         sse = _Stream(send, request_id)
-        code = "CANCELLED"
-        try:
+
+        async def fail(error: RagError) -> None:
+            await sse.fail(*http_error(error))
+
+        async with self._front.outcome(METHOD, request_id, fail) as arrived:
             chat, asked = parse_chat(body)
             door = Door(request_id, _class_of(request, chat), names, None, list(request.headers.items()))
-            async with self._gate.enter(METHOD, door, arrived=arrived) as call:
-                params, gen = self._params(chat, asked, names)
-                events = self._ready().query(params, gen, call.request(params.budget_ms))
-                async with contextlib.aclosing(events):  # closed now: a client gone aborts the engine request
-                    reply = Reply(
-                        request_id, self._model, bool(chat.stream_options and chat.stream_options.include_usage)
-                    )
+            async with self._front.enter(METHOD, door, arrived) as call:
+                reply = Reply(request_id, self._model, bool(chat.stream_options and chat.stream_options.include_usage))
+                # Closed now: a client gone aborts the engine request.
+                async with contextlib.aclosing(self._front.query(call, ask_of(chat, asked), names)) as events:
                     if chat.stream:
                         async for event in events:
-                            _log_event(call, event)
                             await sse.send(reply.chunks(event))
                         await sse.done()
                     else:
                         collected = [event async for event in events]
-                        for event in collected:
-                            _log_event(call, event)
                         await sse.whole(json_response(200, reply.completion(collected), sse.id_header))
-            code = "OK"
-        except RagError as error:
-            code = to_status(error).code.name
-            log.info("request failed", extra={"request_id": request_id, "method": METHOD, "code": code})
-            await sse.fail(*http_error(error))
-        except Exception:
-            code = "INTERNAL"  # a bug: its traceback in the log, none to the caller
-            log.exception("request crashed", extra={"request_id": request_id, "method": METHOD})
-            await sse.fail(500, error_body(f"internal error (request id {request_id})", "server_error"), {})
-        finally:
-            observe_request(METHOD, code, (time.monotonic() - arrived) * 1000.0)
-
-    def _ready(self) -> RagPipeline:
-        if self.pipeline is None:
-            raise Unavailable("server is still loading the index and models")
-        return self.pipeline
-
-    def _params(self, chat: ChatRequest, asked: Asked, names: set[str]) -> tuple[RetrieveParams, GenerateParams]:
-        settings = self._settings
-        try:
-            params = validate_retrieve(settings, asked.question, chat.top_k, chat.budget_ms, chat.dedupe_documents)
-        except InvalidArgument as error:  # the question is a message here, not a field
-            field = f"messages[{asked.question_at}].content" if error.field == "query" else error.field
-            raise InvalidArgument(field, error.description) from None
-        gen = validate_generate(settings, max_tokens_of(chat), temperature_of(chat), chat.context_token_budget)
-        params = self._narrowing.apply(params, chat.filter, self._ready().serving.index.fields, names)
-        turns = validate_history(settings, asked.turns, "messages", asked.positions)
-        return with_history(settings.history, params, gen, turns)
 
 
 class _ChatEndpoint:
@@ -217,7 +161,7 @@ class _ChatEndpoint:
         except ClientDisconnect:  # nobody left to answer: one line, not uvicorn's traceback
             log.info(
                 "client left before its request body arrived",
-                extra={"request_id": _request_id(request), "method": METHOD},
+                extra={"request_id": request_id_from(request.headers.get("x-request-id")), "method": METHOD},
             )
             return
         work = asyncio.create_task(self._door.chat(request, body, names, send))
@@ -281,18 +225,6 @@ async def _no_receive() -> dict[str, Any]:  # a whole response never reads the r
     return {"type": "http.disconnect"}
 
 
-def _log_event(call: Any, event: QueryEvent) -> None:
-    if isinstance(event, RetrievalResult):
-        log_retrieval(call, event)
-    elif isinstance(event, FinalSummary):
-        log_answer(call, event)
-
-
-def _request_id(request: Request) -> str:
-    given = request.headers.get("x-request-id", "")
-    return given if 0 < len(given) <= _MAX_REQUEST_ID and given.isprintable() else uuid.uuid4().hex
-
-
 def _class_of(request: Request, chat: ChatRequest) -> RequestClass:
     """The `x-request-class` header, else the body's `request_class`, else interactive."""
     named = request.headers.get("x-request-class") or chat.request_class or "interactive"
@@ -313,9 +245,10 @@ def check_door_protected(settings: Settings) -> None:
     client certificates then (off loopback, server/auth.py's exposure rules already ask for them)."""
     access = settings.access
     certificates = bool(access.tls_cert_file and access.tls_key_file and access.tls_client_ca_file)
-    if settings.transport.uds_path and not (access.auth_token or certificates):
+    if settings.transport.uds_path and not (access.auth_token or access.api_keys_file or certificates):
         raise ConfigError(
             f"the OpenAI-compatible door (RAGSERVE_OPENAI_PORT={settings.openai.port}) would let any local "
-            "user past the private Unix socket (RAGSERVE_UDS_PATH): set RAGSERVE_AUTH_TOKEN, or TLS with "
-            "client certificates (RAGSERVE_TLS_CERT_FILE, RAGSERVE_TLS_KEY_FILE, RAGSERVE_TLS_CLIENT_CA_FILE)"
+            "user past the private Unix socket (RAGSERVE_UDS_PATH): set RAGSERVE_AUTH_TOKEN or "
+            "RAGSERVE_API_KEYS_FILE, or TLS with client certificates "
+            "(RAGSERVE_TLS_CERT_FILE, RAGSERVE_TLS_KEY_FILE, RAGSERVE_TLS_CLIENT_CA_FILE)"
         )

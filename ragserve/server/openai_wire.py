@@ -18,16 +18,9 @@ from typing import Any, Literal
 from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ragserve.errors import (
-    ConfigError,
-    DeadlineExpired,
-    IndexLoadError,
-    InvalidArgument,
-    Overloaded,
-    RagError,
-    Unavailable,
-)
+from ragserve.errors import ErrorKind, InvalidArgument, Overloaded, RagError
 from ragserve.server.convert import query_event_pb
+from ragserve.server.front import Ask
 from ragserve.types import FinalSummary, LateAnswer, QueryEvent, RetrievalResult
 
 # Dropped, not refused: clients (LangChain, LlamaIndex) send a system prompt by default.
@@ -146,6 +139,24 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return path or "body"
 
 
+def ask_of(chat: ChatRequest, asked: Asked) -> Ask:
+    """The front's request: the question is a message here, and so are the turns (errors name them)."""
+    return Ask(
+        question=asked.question,
+        top_k=chat.top_k,
+        budget_ms=chat.budget_ms,
+        dedupe_documents=chat.dedupe_documents,
+        filter=chat.filter,
+        max_tokens=max_tokens_of(chat),
+        temperature=temperature_of(chat),
+        context_token_budget=chat.context_token_budget,
+        turns=tuple(asked.turns),
+        question_field=f"messages[{asked.question_at}].content",
+        turns_field="messages",
+        turn_positions=tuple(asked.positions),
+    )
+
+
 def temperature_of(request: ChatRequest) -> float:
     return 0.0 if request.temperature is None else request.temperature
 
@@ -158,14 +169,17 @@ def max_tokens_of(request: ChatRequest) -> int:
 
 # ---- errors ---------------------------------------------------------------------------------------
 
-_STATUS: list[tuple[type[RagError], int, str]] = [
-    (InvalidArgument, 400, "invalid_request_error"),
-    (Overloaded, 429, "rate_limit_error"),
-    (DeadlineExpired, 504, "timeout"),
-    (Unavailable, 503, "service_unavailable"),
-    (IndexLoadError, 503, "service_unavailable"),
-    (ConfigError, 400, "invalid_request_error"),  # e.g. generation is off on this server
-]
+# The HTTP doors' one table: an error kind to its status and the OpenAI error type.
+STATUS: dict[ErrorKind, tuple[int, str]] = {
+    ErrorKind.INVALID_ARGUMENT: (400, "invalid_request_error"),
+    ErrorKind.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
+    ErrorKind.DEADLINE_EXCEEDED: (504, "timeout"),
+    ErrorKind.UNAVAILABLE: (503, "service_unavailable"),
+    ErrorKind.FAILED_PRECONDITION: (400, "invalid_request_error"),  # e.g. generation is off on this server
+    ErrorKind.UNAUTHENTICATED: (401, "authentication_error"),
+    ErrorKind.PERMISSION_DENIED: (403, "permission_error"),
+    ErrorKind.INTERNAL: (500, "server_error"),
+}
 
 
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
@@ -174,8 +188,8 @@ def error_body(message: str, kind: str, param: str | None = None, code: str | No
 
 def http_error(error: RagError) -> tuple[int, dict[str, Any], dict[str, str]]:
     """The HTTP status, the OpenAI-shaped body and the extra headers (Retry-After) of a domain error."""
-    status, kind = next(((s, k) for cls, s, k in _STATUS if isinstance(error, cls)), (500, "server_error"))
-    headers: dict[str, str] = {}
+    status, kind = STATUS[error.kind]
+    headers: dict[str, str] = {"www-authenticate": "Bearer"} if error.kind is ErrorKind.UNAUTHENTICATED else {}
     param = None
     message = str(error)
     if isinstance(error, InvalidArgument):
@@ -183,7 +197,8 @@ def http_error(error: RagError) -> tuple[int, dict[str, Any], dict[str, str]]:
     if isinstance(error, Overloaded):
         headers["retry-after"] = str(max(1, math.ceil(error.retry_after_ms / 1000)))
         headers["retry-after-ms"] = str(error.retry_after_ms)
-    return status, error_body(message, kind, param), headers
+    # `code`: the kind in gRPC's words, the same on every door (two kinds may share a status here).
+    return status, error_body(message, kind, param, error.kind.value.lower()), headers
 
 
 # ---- replies --------------------------------------------------------------------------------------

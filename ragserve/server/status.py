@@ -1,4 +1,4 @@
-"""The one place that maps domain errors to gRPC status codes and rich error details."""
+"""The gRPC door's one table: an error kind to its status code, with rich error details."""
 
 from __future__ import annotations
 
@@ -9,24 +9,10 @@ from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from ragserve.errors import (
-    ConfigError,
-    DeadlineExpired,
-    IndexLoadError,
-    InvalidArgument,
-    Overloaded,
-    RagError,
-    Unavailable,
-)
+from ragserve.errors import ErrorKind, InvalidArgument, Overloaded, RagError
 
-_CODES: list[tuple[type[RagError], int]] = [
-    (InvalidArgument, code_pb2.INVALID_ARGUMENT),
-    (Overloaded, code_pb2.RESOURCE_EXHAUSTED),
-    (DeadlineExpired, code_pb2.DEADLINE_EXCEEDED),
-    (Unavailable, code_pb2.UNAVAILABLE),
-    (IndexLoadError, code_pb2.UNAVAILABLE),
-    (ConfigError, code_pb2.FAILED_PRECONDITION),
-]
+# The kinds are named after the canonical codes: each maps to the code of its own name.
+CODES: dict[ErrorKind, int] = {kind: code_pb2.Code.Value(kind.value) for kind in ErrorKind}
 
 
 class _Status(collections.namedtuple("_Status", ("code", "details", "trailing_metadata")), grpc.Status):  # type: ignore[misc]
@@ -34,7 +20,7 @@ class _Status(collections.namedtuple("_Status", ("code", "details", "trailing_me
 
 
 def to_status(error: RagError) -> grpc.Status:
-    code = next((c for kind, c in _CODES if isinstance(error, kind)), code_pb2.INTERNAL)
+    code = CODES[error.kind]
     status = status_pb2.Status(code=code, message=str(error))
     if isinstance(error, InvalidArgument):
         detail = error_details_pb2.BadRequest(

@@ -213,11 +213,11 @@ def test_info_calls_are_counted_like_every_other_call() -> None:
 
     from ragserve import metrics
     from ragserve.config import Settings
-    from ragserve.server.app import call_gate
+    from ragserve.server.app import make_front
     from ragserve.server.servicer import RagServicer
 
     settings = Settings()
-    servicer = RagServicer(settings, call_gate(settings), pipeline=_pipeline(None, None))
+    servicer = RagServicer(make_front(settings, _pipeline(None, None)))
     context = SimpleNamespace(invocation_metadata=lambda: (), time_remaining=lambda: None, auth_context=lambda: {})
     counted = metrics.REQUESTS.labels("Info", "OK")
     before = counted._value.get()

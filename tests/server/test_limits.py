@@ -236,14 +236,14 @@ _OPTIONS_ONLY_SERVER = textwrap.dedent(
     """
     import asyncio, grpc
     from ragserve.config import AnswerSettings, Settings
-    from ragserve.server.app import call_gate, server_options
+    from ragserve.server.app import make_front, server_options
     from ragserve.server.servicer import RagServicer
     from ragserve.v1 import rag_pb2_grpc as pb_grpc
 
     async def main():
         settings = Settings(answer=AnswerSettings(generation_enabled=False))
         server = grpc.aio.server(options=server_options(settings))
-        pb_grpc.add_RagServiceServicer_to_server(RagServicer(settings, call_gate(settings)), server)
+        pb_grpc.add_RagServiceServicer_to_server(RagServicer(make_front(settings)), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         print(port, flush=True)

@@ -23,7 +23,7 @@ from ragserve.config import Settings
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.factory import assemble_pipeline
 from ragserve.index.hnsw import HnswIndex
-from ragserve.server.app import call_gate
+from ragserve.server.app import make_front
 from ragserve.server.http_listener import HttpListener
 from ragserve.server.openai_http import OpenAIDoor
 from tests.certs import make_pki
@@ -82,8 +82,8 @@ def door(sample_index: Path, embedder: SentenceTransformerEmbedder) -> Iterator[
     )
     generator = FakeGenerator(words=["Fleming ", "found ", "it ", "[1]."])
     executor = ThreadPoolExecutor(2)
-    door = OpenAIDoor(settings, call_gate(settings))
-    door.pipeline = assemble_pipeline(embedder, HnswIndex.load(sample_index), generator, executor)
+    pipeline = assemble_pipeline(embedder, HnswIndex.load(sample_index), generator, executor)
+    door = OpenAIDoor(settings, make_front(settings, pipeline))
     with serving(settings, door) as loop:
         yield Door(f"http://127.0.0.1:{settings.openai.port}", generator, loop)
     executor.shutdown()
@@ -292,7 +292,7 @@ def test_tls_with_client_certificates_names_the_caller(tmp_path: Path) -> None:
             "tls_allowed_client_ids": "billing",
         },
     )
-    door = OpenAIDoor(settings, call_gate(settings))  # no pipeline yet: still loading
+    door = OpenAIDoor(settings, make_front(settings))  # no pipeline yet: still loading
     url = f"https://localhost:{settings.openai.port}/v1"
 
     def curl(client: str, *args: str) -> tuple[int, dict[str, Any]]:

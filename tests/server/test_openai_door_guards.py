@@ -19,7 +19,7 @@ import pytest
 
 from ragserve.config import Settings
 from ragserve.errors import ConfigError
-from ragserve.server.app import RagServer, call_gate
+from ragserve.server.app import RagServer, make_front
 from ragserve.server.openai_http import OpenAIDoor
 from tests.helpers import free_port
 from tests.server.test_openai_door import serving
@@ -33,7 +33,7 @@ def _settings(**openai: object) -> Settings:
 
 @contextlib.contextmanager
 def _door(settings: Settings) -> Iterator[int]:
-    with serving(settings, OpenAIDoor(settings, call_gate(settings))):
+    with serving(settings, OpenAIDoor(settings, make_front(settings))):
         yield settings.openai.port
 
 
@@ -99,11 +99,11 @@ def test_a_unix_socket_server_without_a_token_does_not_open_the_door(tmp_path: P
         RagServer(bare)
     assert "RAGSERVE_UDS_PATH" in str(refused.value) and "RAGSERVE_TLS_CLIENT_CA_FILE" in str(refused.value)
     with_token = Settings(transport=uds, openai={"port": free_port()}, access={"auth_token": "t"})
-    OpenAIDoor(with_token, call_gate(with_token))
+    OpenAIDoor(with_token, make_front(with_token))
     mtls = {"tls_cert_file": "s.pem", "tls_key_file": "s.key", "tls_client_ca_file": "ca.pem"}
     with_certificates = Settings(transport=uds, openai={"port": free_port()}, access=mtls)
-    OpenAIDoor(with_certificates, call_gate(with_certificates))
-    OpenAIDoor(_settings(), call_gate(_settings()))  # gRPC on TCP: the door opens as before
+    OpenAIDoor(with_certificates, make_front(with_certificates))
+    OpenAIDoor(_settings(), make_front(_settings()))  # gRPC on TCP: the door opens as before
 
 
 def test_a_connection_that_trickles_its_headers_is_closed_at_the_deadline() -> None:
