@@ -69,6 +69,12 @@ def summary(rows: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+def _pinned(cpus: str) -> list[str]:
+    """`--cpus 0`: the run on one core (taskset), a slow host on a fast one; the engine reads its
+    CPUs from its affinity, as it would on a one-core host."""
+    return ["taskset", "-c", cpus] if cpus else []
+
+
 def run_engine(name: str, overrides: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
     spec = json.dumps(
         {
@@ -80,7 +86,7 @@ def run_engine(name: str, overrides: dict[str, str], args: argparse.Namespace) -
         }
     )
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.decode_worker", "engine", spec],
+        [*_pinned(args.cpus), sys.executable, "-m", "benchmarks.decode_worker", "engine", spec],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -103,7 +109,7 @@ def run_llama(python: str, rendered: list[str], decode: str, threads: int, args:
         }
     )
     done = subprocess.run(
-        [python, str(REPO / "benchmarks" / "decode_worker.py"), "llama", spec],
+        [*_pinned(args.cpus), python, str(REPO / "benchmarks" / "decode_worker.py"), "llama", spec],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -143,6 +149,7 @@ def main() -> None:
     parser.add_argument("--configs", nargs="*", default=["default="], help="name=K=V,K=V (generator fields)")
     parser.add_argument("--llama-python", default="", help="a Python with llama-cpp-python installed")
     parser.add_argument("--llama-threads", type=int, default=2)
+    parser.add_argument("--cpus", default="", help="run every engine on these CPUs only (taskset list)")
     args = parser.parse_args()
 
     results: dict[str, dict[str, Any]] = {}
@@ -160,7 +167,8 @@ def main() -> None:
         results["llama.cpp"] = run_llama(args.llama_python, rendered, decode, args.llama_threads, args)
     text = "\n".join(
         [
-            f"# Decode by engine setting ({cpu_name()}, load {load_avg()}, {git_head()})",
+            f"# Decode by engine setting ({cpu_name()}{', CPUs ' + args.cpus if args.cpus else ''}, "
+            f"load {load_avg()}, {git_head()})",
             f"{args.questions} SQuAD v2 dev prompts, at most {args.answer_tokens} answer tokens; decode "
             f"probe {args.decode_tokens} tokens",
             "",

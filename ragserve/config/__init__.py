@@ -17,7 +17,7 @@ from ragserve.config.base import (
     default_of,
     merged_generator_path,
 )
-from ragserve.config.conversation import HistorySettings, OpenAISettings
+from ragserve.config.conversation import HistorySettings, McpSettings, OpenAISettings
 from ragserve.config.filters import FilterSettings, GrantSettings
 from ragserve.config.generator import GeneratorSettings
 from ragserve.config.models import ReaderSettings, RerankSettings
@@ -50,6 +50,7 @@ __all__ = [
     "HistorySettings",
     "IndexSettings",
     "LimitsSettings",
+    "McpSettings",
     "ObservabilitySettings",
     "OpenAISettings",
     "QdrantSettings",
@@ -88,6 +89,7 @@ _SECTIONS: dict[str, type[BaseSettings]] = {
     "grants": GrantSettings,
     "history": HistorySettings,
     "openai": OpenAISettings,
+    "mcp": McpSettings,
 }
 
 
@@ -139,6 +141,7 @@ class Settings(BaseSettings):
     grants: GrantSettings = Field(default_factory=GrantSettings)
     history: HistorySettings = Field(default_factory=HistorySettings)
     openai: OpenAISettings = Field(default_factory=OpenAISettings)
+    mcp: McpSettings = Field(default_factory=McpSettings)
 
     @classmethod
     def settings_customise_sources(
@@ -175,6 +178,12 @@ class Settings(BaseSettings):
         """Every environment variable Settings reads -> the field it sets ("RAGSERVE_HOST" -> "transport.host")."""
         own = {_env_name(cls, field): field for field in cls.model_fields if field not in _SECTIONS}
         return {**_SECTION_ENV, **own}
+
+    @model_validator(mode="after")
+    def _mcp_needs_the_http_listener(self) -> Self:
+        if self.mcp.enabled and not self.openai.port:
+            raise ValueError("RAGSERVE_MCP_ENABLED serves /mcp on the HTTP listener: set RAGSERVE_OPENAI_PORT too")
+        return self
 
     @model_validator(mode="after")
     def _streams_cover_calls(self) -> Self:

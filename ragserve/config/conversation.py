@@ -1,8 +1,9 @@
-"""The settings of conversations (history on Query) and of the OpenAI-compatible HTTP door."""
+"""The settings of conversations (history on Query), of the OpenAI-compatible HTTP door and of the
+MCP door beside it."""
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Literal, Self
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -73,3 +74,15 @@ class OpenAISettings(BaseSettings):
     @property
     def allowed_host_names(self) -> frozenset[str]:
         return frozenset(name.strip().lower() for name in self.allowed_hosts.split(",") if name.strip())
+
+
+class McpSettings(BaseSettings):
+    """The MCP door (Model Context Protocol, streamable HTTP) at /mcp on the HTTP listener
+    (RAGSERVE_OPENAI_PORT; docs/api.md). Variables use the RAGSERVE_MCP_ prefix. Off by default."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_MCP_", extra="forbid", frozen=True)
+
+    enabled: bool = False
+    # The class an agent's calls run at unless a call asks (a tool's `request_class` argument or the
+    # x-request-class header); at most its caller's own (RAGSERVE_CALLER_LIMITS), as on every door.
+    request_class: Literal["interactive", "batch"] = "interactive"

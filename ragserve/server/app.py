@@ -31,6 +31,7 @@ from ragserve.server.gate import SERVICE_NAME, CallGate
 from ragserve.server.handlers import AroundCallInterceptor
 from ragserve.server.http_listener import HttpListener
 from ragserve.server.limiter import CallerLimits, InFlightLimiter
+from ragserve.server.mcp_door import McpDoor
 from ragserve.server.metrics_http import MetricsServer
 from ragserve.server.openai_http import OpenAIDoor
 from ragserve.server.servicer import RagServicer
@@ -218,7 +219,10 @@ class RagServer:
         # Every door over one front: the same identity, gate, request values and, once loaded, pipeline.
         self._front = make_front(settings)
         self._servicer = RagServicer(self._front)
-        self._door = OpenAIDoor(settings, self._front) if settings.openai.port else None
+        # The MCP door (RAGSERVE_MCP_ENABLED) shares the HTTP listener with the OpenAI door.
+        self._mcp = McpDoor(settings, self._front) if settings.mcp.enabled else None
+        beside = [self._mcp.route] if self._mcp is not None else []
+        self._door = OpenAIDoor(settings, self._front, beside) if settings.openai.port else None
         self._http: HttpListener | None = None
         self.server, self.health = build_grpc_server(settings, self._servicer)
 
@@ -248,6 +252,8 @@ class RagServer:
                 ) from exc
         if self._door is not None:
             openai = self.settings.openai
+            if self._mcp is not None:
+                await self._mcp.start()
             self._http = HttpListener(self._door.app, openai.host, openai.port, self.settings)
             await self._http.start()
             log.info("OpenAI-compatible door on %s:%d", openai.host, openai.port)
@@ -358,6 +364,8 @@ class RagServer:
             task.cancel()
         closing = self._http.close() if self._http is not None else asyncio.sleep(0)
         await asyncio.gather(self.server.stop(self.settings.transport.shutdown_grace_s), closing)
+        if self._mcp is not None:
+            await self._mcp.close()
         if self._metrics is not None:
             await self._metrics.close()
         if self.pipeline is not None:

@@ -15,6 +15,7 @@ kind to its own status in one table (server/status.py, server/openai_wire.py).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -23,15 +24,20 @@ from dataclasses import dataclass
 
 from ragserve.config import Settings
 from ragserve.errors import InvalidArgument, RagError, Unavailable
+from ragserve.filters import FieldSchema
 from ragserve.reports import PipelineInfo
 from ragserve.request.pipeline import RagPipeline
+from ragserve.request.readable import readable_chunks
 from ragserve.server.gate import Call, CallGate, Door
 from ragserve.server.identity import Identity
 from ragserve.server.observability import observe_final, observe_request, observe_retrieval
 from ragserve.server.validation import Narrowing, validate_generate, validate_history, validate_retrieve, with_history
-from ragserve.types import FinalSummary, GenerateParams, QueryEvent, RetrievalResult, RetrieveParams
+from ragserve.types import Chunk, FinalSummary, GenerateParams, QueryEvent, RetrievalResult, RetrieveParams
 
 log = logging.getLogger(__name__)
+
+# The longest chunk or document id a fetch takes (ids are a file's path and a chunk number).
+MAX_ID_CHARS = 1024
 
 # What a door does with a call's failure: send it in its own shape (a status, an error body).
 Fail = Callable[[RagError], Awaitable[None]]
@@ -151,6 +157,22 @@ class Front:
         (which holds a slot: its count may be a round trip to the index, request/readable.py)."""
         info = await self.ready().info_for(self._narrowing.access.grant_for(names))
         return info, max(0, self.gate.in_flight - 1)
+
+    async def fetch(self, chunk_id: str, doc_id: str, names: set[str]) -> tuple[list[Chunk], str]:
+        """The chunk, or the document's chunks, this caller's grant may read, and the index version
+        (an ungranted id and an unknown one alike: nothing)."""
+        if bool(chunk_id) == bool(doc_id):
+            raise InvalidArgument("chunk_id", "give exactly one of chunk_id and doc_id")
+        for name, value in (("chunk_id", chunk_id), ("doc_id", doc_id)):
+            if len(value) > MAX_ID_CHARS or "\x00" in value:
+                raise InvalidArgument(name, f"must be at most {MAX_ID_CHARS} characters, without NUL")
+        index = self.ready().index
+        grant = self._narrowing.access.grant_for(names)
+        return await asyncio.to_thread(readable_chunks, index, chunk_id, doc_id, grant), index.version
+
+    def fields(self) -> FieldSchema:
+        """The filterable fields of the serving version and their types (docs/filters.md)."""
+        return self.ready().index.fields
 
     @staticmethod
     def observe(call: Call, event: QueryEvent) -> None:

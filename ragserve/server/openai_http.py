@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -24,24 +25,20 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from ragserve.config import Settings
 from ragserve.errors import ConfigError, InvalidArgument, RagError
 from ragserve.server.front import Front
 from ragserve.server.gate import Door, request_id_from
-from ragserve.server.openai_wire import ChatRequest, Reply, ask_of, error_body, http_error, parse_chat
+from ragserve.server.openai_wire import ChatRequest, Reply, ask_of, error_body, http_error, json_response, parse_chat
 from ragserve.types import RequestClass
 
 log = logging.getLogger(__name__)
 
 METHOD = "ChatCompletions"  # the metrics' and logs' method name for this door's calls
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-
-
-def json_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(body), status, headers, media_type="application/json")
 
 
 class Refused(Exception):
@@ -63,7 +60,8 @@ class Refused(Exception):
 class OpenAIDoor:
     """The door's ASGI app (`app`), over the front every door shares (server/front.py)."""
 
-    def __init__(self, settings: Settings, front: Front) -> None:
+    def __init__(self, settings: Settings, front: Front, beside: Sequence[BaseRoute] = ()) -> None:
+        """`beside`: other doors' routes on the same listener (the MCP door's /mcp)."""
         check_door_protected(settings)
         self._settings = settings
         self._front = front
@@ -72,6 +70,7 @@ class OpenAIDoor:
             routes=[
                 Route("/v1/chat/completions", _ChatEndpoint(self), methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
+                *beside,
             ],
             exception_handlers={HTTPException: _http_exception},
         )

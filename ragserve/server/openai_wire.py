@@ -15,8 +15,10 @@ import math
 import time
 from typing import Any, Literal
 
+import orjson
 from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.responses import Response
 
 from ragserve.errors import ErrorKind, InvalidArgument, Overloaded, RagError
 from ragserve.server.convert import query_event_pb
@@ -180,6 +182,10 @@ STATUS: dict[ErrorKind, tuple[int, str]] = {
     ErrorKind.PERMISSION_DENIED: (403, "permission_error"),
     ErrorKind.INTERNAL: (500, "server_error"),
 }
+
+
+def json_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body), status, headers, media_type="application/json")
 
 
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:

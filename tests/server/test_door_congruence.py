@@ -1,7 +1,8 @@
-"""Every door, one table: the same cases through gRPC and the OpenAI-compatible HTTP door, in
-process, over the real front, embedder and index and a generator fake (named as such). Each row's
-outcome is normalised (the error's kind, the field it names, the documents the caller saw) and
-must be the same on every door. A new door adds its `ask` function here before it lands.
+"""Every door, one table: the same cases through gRPC, the OpenAI-compatible HTTP door and the MCP
+door (its `answer` tool, through the official MCP client), in process, over the real front,
+embedder and index and a generator fake (tests/server/doors.py). Each row's outcome is normalised
+(the error's kind, the field it names, the documents the caller saw) and must be the same on every
+door. A new door adds its `ask` function here before it lands.
 
 Callers are told apart by named keys (RAGSERVE_API_KEYS_FILE): `alice` is granted the `secret`
 group, `bob` nothing (he reads only documents marked public).
@@ -11,13 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -27,31 +25,12 @@ from google.protobuf import json_format
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from indexer.build import build_index
 from ragserve.api_keys import add_key, revoke_keys
-from ragserve.config import Settings
-from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import ErrorKind
-from ragserve.factory import assemble_pipeline
-from ragserve.index.hnsw import HnswIndex
-from ragserve.server.app import build_grpc_server, make_front
-from ragserve.server.http_listener import HttpListener
-from ragserve.server.openai_http import OpenAIDoor
 from ragserve.server.openai_wire import STATUS
-from ragserve.server.servicer import RagServicer
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
-from tests.fakes import FakeGenerator
-from tests.helpers import free_port
-
-DOCS = {
-    "zephyr-launch.md": ("secret", "Project Zephyr launch code\nThe launch code of Project Zephyr is 4417."),
-    "zephyr-public.md": ("public", "Project Zephyr\nProject Zephyr is a weather balloon programme from Kiruna."),
-    "tides.md": ("public", "Tides\nOcean tides are caused mainly by the gravitational pull of the moon."),
-}
-SECRET_DOC = "zephyr-launch.md"
-QUESTION = "What is the launch code of Project Zephyr?"
-MAX_QUERY_CHARS = 300
+from tests.server.doors import MAX_QUERY_CHARS, QUESTION, SECRET_DOC, Doors, call_tool
 
 
 @dataclass(frozen=True)
@@ -70,97 +49,6 @@ class Outcome:
     kind: str  # OK or the error's kind (server/status.py's and openai_wire.py's tables)
     field: str = ""  # the field an INVALID_ARGUMENT names, in door-neutral words
     docs: frozenset[str] = frozenset()
-
-
-@dataclass
-class Doors:
-    grpc_target: str
-    http_url: str
-    keys: dict[str, str]
-    key_file: Path
-    front: Any
-    generator: FakeGenerator
-
-
-@pytest.fixture(scope="module")
-def access_index(tmp_path_factory: pytest.TempPathFactory, embedder: SentenceTransformerEmbedder) -> Path:
-    work = tmp_path_factory.mktemp("doors")
-    (work / "docs").mkdir()
-    for name, (group, text) in DOCS.items():
-        (work / "docs" / name).write_text(f"---\ngroups: [{group}]\n---\n# {text}")
-    build_index(work / "docs", work / "idx", embedder, progress=False)
-    return work / "idx"
-
-
-@contextlib.contextmanager
-def _doors(
-    index: Path, embedder: SentenceTransformerEmbedder, key_file: Path, generator: FakeGenerator, **limits: Any
-) -> Iterator[Doors]:
-    keys = {name: add_key(key_file, name) for name in ("alice", "bob")}
-    settings = Settings(
-        transport={"port": free_port()},
-        openai={"port": free_port()},
-        access={"api_keys_file": str(key_file)},
-        grants={"field": "groups", "grants": json.dumps({"alice": ["secret"]})},
-        requests={"max_query_chars": MAX_QUERY_CHARS},
-        history={"max_history_turns": 2, "max_turn_chars": 200},
-        limits={"max_call_s": 5.0, **limits},
-    )
-    executor = ThreadPoolExecutor(2)
-    front = make_front(settings, assemble_pipeline(embedder, HnswIndex.load(index), generator, executor))
-    with _serving(settings, front):
-        grpc_target, http_url = f"127.0.0.1:{settings.transport.port}", f"http://127.0.0.1:{settings.openai.port}"
-        yield Doors(grpc_target, http_url, keys, key_file, front, generator)
-    executor.shutdown()
-
-
-@pytest.fixture(scope="module")
-def doors(
-    access_index: Path, tmp_path_factory: pytest.TempPathFactory, embedder: SentenceTransformerEmbedder
-) -> Iterator[Doors]:
-    key_file = tmp_path_factory.mktemp("keys") / "keys"
-    with _doors(access_index, embedder, key_file, FakeGenerator(words=["It ", "is ", "[1]."])) as both:
-        yield both
-
-
-@pytest.fixture(scope="module")
-def slow_doors(
-    access_index: Path, tmp_path_factory: pytest.TempPathFactory, embedder: SentenceTransformerEmbedder
-) -> Iterator[Doors]:
-    """An answer that takes 10 s, a call that may take 2, one batch slot of three, bob one call."""
-    key_file = tmp_path_factory.mktemp("slow-keys") / "keys"
-    slow = FakeGenerator(words=["word "] * 40, delay_s=0.25)
-    limits = {"max_call_s": 2.0, "max_in_flight": 3, "interactive_reserved": 2, "caller_limits": "bob=interactive:1"}
-    with _doors(access_index, embedder, key_file, slow, **limits) as both:
-        yield both
-
-
-@contextlib.contextmanager
-def _serving(settings: Settings, front: Any) -> Iterator[None]:
-    """Both doors over one front, on one event loop in a thread, as the server runs them."""
-    started, box = threading.Event(), []
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        box.extend([asyncio.get_running_loop(), stop])
-        server, _ = build_grpc_server(settings, RagServicer(front))
-        server.add_insecure_port(f"127.0.0.1:{settings.transport.port}")
-        await server.start()
-        http = HttpListener(OpenAIDoor(settings, front).app, "127.0.0.1", settings.openai.port, settings)
-        await http.start()
-        started.set()
-        await stop.wait()
-        await http.close()
-        await server.stop(None)
-
-    thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
-    thread.start()
-    assert started.wait(30), "the doors did not start"
-    try:
-        yield
-    finally:
-        box[0].call_soon_threadsafe(box[1].set)
-        thread.join(30)
 
 
 def _credential(doors: Doors, caller: str) -> str | None:
@@ -220,15 +108,42 @@ def ask_http(doors: Doors, case: Case) -> Outcome:
     return Outcome("OK", docs=frozenset(p["doc_id"] for p in passages))
 
 
+def ask_mcp(doors: Doors, case: Case) -> Outcome | None:
+    """The `answer` tool through the official MCP client; None for a row whose fields the tool does
+    not take (its answers use the server's defaults)."""
+    if set(case.fields) - {"filter"}:
+        return None
+    arguments: dict[str, Any] = {"question": case.question, **case.fields}
+    if case.turns:
+        arguments["history"] = [{"role": r, "text": t} for r, t in case.turns]
+    if case.batch:
+        arguments["request_class"] = "batch"
+    credential = _credential(doors, case.caller)
+    headers = {"authorization": credential} if credential else {}
+    # The door refuses a credential before the protocol starts (401), where the SDK's client only
+    # says "an error response": asked plainly first.
+    if httpx.post(f"{doors.http_url}/mcp", json={}, headers=headers, timeout=30).status_code == 401:
+        return Outcome("UNAUTHENTICATED")
+    result = asyncio.run(call_tool(doors.http_url, credential, "answer", arguments))
+    if result.is_error:
+        message = result.content[0].text.split(": ", 1)[1]  # "Error executing tool answer: KIND: field: ..."
+        kind, _, rest = message.partition(": ")
+        field = rest.split(":", 1)[0] if kind == "INVALID_ARGUMENT" else ""
+        return Outcome(kind, _neutral(field))
+    passages = (result.structured_content or {}).get("passages", [])
+    return Outcome("OK", docs=frozenset(p["doc_id"] for p in passages))
+
+
 def _neutral(wire_field: str) -> str:
     """A field as the table names it, the top-level name of gRPC's field: on the HTTP door the
     question is the last message's `content`, and the turns are the messages before it."""
     if wire_field.startswith("messages"):
         return "query" if wire_field.endswith(".content") else "history"
-    return wire_field.split("[")[0].split(".")[0]
+    top = wire_field.split("[")[0].split(".")[0]
+    return "query" if top == "question" else top  # MCP's `answer` names it `question`
 
 
-DOORS: dict[str, Callable[[Doors, Case], Outcome]] = {"grpc": ask_grpc, "http": ask_http}
+DOORS: dict[str, Callable[[Doors, Case], Outcome | None]] = {"grpc": ask_grpc, "http": ask_http, "mcp": ask_mcp}
 
 # ---- the table -----------------------------------------------------------------------------------
 
@@ -290,7 +205,9 @@ CASES: dict[str, tuple[Case, Callable[[Outcome], bool]]] = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_door_gives_the_same_outcome(doors: Doors, name: str) -> None:
     case, expected = CASES[name]
-    outcomes = {door: ask(doors, case) for door, ask in DOORS.items()}
+    asked = {door: ask(doors, case) for door, ask in DOORS.items()}
+    outcomes = {door: outcome for door, outcome in asked.items() if outcome is not None}
+    assert {"grpc", "http"} <= set(outcomes)
     for door, outcome in outcomes.items():
         assert expected(outcome), f"{door}: {outcome}"
     first = next(iter(outcomes.values()))
@@ -366,8 +283,25 @@ def _leave_http(doors: Doors) -> None:
             pass
 
 
+def _leave_mcp(doors: Doors) -> None:
+    async def leave() -> None:
+        answering = asyncio.Event()
+
+        async def on_progress(done: float, total: float | None, message: str | None) -> None:
+            answering.set()  # passages found: the engine is answering
+
+        credential = f"Bearer {doors.keys['alice']}"
+        call = asyncio.create_task(call_tool(doors.http_url, credential, "answer", {"question": QUESTION}, on_progress))
+        await asyncio.wait_for(answering.wait(), 20)
+        call.cancel()  # the client closes its connection
+        with contextlib.suppress(BaseException):
+            await call
+
+    asyncio.run(leave())
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("leave", [_leave_grpc, _leave_http], ids=list(DOORS))
+@pytest.mark.parametrize("leave", [_leave_grpc, _leave_http, _leave_mcp], ids=list(DOORS))
 def test_a_client_that_leaves_stops_the_engine_on_every_door(slow_doors: Doors, leave: Callable[[Doors], None]) -> None:
     before = slow_doors.generator.cancelled
     leave(slow_doors)

@@ -1,0 +1,91 @@
+"""What the MCP door's tools answer: structured content (for agents that read it) and a text
+rendering of the same (for clients that read only text)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mcp.types import CallToolResult, TextContent
+
+from ragserve.types import Chunk, FinalSummary, LateAnswer, Passage, QueryEvent, RetrievalResult, TokenDelta
+
+_CITATION = re.compile(r"\[(\d{1,3})\]")
+
+
+def _result(structured: dict[str, Any], text: str) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured)
+
+
+def _highlight(passage: Passage) -> str:
+    found = passage.highlight
+    return passage.chunk.text[found.start : found.end] if found is not None else ""
+
+
+def passage_of(passage: Passage) -> dict[str, Any]:
+    chunk = passage.chunk
+    return {
+        "doc_id": chunk.doc_id,
+        "chunk_id": chunk.chunk_id,
+        "title": chunk.title,
+        "text": chunk.text,
+        "score": round(float(passage.score), 6),
+        "highlight": _highlight(passage),
+    }
+
+
+def _passages_text(passages: Sequence[dict[str, Any]]) -> str:
+    return "\n\n".join(
+        f"[{n}] {p['title'] or p['doc_id']} ({p['chunk_id']})\n{p['text']}" for n, p in enumerate(passages, 1)
+    )
+
+
+def search_result(result: RetrievalResult) -> CallToolResult:
+    passages = [passage_of(p) for p in result.passages]
+    text = _passages_text(passages) or "No passage matched."
+    return _result({"passages": passages, "index_version": result.index_version}, text)
+
+
+def answer_result(events: Sequence[QueryEvent]) -> CallToolResult:
+    """The answer's text, its citations resolved to the passages it cites (with the sentence each
+    quotes), `declined`, and the passages shown to the model."""
+    text = "".join(e.text for e in events if isinstance(e, TokenDelta))
+    retrieval = next((e for e in events if isinstance(e, RetrievalResult)), None)
+    final = next((e for e in events if isinstance(e, FinalSummary)), None)
+    shown = list(retrieval.passages) if retrieval is not None else []
+    late = next((e.answer for e in events if isinstance(e, LateAnswer) and e.answer is not None), None)
+    span = late or (retrieval.answer if retrieval is not None else None)
+    cited = sorted({int(n) for n in _CITATION.findall(text) if 1 <= int(n) <= len(shown)})
+    citations = [{"n": n, **_citation_of(shown[n - 1])} for n in cited]
+    structured = {
+        "answer": text.strip(),
+        "declined": bool(final.declined) if final is not None else False,
+        "citations": citations,
+        "reader_span": span.text if span is not None else "",
+        "passages": [passage_of(p) for p in shown],
+        "index_version": retrieval.index_version if retrieval is not None else "",
+    }
+    sources = "\n".join(f"[{c['n']}] {c['title'] or c['doc_id']}: {c['quote']}" for c in citations)
+    return _result(structured, text.strip() + (f"\n\nSources:\n{sources}" if sources else ""))
+
+
+def _citation_of(passage: Passage) -> dict[str, Any]:
+    chunk = passage.chunk
+    return {"doc_id": chunk.doc_id, "chunk_id": chunk.chunk_id, "title": chunk.title, "quote": _highlight(passage)}
+
+
+def fetch_result(chunks: Sequence[Chunk], version: str) -> CallToolResult:
+    found = [
+        {"doc_id": c.doc_id, "chunk_id": c.chunk_id, "title": c.title, "text": c.text, "metadata": c.metadata}
+        for c in chunks
+    ]
+    text = "\n\n".join(f"{c['title'] or c['doc_id']} ({c['chunk_id']})\n{c['text']}" for c in found)
+    return _result({"found": bool(found), "chunks": found, "index_version": version}, text or "Not found.")
+
+
+def fields_result(schema: Mapping[str, str]) -> CallToolResult:
+    fields = dict(schema)
+    text = json.dumps(fields) if fields else "No filterable fields: this index was built without front matter."
+    return _result({"fields": fields}, text)
