@@ -250,6 +250,10 @@ class HttpListener:
         family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart need not wait out TIME_WAIT
+        # Inherited by every accepted connection. Without it, each request after the first on a
+        # kept-alive connection waited ~40 ms for the client's delayed ACK before its answer went
+        # out (Nagle), on uvicorn 0.54 over this socket: measured in BENCHMARKS.md, "The MCP door".
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             sock.bind((self._host, self._port))
         except OSError as exc:

@@ -32,9 +32,13 @@ def session_servers(
     servers = SessionServers(
         sample_index,
         tmp_path_factory.mktemp("session-servers"),
-        # The live server's OpenAI-compatible door on a port of its own (tests/e2e/test_openai_door.py).
+        # The live server's OpenAI-compatible door on a port of its own (tests/e2e/test_openai_door.py),
+        # with the MCP door beside it (tests/e2e/test_mcp_door.py).
         [
-            {"live": {**LIVE_ENV, "RAGSERVE_OPENAI_PORT": str(free_port())}, "retrieval": RETRIEVAL_ENV},
+            {
+                "live": {**LIVE_ENV, "RAGSERVE_OPENAI_PORT": str(free_port()), "RAGSERVE_MCP_ENABLED": "true"},
+                "retrieval": RETRIEVAL_ENV,
+            },
             {"float32": FLOAT32_ENV},
         ],
         wanted,

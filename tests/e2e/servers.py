@@ -153,6 +153,7 @@ SESSION_MODULES = {
         "test_grpc_stream.py",
         "test_grpcurl.py",
         "test_hardening.py",
+        "test_mcp_door.py",
         "test_metrics.py",
         "test_openai_door.py",
         "test_outside_clients.py",

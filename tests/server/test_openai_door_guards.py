@@ -198,3 +198,16 @@ def test_a_client_gone_mid_upload_is_one_log_line(caplog: pytest.LogCaptureFixtu
     assert len(lines) == 1 and lines[0].levelno == logging.INFO
     assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
     assert "Traceback" not in caplog.text and "Exception in ASGI application" not in caplog.text
+
+
+def test_every_connection_sends_at_once_without_waiting_for_an_ack() -> None:
+    """TCP_NODELAY on the listening socket, which accepted connections inherit: without it a
+    kept-alive connection's second request waited ~40 ms for a delayed ACK (BENCHMARKS.md)."""
+    from ragserve.server.http_listener import HttpListener
+
+    settings = _settings()
+    sock = HttpListener(lambda *a: None, "127.0.0.1", settings.openai.port, settings)._bind()  # type: ignore[arg-type]
+    try:
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    finally:
+        sock.close()
