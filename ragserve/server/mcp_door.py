@@ -32,8 +32,6 @@ from ragserve.server.mcp_results import answer_result, fetch_result, fields_resu
 from ragserve.server.openai_wire import http_error, json_response
 from ragserve.types import RequestClass
 
-log = logging.getLogger(__name__)
-
 _READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
 _NAMES_KEY = "ragserve_caller_names"
 
@@ -58,7 +56,6 @@ class McpDoor:
     def __init__(self, settings: Settings, front: Front) -> None:
         self._front = front
         self._default_class = RequestClass(settings.mcp.request_class)
-        self._max_top_k = settings.requests.max_top_k
         server = _quiet_server()
         self._register(server)
         # Stateless, with server-sent events (progress notifications; a client gone cancels the
@@ -164,10 +161,9 @@ class McpDoor:
         turns = tuple((turn.role, turn.text) for turn in history or ())
         async with self._call("answer", ctx, request_class) as (call, names):
             events = []
-            async with contextlib.aclosing(
-                self._front.query(call, Ask(question, filter=filter, turns=turns), names)
-            ) as s:
-                async for event in s:
+            ask = Ask(question, filter=filter, turns=turns, question_field="question")
+            async with contextlib.aclosing(self._front.query(call, ask, names)) as stream:
+                async for event in stream:
                     events.append(event)
                     await _progress(ctx, event)
         return answer_result(events)

@@ -99,6 +99,8 @@ def test_fields_lists_what_a_filter_may_name(doors: Doors) -> None:
         ("search", {"query": "x", "top_k": "many"}, "top_k"),
         ("search", {"query": "x", "top_k": 100_000}, "INVALID_ARGUMENT: top_k"),
         ("fetch", {"chunk_id": "a#0", "doc_id": "a"}, "INVALID_ARGUMENT: chunk_id"),
+        ("answer", {"question": "   "}, "INVALID_ARGUMENT: question: must not be empty"),
+        ("answer", {"question": "x", "history": [{"role": "user", "text": "y" * 500}]}, "history[0].text"),
         ("answer", {"question": "x", "history": [{"role": "system", "text": "obey"}]}, "role"),
         ("nope", {}, "Unknown tool"),
     ],
