@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.workloads import evaluate, load_qrels, load_queries
 from indexer.build import build_index
 from indexer.chunking import ChunkingConfig, chunk_document, embedding_text
-from indexer.loaders import Document, iter_source
+from indexer.loaders import Document
+from indexer.sources import iter_source
 from ragserve.index.base import ScoredChunk
 from ragserve.index.bm25 import Bm25Index, build_bm25
 from ragserve.index.chunk_store import read_chunks

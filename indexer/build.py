@@ -23,10 +23,11 @@ import orjson
 from indexer.checkpoint import Checkpoints, clear_checkpoints
 from indexer.chunking import ChunkingConfig, embedding_text
 from indexer.embedding import GROUP_CHUNKS, IndexingEmbedder, embed_all
-from indexer.loaders import Document, LoadLimits, Skipped, SourceError, iter_source
+from indexer.loaders import Document, LoadLimits, Skipped, SourceError
 from indexer.metadata import Fields, MetadataError, choose_fields, normalized
 from indexer.previous import Previous, chunking_dict, extend_graph, load_previous
 from indexer.root_lock import index_root_lock
+from indexer.sources import iter_source
 from ragserve.digests import sha256_file
 from ragserve.index.bm25 import build_bm25
 from ragserve.index.chunk_store import write_chunks

@@ -12,7 +12,7 @@ import typer
 from indexer import host_share
 from indexer.build import BuildReport, build_index
 from indexer.chunking import ChunkingConfig
-from indexer.embedding import IndexingEmbedder, LazyEmbedder
+from indexer.embedding import IndexingEmbedder, LazyEmbedder, load_embedder
 from indexer.loaders import (
     DEFAULT_MAX_FILE_MB,
     DEFAULT_MAX_TEXT_CHARS,
@@ -313,21 +313,6 @@ def _to_qdrant(url: str, name: str, api_key: str, root: Path) -> tuple[str, int]
 
 
 register_tune_commands(app)  # `tune`, `tune-reranker` (indexer/tune/commands.py), listed after `build`
-
-
-def load_embedder(model: str, backend: str, device: str, int8: bool) -> IndexingEmbedder:
-    """Through the server's factory. ONNX always runs on the CPU here, on the threads the indexer
-    may use (--threads)."""
-    from ragserve.factory import make_embedder
-
-    cfg = EmbedderSettings(
-        model=model,
-        backend=backend,  # type: ignore[arg-type]  # checked by the caller and by the settings
-        device="cpu" if backend == "onnx" else device,  # type: ignore[arg-type]
-        onnx_int8=int8,
-        threads=host_share.threads,
-    )
-    return make_embedder(cfg, indexing=True)
 
 
 def main() -> None:

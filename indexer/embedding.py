@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from indexer import host_share
 from indexer.checkpoint import Checkpoints, Embedded
 from indexer.chunking import ChunkingConfig, chunk_document, embedding_text
 from indexer.loaders import Document
@@ -141,3 +142,19 @@ def _embed_group(
         items.append(Embedded(doc.doc_id, doc.content_hash, chunks, matrix[row : row + len(chunks)]))
         row += len(chunks)
     return items
+
+
+def load_embedder(model: str, backend: str, device: str, int8: bool) -> IndexingEmbedder:
+    """Through the server's factory. ONNX always runs on the CPU here, on the threads the indexer
+    may use (--threads)."""
+    from ragserve.config import EmbedderSettings
+    from ragserve.factory import make_embedder
+
+    cfg = EmbedderSettings(
+        model=model,
+        backend=backend,  # type: ignore[arg-type]  # checked by the caller and by the settings
+        device="cpu" if backend == "onnx" else device,  # type: ignore[arg-type]
+        onnx_int8=int8,
+        threads=host_share.threads,
+    )
+    return make_embedder(cfg, indexing=True)

@@ -347,21 +347,3 @@ def _document_of(path: Path, relative: str, title: str, text: str) -> Document |
     title = _capped_title(given_title or title) or _title_of(text, display_name(path.stem))
     metadata = {**derived_fields(relative, path, title), **supplied}
     return Document(relative, title, text, relative, metadata=metadata)
-
-
-def iter_source(source: Path, limits: LoadLimits | None = None) -> Iterator[Document | Skipped]:
-    if not source.exists():
-        raise SourceError(f"{source} does not exist")
-    if source.is_dir():
-        return iter_folder(source, limits)
-    if source.name.endswith(".jsonl"):
-        from indexer.beir import iter_beir  # it builds on this module's documents and limits
-
-        return iter_beir(source, limits)
-    if source.suffix.lower() in _READERS:
-        named = source.resolve()  # a file named on the command line is read even through a link
-        return iter_folder_files(named.parent, [named], limits)
-    raise SourceError(
-        f"{source}: unsupported source; give a folder (of {', '.join(sorted(SUPPORTED_SUFFIXES))} files) "
-        "or a BEIR corpus .jsonl file"
-    )

@@ -22,17 +22,17 @@ FLOORS = [
     {"index"},
     {"config", "types", "errors", "budget", "prompt", "metrics", "pretrained", "onnx_export", "addresses", "digests"}
     | {"tracing", "logs", "v1", "filters", "access", "sentence_spans", "priority", "json_bytes", "heap"}
-    | {"retrieval_first", "reports", "api_keys"},
+    | {"retrieval_first", "reports", "api_keys", "cost"},
 ]
 FLOOR = {part: level for level, parts in enumerate(FLOORS) for part in parts}
 GENERATOR_OR_INDEX_TYPES = {"RemoteVllmGenerator", "VllmGenerator", "HnswIndex", "QdrantIndex"}
 
 
 @cache
-def _modules() -> dict[str, Path]:
+def _modules(package: Path = PACKAGE) -> dict[str, Path]:
     found = {}
-    for path in PACKAGE.rglob("*.py"):
-        if "v1" in path.relative_to(PACKAGE).parts:
+    for path in package.rglob("*.py"):
+        if "v1" in path.relative_to(package).parts:
             continue  # generated stubs
         parts = list(path.relative_to(REPO).with_suffix("").parts)
         if parts[-1] == "__init__":
@@ -42,10 +42,11 @@ def _modules() -> dict[str, Path]:
 
 
 @cache
-def _imports() -> dict[str, set[str]]:
-    """Every ragserve module each module imports (at run time or for type checking alike)."""
+def _imports(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Every module of `package` each of its modules imports (at run time or for type checking alike)."""
     graph: dict[str, set[str]] = defaultdict(set)
-    for name, path in _modules().items():
+    modules = _modules(package)
+    for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
@@ -56,7 +57,7 @@ def _imports() -> dict[str, set[str]]:
                 targets = [module, *(f"{module}.{alias.name}" for alias in node.names)]
             else:
                 continue
-            graph[name].update(t for t in targets if t in _modules())
+            graph[name].update(t for t in targets if t in modules)
     return graph
 
 
@@ -81,8 +82,17 @@ def test_no_two_folders_import_each_other_and_no_module_circle() -> None:
             if "." in a and "." in b and _part(a) != _part(b):
                 folders[_part(a)].add(_part(b))
     assert not [(a, b) for a in folders for b in folders[a] if a < b and a in folders.get(b, set())]
-    # Depth-first search for a circle among the modules themselves.
-    graph, state, circles = _imports(), {}, []
+    assert not _circles(_imports())
+
+
+def test_no_module_circle_in_the_indexer() -> None:
+    assert not _circles(_imports(REPO / "indexer"))
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Depth-first search for a circle among the modules themselves."""
+    state: dict[str, str] = {}
+    circles: list[list[str]] = []
 
     def visit(module: str, path: list[str]) -> None:
         state[module] = "open"
@@ -98,7 +108,7 @@ def test_no_two_folders_import_each_other_and_no_module_circle() -> None:
     for module in sorted(graph):
         if module not in state:
             visit(module, [module])
-    assert not circles
+    return circles
 
 
 def test_the_named_boundaries_hold() -> None:

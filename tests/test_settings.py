@@ -319,7 +319,7 @@ def test_serve_reports_a_broken_rule_as_an_error(monkeypatch: pytest.MonkeyPatch
 
 
 def test_indexer_builds_its_embedder_through_the_factory(monkeypatch: pytest.MonkeyPatch) -> None:
-    from indexer import cli as indexer_cli
+    from indexer import embedding as indexer_embedding
     from ragserve import factory
 
     calls: list[tuple[EmbedderSettings, bool]] = []
@@ -330,8 +330,8 @@ def test_indexer_builds_its_embedder_through_the_factory(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(factory, "make_embedder", fake_make_embedder)
     monkeypatch.setenv("RAGSERVE_EMBEDDER_THREADS", "5")  # the indexer's own choices win
-    indexer_cli.load_embedder("/models/e5", "onnx", "cuda", False)
-    indexer_cli.load_embedder("/models/e5", "torch", "cuda", True)
+    indexer_embedding.load_embedder("/models/e5", "onnx", "cuda", False)
+    indexer_embedding.load_embedder("/models/e5", "torch", "cuda", True)
     (onnx, onnx_indexing), (torch, _) = calls
     assert onnx_indexing and onnx.backend == "onnx" and onnx.device == "cpu" and not onnx.onnx_int8
     assert onnx.threads == host_share.threads and onnx.model == "/models/e5"  # --threads, or 0 when not run

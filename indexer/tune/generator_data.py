@@ -143,7 +143,7 @@ async def examples_for(
 def index_corpus(corpus: Path, root: Path, progress: bool) -> None:
     """The corpus indexed by the indexer, with its documented defaults (as `ragserve-index build`)."""
     from indexer.build import build_index
-    from indexer.cli import load_embedder
+    from indexer.embedding import load_embedder
     from ragserve.config import EmbedderSettings
 
     defaults = EmbedderSettings()

@@ -10,6 +10,7 @@ reload). A version without that file (built before it existed) is decoded as bef
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import zipfile
 from collections import OrderedDict
@@ -133,7 +134,8 @@ class FieldColumns:
 
     def mask(self, flt: Filter) -> np.ndarray:
         """A read-only boolean array: True where the chunk passes `flt`."""
-        key = orjson.dumps(canonical(flt))
+        # A digest: a filter may be megabytes (thousands of values), and only its meaning matters.
+        key = hashlib.blake2b(orjson.dumps(canonical(flt)), digest_size=16).digest()
         with self._lock:
             kept = self._kept.get(key)
             if kept is not None:
@@ -148,15 +150,16 @@ class FieldColumns:
         return mask
 
     def _filter(self, flt: Filter) -> np.ndarray:
+        # A clause given twice is evaluated once (dict.fromkeys: the first, in order).
         out = np.ones(self.count, dtype=bool)
-        for clause in flt.must:
+        for clause in dict.fromkeys(flt.must):
             out &= self._clause(clause)
         if flt.should:
             any_of = np.zeros(self.count, dtype=bool)
-            for clause in flt.should:
+            for clause in dict.fromkeys(flt.should):
                 any_of |= self._clause(clause)
             out &= any_of
-        for clause in flt.must_not:
+        for clause in dict.fromkeys(flt.must_not):
             out &= ~self._clause(clause)
         return out
 

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from ragserve.config import Settings
-from ragserve.errors import InvalidArgument, RagError, Unavailable
+from ragserve.errors import IndexLoadError, InvalidArgument, RagError, Unavailable
 from ragserve.filters import FieldSchema
-from ragserve.reports import PipelineInfo
+from ragserve.reports import PipelineInfo, WarmState
 from ragserve.request.pipeline import RagPipeline
 from ragserve.request.readable import readable_chunks
 from ragserve.server.gate import Call, CallGate, Door
@@ -99,6 +100,11 @@ class Front:
         except passthrough:
             code = "UNKNOWN"
             raise
+        except IndexLoadError as error:
+            # Its text names the server's files: the log keeps it, the caller gets the request id.
+            code = error.kind.value
+            log.error("request failed: %s", error, extra={"request_id": request_id, "method": method, "code": code})
+            await fail(Unavailable(f"the index could not be read (request id {request_id})"))
         except RagError as error:
             code = error.kind.value
             extra = {"request_id": request_id, "method": method, "code": code, "error": type(error).__name__}
@@ -154,8 +160,14 @@ class Front:
 
     async def info(self, names: set[str]) -> tuple[PipelineInfo, int]:
         """What this caller's grant sees of the index, and the calls in flight besides this one
-        (which holds a slot: its count may be a round trip to the index, request/readable.py)."""
-        info = await self.ready().info_for(self._narrowing.access.grant_for(names))
+        (which holds a slot: its count may be a round trip to the index, request/readable.py).
+        Warming's passage counts are of the whole corpus: a caller whose grant reads less gets
+        only whether warming is done."""
+        grant = self._narrowing.access.grant_for(names)
+        info = await self.ready().info_for(grant)
+        if grant is not None:
+            warmed = info.warming
+            info = dataclasses.replace(info, warming=WarmState(warmed.version, done=warmed.done))
         return info, max(0, self.gate.in_flight - 1)
 
     async def fetch(self, chunk_id: str, doc_id: str, names: set[str]) -> tuple[list[Chunk], str]:

@@ -1,6 +1,7 @@
 """An ASGI app served by uvicorn inside this process, on the running event loop: its own socket
-(bound here, so a busy port is our one-line ConfigError), the gRPC port's TLS files, and the
-verified client certificate's names handed to the app (uvicorn does not pass them on itself).
+(bound here, so a busy port is our one-line ConfigError), the gRPC port's TLS files (followed when
+they rotate, as on the gRPC port), and the verified client certificate's names handed to the app
+(uvicorn does not pass them on itself).
 
 Its sockets share the process's file descriptors with the gRPC port, so a connection costs a
 bounded while: at most RAGSERVE_OPENAI_MAX_CONNECTIONS are open (one more is answered 503 and
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import logging
 import socket
 import ssl
 from collections.abc import Iterator
@@ -32,6 +34,12 @@ from ragserve.addresses import is_loopback
 from ragserve.config import OpenAISettings, Settings
 from ragserve.errors import ConfigError
 from ragserve.server.openai_wire import error_body
+from ragserve.server.tls import TlsFiles, files_state, load_certificate_configuration
+
+log = logging.getLogger(__name__)
+
+# How often the HTTP door looks at its TLS files (a rotated certificate is served within this).
+TLS_CHECK_S = 2.0
 
 # Most bytes in a request's line and headers; beyond, 431 and the connection closes. An OpenAI
 # SDK's request head is well under 2 KiB; nginx's default bound is 32 KiB.
@@ -204,6 +212,29 @@ def _json_response(status: int, body: dict[str, Any]) -> Response:
     return Response(orjson.dumps(body), status, media_type="application/json")
 
 
+async def follow_tls_files(context: ssl.SSLContext, files: TlsFiles) -> None:
+    """Certificate rotation without a restart, as on the gRPC port (server/tls.py): the files are
+    looked at every TLS_CHECK_S, and a changed set that passes the same checks is loaded into the
+    listener's context, so new connections get it; a broken set keeps the current certificate. A
+    new client CA is trusted beside the old one until a restart (OpenSSL adds, never removes)."""
+    seen = files_state(files.paths())
+    while True:
+        await asyncio.sleep(TLS_CHECK_S)
+        state = files_state(files.paths())
+        if state == seen:
+            continue
+        seen = state
+        try:
+            load_certificate_configuration(files)  # readable, PEM, and the key matches the certificate
+            context.load_cert_chain(files.cert_file, files.key_file)
+            if files.client_ca_file:
+                context.load_verify_locations(files.client_ca_file)
+        except (ConfigError, OSError, ssl.SSLError) as exc:
+            log.warning("the HTTP door keeps its current TLS certificate: %s", exc)
+            continue
+        log.info("the HTTP door serves the new TLS certificate from %s", files.cert_file)
+
+
 class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -218,6 +249,7 @@ class HttpListener:
         self._settings = settings
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
+        self._rotation: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         sock = self._bind()
@@ -245,6 +277,9 @@ class HttpListener:
                 self._task.result()  # its failure, raised here
                 raise ConfigError(f"the HTTP door on {self._host}:{self._port} stopped while starting")
             await asyncio.sleep(0.01)
+        if tls and config.ssl is not None:
+            files = TlsFiles(access.tls_cert_file, access.tls_key_file, access.tls_client_ca_file)
+            self._rotation = asyncio.create_task(follow_tls_files(config.ssl, files))
 
     def _bind(self) -> socket.socket:
         family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
@@ -267,6 +302,8 @@ class HttpListener:
 
     async def close(self) -> None:
         """In-flight calls get the shutdown grace period, then the connections close."""
+        if self._rotation is not None:
+            self._rotation.cancel()
         if self._server is None or self._task is None:
             return
         self._server.should_exit = True

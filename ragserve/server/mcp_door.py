@@ -118,7 +118,8 @@ class McpDoor:
 
         method = f"Mcp{tool.capitalize()}"
         async with self._front.outcome(method, request_id, fail) as arrived:
-            door = Door(request_id, self._class(asked_class, headers.get("x-request-class")), names, None, None)
+            trace = list(headers.items()) if request is not None else None  # a caller's traceparent
+            door = Door(request_id, self._class(asked_class, headers.get("x-request-class")), names, None, trace)
             async with self._front.enter(method, door, arrived) as call:
                 yield call, names
 

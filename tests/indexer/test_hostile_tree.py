@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import orjson
 import pytest
 
-from indexer.loaders import Document, Skipped, iter_source
+from indexer.loaders import Document, Skipped
+from indexer.sources import iter_source
 from tests.helpers import pdf_file
 
 if TYPE_CHECKING:

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from indexer.build import build_index
-from indexer.loaders import Document, iter_source
+from indexer.loaders import Document
 from indexer.metadata import MetadataError, choose_fields, parse_declared, split_front_matter
+from indexer.sources import iter_source
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.filters import parse_filter
 from ragserve.index.hnsw import HnswIndex

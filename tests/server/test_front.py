@@ -56,3 +56,33 @@ def test_a_question_error_names_the_doors_own_field() -> None:
     with pytest.raises(InvalidArgument) as refused:
         front.retrieve_params(Ask("  ", question_field="messages[2].content"), set())
     assert refused.value.field == "messages[2].content"
+
+
+def test_an_index_error_reaches_the_caller_without_the_servers_paths(caplog: pytest.LogCaptureFixture) -> None:
+    from ragserve.errors import IndexLoadError
+
+    (failure,) = _outcome(IndexLoadError("/srv/index/v000003/docstore.jsonl:17: bad docstore record"))
+    assert failure.kind is ErrorKind.UNAVAILABLE
+    assert "/srv" not in str(failure) and "req-1" in str(failure)
+    assert "/srv/index/v000003/docstore.jsonl:17" in caplog.text
+
+
+class FakeInfoPipeline:
+    """Answers Info only: a corpus of 40 chunks, warming 9 of 12 planned passages."""
+
+    async def info_for(self, grant: object) -> object:
+        from ragserve.reports import PipelineInfo, WarmState
+
+        chunks = 40 if grant is None else 4
+        return PipelineInfo("v1", chunks, "model", (), warming=WarmState("v1", passages=9, planned=12, left_out=3))
+
+
+def test_a_caller_whose_grant_reads_less_gets_no_whole_corpus_warming_counts() -> None:
+    import json
+
+    settings = Settings(grants={"field": "groups", "grants": json.dumps({"admin": ["*"], "bob": ["team"]})})
+    front = make_front(settings, FakeInfoPipeline())  # type: ignore[arg-type]
+    bob, _ = asyncio.run(front.info({"bob"}))
+    admin, _ = asyncio.run(front.info({"admin"}))
+    assert bob.index_chunks == 4 and (bob.warming.passages, bob.warming.planned, bob.warming.left_out) == (0, 0, 0)
+    assert admin.index_chunks == 40 and admin.warming.passages == 9 and admin.warming.planned == 12
