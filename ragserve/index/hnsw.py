@@ -303,11 +303,10 @@ class HnswIndex:
         passing = mask[labels]
         if int(np.count_nonzero(passing)) >= min(k, allowed):
             return self._scored(labels[passing][:k], distances[passing][:k])
-        # Too few passed (a filter that keeps far from the question): the graph walked with the filter.
-        try:
-            return self._scored(*self._knn(query_vector, min(k, allowed), widened, mask))
-        except RuntimeError:  # hnswlib found fewer than k that pass: the exact scan finds them all
-            return self._scan(query_vector, k, np.flatnonzero(mask))
+        # Too few passed (a filter that keeps far from the question): the exact scan, slab by slab.
+        # Not the graph walked with the filter: hnswlib then calls back into Python at every node
+        # it visits, under the graph's lock, for as long as it takes (about a second at a million).
+        return self._scan(query_vector, k, np.flatnonzero(mask))
 
     def _knn(
         self, query_vector: np.ndarray, k: int, ef: int, allowed: np.ndarray | None = None
@@ -326,17 +325,24 @@ class HnswIndex:
         """Exact search over `rows` only (their vectors are L2-normalized: the dot product is the cosine)."""
         if rows.size == 0:
             return []
+        query = np.asarray(query_vector, dtype=np.float32).reshape(-1)
+        # Slab by slab: a filter passing most of a million chunks would copy gigabytes of vectors.
+        scores = np.concatenate(
+            [self._slab_scores(query, rows[i : i + _EXACT_SLAB]) for i in range(0, rows.size, _EXACT_SLAB)]
+        )
+        k = min(k, rows.size)
+        best = np.argpartition(-scores, k - 1)[:k]
+        best = best[np.lexsort((rows[best], -scores[best]))]  # by score, then row: a stable order
+        return [ScoredChunk(self._chunks[int(rows[i])], float(scores[i])) for i in best]
+
+    def _slab_scores(self, query: np.ndarray, rows: np.ndarray) -> np.ndarray:
         if self._vectors is not None:
             vectors = np.asarray(self._vectors[rows], dtype=np.float32)
         else:
             vectors = self._graph.items(rows)
         # einsum, not a BLAS call: OpenBLAS's threads made this product 10-60x slower, erratically,
         # on a two-core host whose other core was busy (the server's model threads, the engine).
-        scores = np.einsum("ij,j->i", vectors, np.asarray(query_vector, dtype=np.float32).reshape(-1))
-        k = min(k, rows.size)
-        best = np.argpartition(-scores, k - 1)[:k]
-        best = best[np.lexsort((rows[best], -scores[best]))]  # by score, then row: a stable order
-        return [ScoredChunk(self._chunks[int(rows[i])], float(scores[i])) for i in best]
+        return np.asarray(np.einsum("ij,j->i", vectors, query))
 
     @property
     def lexical_available(self) -> bool:

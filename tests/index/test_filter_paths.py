@@ -1,6 +1,7 @@
-"""The three ways the local index searches with a filter, each held to the exact filtered answer:
-an exact scan (few pass), neighbours kept if they pass (many pass), and hnswlib's own filtered walk
-(the passing chunks lie far from the question, so the nearest neighbours hold too few of them)."""
+"""The ways the local index searches with a filter, each held to the exact filtered answer: an exact
+scan (few pass), neighbours kept if they pass (many pass), and, when the passing chunks lie far from
+the question so the nearest neighbours hold too few of them, the exact scan again, slab by slab:
+never hnswlib's filtered walk, whose Python call per visited node is unbounded."""
 
 from __future__ import annotations
 
@@ -47,9 +48,9 @@ def _exact(index: HnswIndex, query: np.ndarray, flt: Filter, k: int) -> list[str
     [
         (Filter(must=(Match("side", ("far",)),)), 20_000),  # few pass: the exact scan
         (Filter(must=(Match("half", ("0",)),)), 0),  # half pass: neighbours kept if they pass
-        (Filter(must=(Match("side", ("far",)),)), 0),  # pass but far away: hnswlib's filtered walk
+        (Filter(must=(Match("side", ("far",)),)), 0),  # pass but far away: the scan after all
     ],
-    ids=["scan", "neighbours-kept", "filtered-walk"],
+    ids=["scan", "neighbours-kept", "far-scan"],
 )
 def test_each_path_finds_the_exact_filtered_top_k(index: HnswIndex, flt: Filter, scan_max: int) -> None:
     query = np.ones(DIM, dtype=np.float32) / np.sqrt(DIM)
@@ -59,3 +60,25 @@ def test_each_path_finds_the_exact_filtered_top_k(index: HnswIndex, flt: Filter,
     assert len(hits) == 10
     assert len({h.chunk.chunk_id for h in hits} & set(expected)) >= 9
     assert all(all(h.chunk.metadata[m.key] in m.values for m in flt.must) for h in hits)  # type: ignore[union-attr]
+
+
+def test_far_passing_chunks_never_make_the_graph_call_back_per_node(
+    index: HnswIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ragserve.index import hnsw
+
+    walked: list[object] = []
+    real = index._graph.knn
+
+    def knn(vector: np.ndarray, k: int, ef: int, allowed: np.ndarray | None = None) -> object:
+        walked.append(allowed)
+        return real(vector, k, ef, allowed)
+
+    monkeypatch.setattr(index._graph, "knn", knn)
+    monkeypatch.setattr(hnsw, "_EXACT_SLAB", 64)  # many slabs: their top k joined is the whole top k
+    index.exact_scan_max = 0
+    query = np.ones(DIM, dtype=np.float32) / np.sqrt(DIM)
+    flt = Filter(must=(Match("side", ("far",)),))
+    hits = index.search(query, 10, 64, flt)
+    assert all(allowed is None for allowed in walked)  # no per-node callback
+    assert [h.chunk.chunk_id for h in hits] == _exact(index, query, flt, 10)
