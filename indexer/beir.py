@@ -58,7 +58,7 @@ def _beir_record(line: bytes, where: str, limits: LoadLimits) -> Document | Skip
     if not text.strip() and not title.strip():
         return Skipped(where, "empty")
     title = _capped_title(title)
-    return Document(doc_id, title, text, where, metadata={**derived_fields(doc_id, None, title), **supplied})
+    return Document(doc_id, title, text, where, metadata={**supplied, **derived_fields(doc_id, None, title)})
 
 
 def iter_beir(corpus: Path, limits: LoadLimits | None = None) -> Iterator[Document | Skipped]:

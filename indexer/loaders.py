@@ -345,5 +345,6 @@ def _document_of(path: Path, relative: str, title: str, text: str) -> Document |
         return Skipped(relative, "no text")
     given_title = supplied.get("title") if isinstance(supplied.get("title"), str) else ""
     title = _capped_title(given_title or title) or _title_of(text, display_name(path.stem))
-    metadata = {**derived_fields(relative, path, title), **supplied}
+    # What the indexer derives wins: an author cannot move a file to another folder or type for a filter.
+    metadata = {**supplied, **derived_fields(relative, path, title)}
     return Document(relative, title, text, relative, metadata=metadata)

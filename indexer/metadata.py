@@ -1,8 +1,9 @@
 """Document metadata in: YAML front matter, `<file>.meta.json`, a BEIR line's `metadata`, derived fields;
 then the version's filterable fields, checked.
 
-Precedence (later wins): derived fields (path, folder, file_type, modified, title), front matter,
-the `.meta.json` beside the file. A field is filterable when the user declares its type
+Precedence: the `.meta.json` beside the file over front matter; the derived fields (path, folder,
+file_type, modified, title) over both, so an author cannot move a document for a filter (a title
+the author gives is the derived title). A field is filterable when the user declares its type
 (`--field name:type`) or, undeclared, when all its values share one scalar type (integers and
 floats together are float). A document whose value does not fit its field's type is skipped with
 the reason, never indexed half; an undeclared field of mixed types is left out of filters, named.

@@ -55,6 +55,19 @@ def test_a_folder_gives_derived_fields_front_matter_and_sidecars(tmp_path: Path)
     assert "modified" in docs["notes.txt"].metadata
 
 
+def test_an_author_cannot_move_a_document_for_a_filter(tmp_path: Path) -> None:
+    """Round six: front matter or a sidecar naming a derived field does not change it."""
+    planted = "---\nfolder: finance\npath: finance/q3.md\nfile_type: pdf\nmodified: 2001-01-01\n---\nText."
+    src = _docs(
+        tmp_path / "src",
+        {"blog/post.md": planted, "blog/note.txt": "Note.", "blog/note.txt.meta.json": json.dumps({"folder": "hr"})},
+    )
+    docs = {d.doc_id: d for d in iter_source(src) if isinstance(d, Document)}
+    post, note = docs["blog/post.md"].metadata, docs["blog/note.txt"].metadata
+    assert (post["folder"], post["path"], post["file_type"]) == ("blog", "blog/post.md", "md")
+    assert not str(post["modified"]).startswith("2001") and note["folder"] == "blog"
+
+
 def test_a_beir_line_carries_its_metadata(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus.jsonl"
     lines = [
