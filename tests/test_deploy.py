@@ -680,6 +680,8 @@ def test_setup_hands_uv_the_package_sources_pip_is_configured_with() -> None:
             "global.constraint='/etc/pip-constraints.txt'",
             "user.index-url='https://mirror.example/simple'",
             "global.timeout='60'",  # nothing uv needs
+            "install.require-hashes='true'",  # pip install's own section
+            "global.no-index='false'",
         ]
     )
     assert _uv_exports(listed) == [
@@ -688,4 +690,18 @@ def test_setup_hands_uv_the_package_sources_pip_is_configured_with() -> None:
         "export UV_EXTRA_INDEX_URL='file:///mirror/a/simple file:///mirror/b/simple'",
         "export UV_FIND_LINKS=/wheels/two,/wheels/three",
         "export UV_DEFAULT_INDEX=https://mirror.example/simple",
+        "export UV_REQUIRE_HASHES=1",
     ]
+
+
+def test_one_index_needs_no_strategy_and_install_sections_and_switches_are_carried() -> None:
+    listed = "\n".join(
+        ["global.index-url='https://a/simple'", "install.index-url='https://b/simple'", ":env:.no-index='1'"]
+    )
+    assert _uv_exports(listed) == ["export UV_DEFAULT_INDEX=https://b/simple", "export UV_NO_INDEX=1"]
+
+
+def test_setup_never_runs_uv_without_the_sources_pip_uses() -> None:
+    text = (REPO / "deploy" / "local" / "setup.sh").read_text()
+    assert 'sources="$(python deploy/local/uv_env.py)" &&' in text  # a failed helper: pip installs
+    assert re.search(r'UV_VERSION="\d+\.\d+\.\d+"', text) and '"uv==${UV_VERSION}"' in text

@@ -62,14 +62,19 @@ PY
   rm -f "$report"
 }
 
+UV_VERSION="0.13.9"
+
 # Packages with uv when it can (the same resolution as pip, a minute or more faster on a first
 # run), given pip's configured package sources (deploy/local/uv_env.py); else with pip. Both
 # byte-compile what they install: where PYTHONDONTWRITEBYTECODE is set (CI machines often do),
 # every process would otherwise compile every module it imports, at every start (the test suite
 # took half again as long).
 install_packages() {
-  if python -m pip install --quiet "uv>=0.5" >/dev/null 2>&1 &&
-    (eval "$(python deploy/local/uv_env.py)" && uv pip install --compile-bytecode --python "$(command -v python)" "$@"); then
+  local sources
+  # uv pinned; its sources read first: a helper that fails means pip installs (with its own
+  # configuration), never uv falling back to the public index.
+  if python -m pip install --quiet "uv==${UV_VERSION}" >/dev/null 2>&1 && sources="$(python deploy/local/uv_env.py)" &&
+    (eval "$sources" && uv pip install --compile-bytecode --python "$(command -v python)" "$@"); then
     return
   fi
   echo "setup: uv could not install the packages; pip does" >&2

@@ -1,9 +1,10 @@
 """Prints `export` lines that hand uv the package sources pip is configured with.
 
 deploy/local/setup.sh installs with uv (the same resolution as pip, in less time), but uv
-does not read pip's configuration: the indexes, find-links, constraints and certificate that pip
-would use (its config files and PIP_* variables, as `pip config list` shows them) become the UV_*
-variables that mean the same. Run with the venv's python.
+does not read pip's configuration: the indexes, find-links, constraints, certificate, `no-index` and
+`require-hashes` that pip would use (its config files' [global] and [install] sections and PIP_*
+variables, as `pip config list` shows them) become the UV_* variables that mean the same. Run with
+the venv's python; when it fails, setup.sh installs with pip (never uv without pip's sources).
 """
 
 from __future__ import annotations
@@ -21,8 +22,12 @@ _OPTIONS = {
     "constraint": ("UV_CONSTRAINT", " "),
     "cert": ("SSL_CERT_FILE", " "),
 }
-# Later scopes override earlier ones, as in pip (its variables last).
-_SCOPES = ("global", "user", "site", ":env:")
+# pip's switches -> uv's variable, set to 1 when pip's is on.
+_SWITCHES = {"no-index": "UV_NO_INDEX", "require-hashes": "UV_REQUIRE_HASHES"}
+_ON = {"1", "true", "yes", "on"}
+# Later sections override earlier ones, as in `pip install` ([global], then [install], then its
+# PIP_* variables); `user` and `site` name files in older pip output.
+_SCOPES = ("global", "user", "site", "install", ":env:")
 
 
 def exports(listed: str) -> list[str]:
@@ -31,15 +36,22 @@ def exports(listed: str) -> list[str]:
     for line in listed.splitlines():
         key, _, raw = line.partition("=")
         scope, _, option = key.rpartition(".")
-        if option not in _OPTIONS or scope not in _SCOPES:
+        if (option not in _OPTIONS and option not in _SWITCHES) or scope not in _SCOPES:
             continue
         rank = _SCOPES.index(scope)
         if option not in chosen or rank >= chosen[option][0]:
             chosen[option] = (rank, str(ast.literal_eval(raw)))
-    # pip looks for the best version across every index; uv's default stops at the first that has
-    # the package.
-    lines = ["export UV_INDEX_STRATEGY=unsafe-best-match"]
+    lines = []
+    if "extra-index-url" in chosen:
+        # pip looks for the best version across every index it is given; uv's default stops at the
+        # first that has the package. The same choice as pip, with pip's own dependency-confusion
+        # exposure: configure one index (a mirror that proxies the others) to avoid both.
+        lines.append("export UV_INDEX_STRATEGY=unsafe-best-match")
     for option, (_, value) in sorted(chosen.items()):
+        if option in _SWITCHES:
+            if value.strip().lower() in _ON:
+                lines.append(f"export {_SWITCHES[option]}=1")
+            continue
         name, separator = _OPTIONS[option]
         lines.append(f"export {name}={shlex.quote(separator.join(value.split()))}")
     return lines
