@@ -44,6 +44,7 @@ from benchmarks.harness import (  # noqa: E402
     git_head,
     load_avg,
     percentile,
+    slow_prefix,
     start_client,
     stop_server,
     write_results,
@@ -75,35 +76,13 @@ def neighbours(kind: str) -> contextlib.AbstractContextManager[None]:
     return cxx_build(jobs=os.cpu_count() or 1, nice=19) if kind == "compile" else contextlib.nullcontext()
 
 
-def quota_group(cpus: float) -> Path:
-    """A cgroup whose processes get `cpus` CPUs' worth of time (cgroup v1 cpu or v2 cpu.max; root)."""
-    period = 100_000
-    v1 = Path("/sys/fs/cgroup/cpu")
-    if v1.is_dir():
-        group = v1 / "ragserve-bench"
-        group.mkdir(exist_ok=True)
-        (group / "cpu.cfs_period_us").write_text(str(period))
-        (group / "cpu.cfs_quota_us").write_text(str(int(cpus * period)))
-    else:
-        group = Path("/sys/fs/cgroup/ragserve-bench")
-        group.mkdir(exist_ok=True)
-        (group / "cpu.max").write_text(f"{int(cpus * period)} {period}")
-    return group
-
-
 def start_server(
     index: Path, env: dict[str, str], log: Path, slow: str, tree: Path
 ) -> tuple[subprocess.Popen[bytes], str]:
     """The harness's server; with `--slow one-core`, on the first CPU alone from its start (it picks
     its threads from the CPUs it may use, as on a one-core host); with `--slow quota`, on every CPU
     but with one CPU's worth of time (a container's CPU limit, which it is not told of under cgroup v1)."""
-    prefix: tuple[str, ...] = ()
-    if slow == "one-core":
-        prefix = ("taskset", "-c", "0")
-    elif slow == "quota":
-        procs = quota_group(1.0) / "cgroup.procs"
-        prefix = ("sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh")
-    return start_plain_server(index, env, log, repo=tree, prefix=prefix)
+    return start_plain_server(index, env, log, repo=tree, prefix=slow_prefix(slow))
 
 
 async def retrieve_stream(client: RagClient, claims: list[str], top_k: int, until: asyncio.Event | None) -> list[float]:

@@ -5,6 +5,7 @@ server: workloads.py)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import platform
@@ -55,6 +56,48 @@ def free_port() -> int:
             return port
 
 
+# Every benchmark that starts a server can run it slowed down, so a fast host shows the slow host's
+# case (RAGSERVE_BENCH_SLOW, or a benchmark's own --slow): `one-core` (taskset: it picks its threads
+# from the one CPU it may use), `quota` (one CPU's worth of time over every CPU: a cgroup, as a
+# container's CPU limit; root), `compile` (a C++ build at nice 19 beside it while it runs,
+# benchmarks/neighbours.py). cpu_name() names the mode in every figure's header.
+SLOW_MODES = ("none", "one-core", "quota", "compile")
+_beside: dict[int, contextlib.ExitStack] = {}
+
+
+def slow_mode() -> str:
+    mode = os.environ.get("RAGSERVE_BENCH_SLOW", "none") or "none"
+    if mode not in SLOW_MODES:
+        raise SystemExit(f"RAGSERVE_BENCH_SLOW={mode!r}: one of {', '.join(SLOW_MODES)}")
+    return mode
+
+
+def quota_group(cpus: float) -> Path:
+    """A cgroup whose processes get `cpus` CPUs' worth of time (cgroup v1 cpu or v2 cpu.max; root)."""
+    period = 100_000
+    v1 = Path("/sys/fs/cgroup/cpu")
+    if v1.is_dir():
+        group = v1 / "ragserve-bench"
+        group.mkdir(exist_ok=True)
+        (group / "cpu.cfs_period_us").write_text(str(period))
+        (group / "cpu.cfs_quota_us").write_text(str(int(cpus * period)))
+    else:
+        group = Path("/sys/fs/cgroup/ragserve-bench")
+        group.mkdir(exist_ok=True)
+        (group / "cpu.max").write_text(f"{int(cpus * period)} {period}")
+    return group
+
+
+def slow_prefix(mode: str) -> tuple[str, ...]:
+    """The command a server runs under in `mode` (none for `none` and `compile`)."""
+    if mode == "one-core":
+        return ("taskset", "-c", "0")
+    if mode == "quota":
+        procs = quota_group(1.0) / "cgroup.procs"
+        return ("sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh")
+    return ()
+
+
 def start_server(
     index: Path,
     env: dict[str, str],
@@ -67,8 +110,11 @@ def start_server(
 
     Runs from `repo` (default: this checkout), so `-m ragserve.cli` imports that tree's code. Returns
     the process and its target ("127.0.0.1:PORT"); exits with the log's tail if the server never
-    comes up. `prefix`: a command the server runs under (e.g. `taskset -c 0`).
+    comes up. `prefix`: a command the server runs under (e.g. `taskset -c 0`); none given, the one
+    RAGSERVE_BENCH_SLOW asks for (and with `compile`, the build beside it until stop_server).
     """
+    mode = slow_mode()
+    prefix = prefix or slow_prefix(mode)
     port = free_port()
     with log.open("wb") as sink:
         process = subprocess.Popen(
@@ -86,10 +132,19 @@ def start_server(
     if health.returncode != 0 or process.poll() is not None:
         stop_server(process)
         raise SystemExit(f"server did not start; see {log}:\n{log.read_text(errors='replace')[-3000:]}")
+    if mode == "compile":
+        from benchmarks.neighbours import cxx_build
+
+        beside = contextlib.ExitStack()
+        beside.enter_context(cxx_build(jobs=os.cpu_count() or 1, nice=19))
+        _beside[process.pid] = beside
     return process, f"127.0.0.1:{port}"
 
 
 def stop_server(process: subprocess.Popen[bytes]) -> None:
+    beside = _beside.pop(process.pid, None)
+    if beside is not None:
+        beside.close()
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:
@@ -155,14 +210,17 @@ def plot_ttft(series: dict[str, list[float]], out: Path, xlabel: str = "client T
 
 
 def cpu_name() -> str:
-    """lscpu's model name (from /proc/cpuinfo), for the header of every figure."""
+    """lscpu's model name (from /proc/cpuinfo), for the header of every figure, with the slow-down
+    the servers run under when there is one."""
+    mode = slow_mode()
+    slowed = f", servers slowed: {mode}" if mode != "none" else ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+                return line.split(":", 1)[1].strip() + slowed
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return (platform.processor() or platform.machine()) + slowed
 
 
 def index_parser(description: str) -> argparse.ArgumentParser:

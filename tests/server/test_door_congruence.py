@@ -307,3 +307,21 @@ def test_a_client_that_leaves_stops_the_engine_on_every_door(slow_doors: Doors, 
     leave(slow_doors)
     _wait_for(lambda: slow_doors.generator.cancelled == before + 1)
     _wait_for(lambda: slow_doors.front.gate.in_flight == 0)
+
+
+def test_two_hundred_trickling_http_connections_do_not_stop_grpc(doors: Doors) -> None:
+    """Round six: slow HTTP clients (a header trickled, never finished) hold at most the door's
+    connection cap; a gRPC Query beside them is answered."""
+    import socket
+
+    port = int(doors.http_url.rsplit(":", 1)[1])
+    held = []
+    try:
+        for _ in range(200):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+            held.append(sock)
+        assert ask_grpc(doors, Case("alice")).kind == "OK"
+    finally:
+        for sock in held:
+            sock.close()
