@@ -8,7 +8,9 @@ Indexes `<data>/corpus.jsonl` (default ../shared/data/squad2-dev next to the rep
 real `ragserve serve` with generation off (the reader with a budget that always lets it read), and
 asks every question through Retrieve (top_k 5, answer_span), as Query's own retrieval does. Per
 question, what the reply carries: the top passage's score and its lead over the second, the best
-highlight's coverage (Support), and the reader's margin (its span against "no answer").
+highlight's coverage (Support), and the reader's margin (its span against "no answer"). With
+`--engine`, also the tuned model's log-probability of the template's decline sentence after the
+prompt (the product's engine in this process, the question's own paragraph as its passage).
 
 The questions are split by article into two halves: a logistic regression over the signals (and
 each signal's threshold) is fitted on one half, and every figure is reported on the other. For a
@@ -43,8 +45,46 @@ from benchmarks.workloads import load_questions  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "squad2-dev"
-SIGNALS = ("top_score", "top_lead", "coverage", "reader_margin")
+PRE_SIGNALS = ("top_score", "top_lead", "coverage", "reader_margin")
+ENGINE_SIGNALS = ("decline_logprob",)
 NO_SPAN_MARGIN = -20.0  # the reader found no span at all: as sure as it gets that none is there
+
+
+async def engine_signal(data: Path, rows: list[dict[str, Any]], questions: list[Any]) -> None:
+    """The tuned model's log-probability of the template's decline sentence right after the prompt
+    (the product's engine and prompt, the question's own paragraph as its one passage: retrieval
+    holds it for nearly every question), into each row as `decline_logprob`."""
+    import json
+    import uuid
+
+    from vllm import SamplingParams
+
+    from ragserve.config import GeneratorSettings
+    from ragserve.generate.vllm_engine import VllmGenerator
+    from ragserve.prompt import DECLINE_SENTENCE, build_prompt
+    from ragserve.types import Chunk, Passage
+
+    with (data / "corpus.jsonl").open() as f:
+        corpus = {row["_id"]: row for row in map(json.loads, f)}
+    generator = VllmGenerator(GeneratorSettings())
+    await generator.start()
+    engine = generator._engine  # prompt log-probabilities, which stream() does not give
+
+    async def last(text: str, sampling: Any) -> Any:
+        final = None
+        async for output in engine.generate(text, sampling, request_id=uuid.uuid4().hex):
+            final = output
+        return final
+
+    for row, q in zip(rows, questions, strict=True):
+        doc = corpus[q.doc_id]
+        chunk = Chunk(chunk_id=f"{q.doc_id}#0", doc_id=q.doc_id, text=doc["text"], title=doc.get("title", ""))
+        prompt = generator.render(build_prompt(q.question, [Passage(chunk, 1.0, 1)]))
+        asked = await last(prompt, SamplingParams(max_tokens=1, temperature=0.0))
+        forced = await last(prompt + DECLINE_SENTENCE, SamplingParams(max_tokens=1, prompt_logprobs=0))
+        tail = forced.prompt_logprobs[len(asked.prompt_token_ids) :]
+        row["decline_logprob"] = float(sum(next(iter(d.values())).logprob for d in tail if d))
+    await generator.close()
 
 
 async def collect(target: str, questions: list[Any]) -> list[dict[str, Any]]:
@@ -105,18 +145,31 @@ def threshold_for(scores: np.ndarray, impossible: np.ndarray, false_decline: flo
     return float(answerable[index]) if index < len(answerable) else float(answerable[-1]) + 1e-6
 
 
-def evaluate(fit_rows: list[dict[str, Any]], report_rows: list[dict[str, Any]], target: float) -> dict[str, Any]:
+def evaluate(
+    fit_rows: list[dict[str, Any]], report_rows: list[dict[str, Any]], target: float, signals: tuple[str, ...]
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     impossible_fit = np.array([r["impossible"] for r in fit_rows])
     impossible_rep = np.array([r["impossible"] for r in report_rows])
-    for label, names in [*((n, (n,)) for n in SIGNALS), ("combined", SIGNALS)]:
+    for label, names in [*((n, (n,)) for n in signals), ("combined", signals)]:
         model = fitted(fit_rows, names)
         threshold = threshold_for(decline_scores(fit_rows, names, model), impossible_fit, target)
         reported = decline_scores(report_rows, names, model)
         true_decline, false_decline = rates(reported, impossible_rep, threshold)
         curve = [rates(reported, impossible_rep, t) for t in np.quantile(reported, np.linspace(0, 1, 41))]
-        out[label] = {"declines_unanswerable": true_decline, "declines_answerable": false_decline, "curve": curve}
+        out[label] = {
+            "declines_unanswerable": true_decline,
+            "declines_answerable": false_decline,
+            "auc": auc(reported, impossible_rep),
+            "curve": curve,
+        }
     return out
+
+
+def auc(scores: np.ndarray, impossible: np.ndarray) -> float:
+    """The chance that an unanswerable question scores above an answerable one (ties count half)."""
+    above = scores[impossible][:, None] - scores[~impossible][None, :]
+    return float((above > 0).mean() + 0.5 * (above == 0).mean())
 
 
 def plot(results: dict[str, Any], out: Path) -> None:
@@ -142,6 +195,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--index", type=Path, default=None)
     parser.add_argument("--false-decline", type=float, default=0.10)
+    parser.add_argument("--engine", action="store_true", help="also the tuned model's decline log-probability")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     index = ensure_index(args.index, args.out, args.data / "corpus.jsonl")
@@ -152,11 +206,14 @@ def main() -> None:
         rows = asyncio.run(collect(target, questions))
     finally:
         stop_server(process)
+    if args.engine:
+        asyncio.run(engine_signal(args.data, rows, questions))
+    signals = PRE_SIGNALS + (ENGINE_SIGNALS if args.engine else ())
     articles = sorted({r["doc_id"].split("#")[0] for r in rows})
     fit_half = set(articles[::2])
     fit_rows = [r for r in rows if r["doc_id"].split("#")[0] in fit_half]
     report_rows = [r for r in rows if r["doc_id"].split("#")[0] not in fit_half]
-    results = evaluate(fit_rows, report_rows, args.false_decline)
+    results = evaluate(fit_rows, report_rows, args.false_decline, signals)
     plot(results, args.out)
     answerable = sum(not r["impossible"] for r in report_rows)
     lines = [
@@ -164,11 +221,13 @@ def main() -> None:
         f"fitted on {len(fit_rows)} questions of {len(fit_half)} articles, reported on {len(report_rows)} "
         f"({answerable} answerable) of the others; threshold for {args.false_decline:.2f} answerable declined",
         "",
-        "| signal | unanswerable declined | answerable declined |",
-        "|---|---|---|",
+        "| signal | AUC | unanswerable declined | answerable declined |",
+        "|---|---|---|---|",
     ]
     for label, r in results.items():
-        lines.append(f"| {label} | {r['declines_unanswerable']:.3f} | {r['declines_answerable']:.3f} |")
+        lines.append(
+            f"| {label} | {r['auc']:.3f} | {r['declines_unanswerable']:.3f} | {r['declines_answerable']:.3f} |"
+        )
     write_results(args.out, "\n".join(lines), {"rows": rows, "results": results})
 
 
