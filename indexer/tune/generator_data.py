@@ -98,7 +98,7 @@ class PromptMaker:
         return list(result.passages)
 
     def prompt_ids(self, question: str, passages: list[Passage]) -> tuple[list[int], list[Passage]]:
-        from ragserve.request.reply import fit_and_build
+        from ragserve.request.prompting import fit_and_build
         from ragserve.request.sentences import SentenceTable
 
         table = SentenceTable.of(question, [p.chunk for p in passages])

@@ -29,29 +29,21 @@ from ragserve.generate.host_share import HostSharePace
 from ragserve.index.base import SearchIndex
 from ragserve.reports import PipelineInfo, WarmState
 from ragserve.request.answer import AnswerStream
+from ragserve.request.batch_share import BatchShare
 from ragserve.request.caches import PipelineCaches
 from ragserve.request.conversation import search_embedding
 from ragserve.request.evidence import with_answer, with_evidence
 from ragserve.request.hot import HotPassages
 from ragserve.request.model_threads import CURRENT_CLASS
 from ragserve.request.policy import AnswerPolicy
+from ragserve.request.prompting import fit_and_build
 from ragserve.request.readable import ReadableCounts
 from ragserve.request.reading import ReadingStage, ReadWithin
-from ragserve.request.reply import (
-    BatchShare,
-    Outcome,
-    ReaderStart,
-    Reading,
-    declined,
-    final_summary,
-    fit_and_build,
-    record_answer,
-    replay_answer,
-    stream_answer,
-)
+from ragserve.request.reply import ReaderStart, Reading, declined, replay_answer, stream_answer
 from ragserve.request.search import SearchStage, check_client
 from ragserve.request.sentences import SentenceTable
 from ragserve.request.serving import ServingVersion, VersionSource
+from ragserve.request.summary import Outcome, final_summary, record_answer
 from ragserve.request.warming import QueryTraffic, Warmer
 from ragserve.rerank.base import Reranker
 from ragserve.types import GenerateParams, QueryEvent, RetrievalResult, RetrieveParams, model_name

@@ -7,72 +7,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from ragserve.budget import RequestContext
 from ragserve.cache.base import CachedAnswer
-from ragserve.errors import DeadlineExpired, Overloaded, RagError, Unavailable
-from ragserve.prompt import Prompt, build_prompt, is_decline
-from ragserve.request.answer import AnswerRun, AnswerStream
+from ragserve.errors import Overloaded, RagError, Unavailable
+from ragserve.request.answer import AnswerStream
 from ragserve.request.caches import replay
-from ragserve.request.context import FittedContext, fit_context
 from ragserve.request.evidence import with_answer
-from ragserve.request.policy import ABSTAIN_ANSWER, AnswerPolicy
-from ragserve.request.sentences import SentenceTable
+from ragserve.request.policy import ABSTAIN_ANSWER
+from ragserve.request.summary import Outcome
 from ragserve.types import (
     AnswerSpan,
     FinalSummary,
     LateAnswer,
-    Passage,
     QueryEvent,
-    RequestClass,
     RetrievalResult,
     StageTimings,
     TokenDelta,
-    Turn,
     Usage,
 )
 
 # What the reader's task gives: its span (or None), its ms, why it did not run ("" when it did).
 Reading = asyncio.Task[tuple[AnswerSpan | None, float, str]]
-
-
-@dataclass(slots=True)
-class Outcome:
-    """How the stream ended, for the final summary: the engine's run, or the reader's span in its place."""
-
-    retrieval: RetrievalResult
-    fallback: str = ""  # why the reader's span answered instead of the engine (empty: it did not)
-    fallback_ms: float = 0.0  # when the reader's span went out as the answer
-    reader_ms: float | None = None  # the reader's time, when it ran beside the engine
-
-
-class BatchShare:
-    """Batch's share of the engine: a batch request holds one of its slots while it generates and
-    waits for one within its deadline (DEADLINE_EXCEEDED past it); interactive requests pass
-    straight through, so they never wait for batch work. `seqs` 0: no cap."""
-
-    def __init__(self, seqs: int) -> None:
-        self._slots = asyncio.Semaphore(seqs) if seqs > 0 else None
-
-    @contextlib.asynccontextmanager
-    async def hold(self, request: RequestContext) -> AsyncIterator[None]:
-        slots = self._slots
-        if slots is None or request.interactive:
-            yield
-            return
-        with request.stage("engine_wait"):
-            try:
-                async with asyncio.timeout_at(request.deadline.client_end(asyncio.get_running_loop())):
-                    await slots.acquire()
-            except TimeoutError as exc:
-                raise DeadlineExpired("the deadline passed while batch work waited for the generator") from exc
-        try:
-            yield
-        finally:
-            slots.release()
 
 
 @dataclass(slots=True)
@@ -264,81 +223,3 @@ def declined(
         TokenDelta(ABSTAIN_ANSWER),
         FinalSummary(Usage(0, 0, 0), timings, retrieval.degraded, "abstained", model_id, declined=True),
     ]
-
-
-class CountsTokens(Protocol):
-    """What fitting the context needs of a generator: its tokenizer's count (the training data
-    preparation fits prompts with the renderer alone, no engine)."""
-
-    def count_tokens(self, text: str) -> int: ...
-
-
-def fit_and_build(
-    policy: AnswerPolicy,
-    question: str,
-    passages: list[Passage],
-    table: SentenceTable,
-    budget: int,
-    generator: CountsTokens,
-    request: RequestContext,
-    span: AnswerSpan | None = None,
-    warm_top: bool = False,
-    history: tuple[Turn, ...] = (),
-) -> tuple[FittedContext, Prompt]:
-    """The passages fitted to the context budget, and the prompt. Off the event loop: a tokenizer
-    call per sentence (and more at a large top_k) would stall every other stream while it runs.
-    `warm_top`: warming pre-filled the top passage; `history`: the turns quoted before the question."""
-    with request.stage("context"):
-        context = fit_context(question, passages, budget, generator.count_tokens, policy.whole_first_max_tokens, table)
-    with request.stage("prompt"):
-        key = key_sentence(span, passages, context.passages) if policy.reader_lead else None
-        layout = policy.prompt_layout
-        whole_top = bool(passages and context.passages) and context.passages[0].chunk == passages[0].chunk
-        if layout == "reusable" and not whole_top:
-            layout = "stable"  # a top passage cut to the question is shared with no other question
-        prompt = build_prompt(question, context.passages, layout, key, warm_top, history)
-    return context, prompt
-
-
-def key_sentence(span: AnswerSpan | None, read: list[Passage], kept: list[Passage]) -> tuple[int, str] | None:
-    """The sentence holding a span that answers, with its passage's number in the prompt (None when
-    there is no such span or its passage did not fit the context)."""
-    if span is None or not span.answers or span.passage >= len(read):
-        return None
-    chunk = read[span.passage].chunk
-    number = next((n for n, p in enumerate(kept, start=1) if p.chunk.chunk_id == chunk.chunk_id), None)
-    return None if number is None else (number, chunk.text[span.sentence_start : span.sentence_end])
-
-
-def record_answer(timings: StageTimings, run: AnswerRun, outcome: Outcome) -> None:
-    """The generation's times into the request's final timings (all counted from the request's start)."""
-    timings.generation_ms = run.ended_ms - run.started_ms
-    timings.ttft_ms = run.first_token_ms or outcome.fallback_ms
-    timings.time_per_output_token_ms = run.time_per_output_token_ms()
-    timings.total_ms = run.ended_ms
-    if outcome.reader_ms is not None:
-        timings.reader_ms = outcome.reader_ms
-
-
-def final_summary(
-    outcome: Outcome,
-    run: AnswerRun,
-    timings: StageTimings,
-    model_id: str,
-    context: FittedContext,
-    request_class: RequestClass,
-) -> FinalSummary:
-    degraded = outcome.retrieval.degraded
-    if outcome.fallback:
-        degraded = degraded.noted(outcome.fallback)
-    return FinalSummary(
-        run.usage if not outcome.fallback else Usage(0, 0, 0),
-        timings,
-        degraded,
-        "reader" if outcome.fallback else run.finish_reason,
-        model_id,
-        context_tokens=context.tokens,
-        context_tokens_full=context.tokens_full,
-        request_class=request_class,
-        declined=not outcome.fallback and run.finish_reason == "stop" and is_decline(run.text),
-    )

@@ -158,7 +158,7 @@ def test_the_prompt_marks_the_top_passage_as_shared_only_when_it_went_in_whole()
     pad to a KV block: generate/rendering.py); one cut to the question is laid out as the stable layout."""
     from ragserve.budget import Deadline, RequestContext
     from ragserve.request.policy import AnswerPolicy
-    from ragserve.request.reply import fit_and_build
+    from ragserve.request.prompting import fit_and_build
     from ragserve.request.sentences import SentenceTable
 
     question = "How does the waggle dance encode distance?"
