@@ -7,9 +7,10 @@ The file holds one line per key: the caller's name, the key's SHA-256 and an opt
 
 never the key itself. `ragserve keys add NAME` makes a random key (256 bits, so a plain hash is
 enough: there is nothing to guess), prints it once and appends its line; `ragserve keys revoke
-NAME` removes the name's lines. The server re-reads the file when it changes, so a revoked key
-stops working within seconds; a file that turns unreadable or malformed lets no key in until it is
-fixed (logged), never an old key list.
+NAME [--fingerprint F]` removes the name's lines (or one of them, to finish a rotation). The
+server re-reads the file when it changes, so a revoked key stops working within seconds; a file
+that turns unreadable or malformed lets no key in until it is fixed (logged), never an old key
+list.
 """
 
 from __future__ import annotations
@@ -63,6 +64,12 @@ class KeyEntry:
         expiry = f"  expires={self.expires.isoformat()}" if self.expires else ""
         return f"{self.name}  sha256:{self.digest.hex()}{expiry}"
 
+    @property
+    def fingerprint(self) -> str:
+        """What tells two keys of one name apart in `keys list` and `keys revoke` (a hash's prefix:
+        nothing a key can be made from)."""
+        return self.digest.hex()[:12]
+
     def expired(self, today: dt.date) -> bool:
         return self.expires is not None and today > self.expires
 
@@ -112,10 +119,11 @@ def add_key(path: Path, name: str, expires: dt.date | None = None) -> str:
     return key
 
 
-def revoke_keys(path: Path, name: str) -> int:
-    """Removes every key of `name`; how many there were."""
+def revoke_keys(path: Path, name: str, fingerprint: str = "") -> int:
+    """Removes the keys of `name` (only the one whose fingerprint starts so, when given: the old key
+    of a rotation); how many there were."""
     entries = read_keys(path)
-    kept = tuple(entry for entry in entries if entry.name != name)
+    kept = tuple(e for e in entries if not (e.name == name and e.fingerprint.startswith(fingerprint)))
     if len(kept) != len(entries):
         _write_keys(path, kept)
     return len(entries) - len(kept)

@@ -36,7 +36,7 @@ def add(
     expires: Annotated[str | None, typer.Option(help="Last day the key works (YYYY-MM-DD, UTC)")] = None,
 ) -> None:
     """Make a random key for NAME, print it once (only its hash is kept) and add it to the file."""
-    from ragserve.api_keys import add_key
+    from ragserve.api_keys import add_key, digest_of
 
     try:
         last_day = dt.date.fromisoformat(expires) if expires else None
@@ -44,17 +44,20 @@ def add(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     typer.echo(key)
-    typer.echo(f"(the key for {name}: shown once, only its hash is kept)", err=True)
+    fingerprint = digest_of(key).hex()[:12]
+    typer.echo(f"(the key for {name}, fingerprint {fingerprint}: shown once, only its hash is kept)", err=True)
 
 
 @keys.command("revoke")
 def revoke(
-    name: Annotated[str, typer.Argument(help="The caller whose keys stop working")], file: FileOption = None
+    name: Annotated[str, typer.Argument(help="The caller whose keys stop working")],
+    file: FileOption = None,
+    fingerprint: Annotated[str, typer.Option(help="Only the key with this fingerprint (`keys list`)")] = "",
 ) -> None:
-    """Remove every key of NAME; a running server stops accepting them within seconds."""
+    """Remove the keys of NAME (or one of them); a running server stops accepting them within seconds."""
     from ragserve.api_keys import revoke_keys
 
-    removed = revoke_keys(_key_file(file), name)
+    removed = revoke_keys(_key_file(file), name, fingerprint)
     if not removed:
         typer.echo(f"no key for {name}", err=True)
         raise typer.Exit(1)
@@ -63,8 +66,9 @@ def revoke(
 
 @keys.command("list")
 def list_keys(file: FileOption = None) -> None:
-    """The callers that hold keys, with each key's expiry (never a key or its hash)."""
+    """The callers that hold keys: each key's fingerprint and expiry (never a key or its whole hash)."""
     from ragserve.api_keys import read_keys
 
     for entry in read_keys(_key_file(file)):
-        typer.echo(f"{entry.name}\t{entry.expires.isoformat() if entry.expires else 'no expiry'}")
+        expiry = entry.expires.isoformat() if entry.expires else "no expiry"
+        typer.echo(f"{entry.name}\t{entry.fingerprint}\t{expiry}")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ragserve.api_keys import KeyFile, add_key, parse_keys, read_keys, revoke_keys
+from ragserve.api_keys import KeyFile, add_key, digest_of, parse_keys, read_keys, revoke_keys
 from ragserve.cli import app as cli
 from ragserve.config import AccessSettings
 from ragserve.errors import ConfigError, PermissionDenied, Unauthenticated
@@ -47,6 +47,15 @@ def test_a_key_file_holds_names_and_hashes_never_keys(tmp_path: Path) -> None:
 def test_a_malformed_line_is_refused_naming_it(line: str, says: str) -> None:
     with pytest.raises(ValueError, match=f"keys:2: .*{says}"):
         parse_keys("# callers\n" + line + "\n", "keys")
+
+
+def test_a_rotation_revokes_the_old_key_by_its_fingerprint(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    old, new = add_key(path, "app"), add_key(path, "app")
+    old_entry = next(e for e in read_keys(path) if e.digest == digest_of(old))
+    assert revoke_keys(path, "app", old_entry.fingerprint) == 1
+    keys = KeyFile(path)
+    assert keys.name_of(old.encode()) is None and keys.name_of(new.encode()) == "app"
 
 
 def test_a_name_may_hold_two_keys_and_revoke_removes_both(tmp_path: Path) -> None:
@@ -120,7 +129,9 @@ def test_the_keys_commands_add_list_and_revoke(tmp_path: Path) -> None:
     key = added.stdout.splitlines()[0]
     assert KeyFile(path).name_of(key.encode()) == "support-bot"
     listed = runner.invoke(cli, ["keys", "list", "--file", str(path)])
-    assert listed.stdout == "support-bot\t2031-02-03\n" and key not in listed.stdout
+    name, fingerprint, expiry = listed.stdout.strip().split("\t")
+    assert (name, expiry) == ("support-bot", "2031-02-03") and key not in listed.stdout
+    assert len(fingerprint) == 12 and fingerprint in path.read_text()
     assert runner.invoke(cli, ["keys", "revoke", "support-bot", "--file", str(path)]).exit_code == 0
     assert runner.invoke(cli, ["keys", "revoke", "support-bot", "--file", str(path)]).exit_code == 1
     assert runner.invoke(cli, ["keys", "add", "not ok", "--file", str(path)]).exit_code == 2
