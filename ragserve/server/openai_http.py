@@ -44,17 +44,17 @@ _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no
 class Refused(Exception):
     """A call turned away before it reaches the front (the caller, the body's type, size and time)."""
 
-    def __init__(self, status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, kind: str, headers: dict[str, str] | None = None, code: str | None = None
+    ) -> None:
         super().__init__(message)
-        self.response = json_response(status, error_body(message, kind), headers)
+        self.response = json_response(status, error_body(message, kind, None, code), headers)
 
     @classmethod
     def of(cls, error: RagError) -> Refused:
         """A front refusal (the caller's credential) in the door's one table's shape."""
         status, body, headers = http_error(error)
-        refused = cls(status, str(error), body["error"]["type"], headers)
-        refused.response = json_response(status, body, headers)
-        return refused
+        return cls(status, str(error), body["error"]["type"], headers, body["error"]["code"])
 
 
 class OpenAIDoor:
