@@ -4,8 +4,7 @@ The prompt is rendered here exactly as the in-process engine renders it (same ch
 tokenizer) and sent as token ids to `/v1/completions`, so the template prefix is the same tokens on
 every server and their prefix caches hit. One server and what it may send: `generate/vllm_server.py`
 and `generate/vllm_wire.py`; which server: `generate/routing.py`. This module is the pool: start,
-fail-over, one hedge (when the first server has sent no token within the bound, the next one gets
-the prompt; the first token wins, the other request is aborted), the breaker, health, and warming
+fail-over, one hedge (`generate/hedge.py`), the breaker, health, and warming
 on each server's background connections (docs/remote.md).
 """
 
@@ -15,20 +14,20 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ragserve.config import GeneratorSettings
-from ragserve.errors import ConfigError, InvalidArgument, Overloaded, Unavailable
+from ragserve.errors import ConfigError, Overloaded, Unavailable
+from ragserve.generate.hedge import Events, first_event
 from ragserve.generate.host import CPU_BLOCK_SIZE, read_host_cpu, resolve_reuse_pad
 from ragserve.generate.identity import answer_identity
 from ragserve.generate.rendering import ChatRenderer
 from ragserve.generate.routing import hedge_after_s, order_servers, routing_key
 from ragserve.generate.vllm_server import OVERLOADED_RETRY_MS, ServerTimeouts, VllmServer
-from ragserve.generate.vllm_wire import ServerFailed, ServerRejected, ServerUnreachable, StreamLimits
-from ragserve.metrics import REPLICA_HEDGES, REPLICA_REQUESTS, REPLICA_UP
+from ragserve.generate.vllm_wire import ServerFailed, ServerUnreachable, StreamLimits
+from ragserve.metrics import REPLICA_REQUESTS, REPLICA_UP
 from ragserve.prompt import Prompt, build_prompt
 from ragserve.reports import EngineChoice, GeneratorStatus, ReplicaState
 from ragserve.types import WARMING_ENGINE_PRIORITY, GenerateParams, GenerationChunk, model_name
@@ -37,8 +36,6 @@ log = logging.getLogger(__name__)
 
 # At start, the probe's own connections to open per server (concurrent requests need one each).
 _WARM_CONNECTIONS = 8
-
-Events = AsyncGenerator[tuple[str, Any], None]
 
 
 class RemoteVllmGenerator:
@@ -283,66 +280,12 @@ class RemoteVllmGenerator:
     async def _first_event(
         self, order: list[VllmServer], body: dict[str, Any], headers: dict[str, str], limits: StreamLimits
     ) -> tuple[VllmServer, Events, tuple[str, Any]]:
-        """Start on the first server; one more attempt at most, when it fails before its first event
-        (fail-over) or sends nothing within the hedge bound (hedge). The first event wins."""
-        spare = order[1:2]  # one more server at most, for the hedge or the fail-over
-        running: dict[asyncio.Task[tuple[str, Any]], tuple[VllmServer, Events, float]] = {}
-        rejected = 0
-
-        def launch(server: VllmServer) -> None:
-            events = server.events(self._for(server, body), headers, limits)
-            running[asyncio.ensure_future(anext(events))] = (server, events, time.perf_counter())
-
-        launch(order[0])
-        hedge_after = self._hedge_after_s(order[0])
-        try:
-            while running:
-                wait = hedge_after if spare else None
-                done, _ = await asyncio.wait(running, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-                if not done:  # the hedge bound passed without a token
-                    hedge_after = None
-                    # Only onto a server less busy than the slow one: when all are slow because all
-                    # are loaded, a hedge would only add load.
-                    if spare[0].in_flight < order[0].in_flight and spare[0].has_room:
-                        REPLICA_HEDGES.inc()
-                        launch(spare.pop(0))
-                    continue
-                for task in done:
-                    server, events, started = running.pop(task)
-                    try:
-                        first = task.result()
-                    except (ServerFailed, StopAsyncIteration) as exc:
-                        failure = (
-                            exc if isinstance(exc, ServerFailed) else ServerFailed("stream ended before any event")
-                        )
-                        rejected += isinstance(exc, ServerRejected)
-                        self._failed(server, failure)
-                        await events.aclose()
-                        if spare and spare[0].has_room:
-                            launch(spare.pop(0))
-                            hedge_after = None
-                        continue
-                    server.ttft_ms.append((time.perf_counter() - started) * 1000.0)
-                    await self._abort(running)
-                    return server, events, first
-            if rejected:
-                # Every server asked refused the request itself: tell the caller, not "unavailable".
-                raise InvalidArgument(
-                    "query", "the generator rejected the prompt (longer than its context with the passages?)"
-                )
-            raise Unavailable("the generation servers failed before the answer started")
-        except BaseException:
-            await self._abort(running)
-            raise
-
-    @staticmethod
-    async def _abort(running: dict[asyncio.Task[tuple[str, Any]], tuple[VllmServer, Events, float]]) -> None:
-        for task, (_, events, _) in list(running.items()):
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-            await events.aclose()
-        running.clear()
+        return await first_event(
+            order,
+            lambda server: server.events(self._for(server, body), headers, limits),
+            self._hedge_after_s(order[0]),
+            self._failed,
+        )
 
     # -- warming ---------------------------------------------------------------------------------
 

@@ -224,8 +224,8 @@ class RagPipeline:
             )
         if read != "none" and self.reading is not None and result.passages:
             budget_ms = deadline.budget_left_ms() if read == "retrieval" else self.reading.budget_ms
-            span, request.timings.reader_ms, not_read = await self.reading.read(
-                params.query, result.passages, result.index_identity, budget_ms
+            span, _, not_read = await self.reading.read(
+                params.query, result.passages, result.index_identity, budget_ms, request
             )
             if not_read:  # skipped for time, or failed: the passages go out as retrieved
                 result.degraded = result.degraded.remarked(not_read)
@@ -310,7 +310,7 @@ class RagPipeline:
                     retrieval.index_identity,
                     request,
                     lambda cited: with_evidence(params.search_text, cited, self.policy.low_support_below),
-                    lambda cited: self._reader_start(params.query, cited),
+                    lambda cited: self._reader_start(params.query, cited, request),
                 )
                 async with contextlib.aclosing(replayed) as events:
                     async for event in events:
@@ -342,7 +342,7 @@ class RagPipeline:
             # The engine has the prompt before the retrieval event is sent: prefill overlaps the send.
             gen = dataclasses.replace(gen, priority=request.request_class.engine_priority)
             answer = AnswerStream.start(generator, prompt, gen, request.request_id, deadline.elapsed_ms)
-            reader = self._reader_start(question, retrieval)
+            reader = self._reader_start(question, retrieval, request)
             end = deadline.client_end(asyncio.get_running_loop())
             events = stream_answer(question, answer, retrieval, reader, end, outcome)
             # Closing both now, not when garbage collected: a caller gone mid-stream aborts the engine request.
@@ -378,15 +378,16 @@ class RagPipeline:
             return True
         return self.reading is not None and self.reading.abstain and span is not None and not span.answers
 
-    def _reader_start(self, question: str, retrieval: RetrievalResult) -> ReaderStart:
+    def _reader_start(self, question: str, retrieval: RetrievalResult, request: RequestContext) -> ReaderStart:
         """The reader for this Query (none when it is off or has read already)."""
         stage = self.reading
         if stage is None or retrieval.answer is not None or not retrieval.passages:
             return ReaderStart()
 
         def start(at_least_one: bool = False) -> Reading:  # the task inherits this request's class
-            return asyncio.ensure_future(
-                stage.read(question, retrieval.passages, retrieval.index_identity, stage.budget_ms, at_least_one)
+            read = stage.read(
+                question, retrieval.passages, retrieval.index_identity, stage.budget_ms, request, at_least_one
             )
+            return asyncio.ensure_future(read)
 
-        return ReaderStart(start, stage.beside_prefill, stage.highlight)
+        return ReaderStart(start, stage.beside_prefill, stage.highlight, request.timings)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Literal
 
+from ragserve.budget import RequestContext
 from ragserve.read.base import Reader, ReadSpan
 from ragserve.request.model_threads import ModelThreads
 from ragserve.request.sentences import analyse
@@ -72,31 +72,44 @@ class ReadingStage:
         return min(self._max_passages, self.reader.cost.passages_within(min(budget_ms, self.budget_ms)))
 
     async def read(
-        self, question: str, passages: list[Passage], index_identity: str, budget_ms: float, at_least_one: bool = False
+        self,
+        question: str,
+        passages: list[Passage],
+        index_identity: str,
+        budget_ms: float,
+        request: RequestContext,
+        at_least_one: bool = False,
     ) -> tuple[AnswerSpan | None, float, str]:
         """(the best span of the passages read, or None; the ms it took; why it did not run, "" when
         it did: no passage fits `budget_ms` or there are none (SKIPPED), or the reader failed
         (FAILED: logged, never the request's failure)). `at_least_one`: the top passage is read
-        whatever the budget (the span is then the only answer there is)."""
-        started = time.perf_counter()
+        whatever the budget (the span is then the only answer there is). The read adds its time to
+        the request's `reader_ms` here, and nowhere else."""
+        with request.stage("reader") as timer:
+            span, not_read = await self._read(question, passages, index_identity, budget_ms, at_least_one)
+        return span, timer.ms, not_read
+
+    async def _read(
+        self, question: str, passages: list[Passage], index_identity: str, budget_ms: float, at_least_one: bool
+    ) -> tuple[AnswerSpan | None, str]:
         count = min(len(passages), max(int(at_least_one), self.passages_within(budget_ms)))
         if count == 0:
-            return None, 0.0, SKIPPED
+            return None, SKIPPED
         texts = [p.chunk.text for p in passages[:count]]
         key = (question, index_identity, tuple(p.chunk.chunk_id for p in passages[:count]), _digest(texts))
         if key in self._kept:
             self._kept.move_to_end(key)
-            return self._kept[key], (time.perf_counter() - started) * 1000.0, ""
+            return self._kept[key], ""
         try:
             spans = await self._threads.run(lambda: self.reader.read(question, texts))
             answer = self._best(spans, texts)
         except Exception:
             log.exception("the reader failed on a question over %d passages; answering without its span", count)
-            return None, (time.perf_counter() - started) * 1000.0, FAILED
+            return None, FAILED
         self._kept[key] = answer
         if len(self._kept) > _KEPT_READINGS:
             self._kept.popitem(last=False)
-        return answer, (time.perf_counter() - started) * 1000.0, ""
+        return answer, ""
 
     def _best(self, spans: list[ReadSpan], texts: list[str]) -> AnswerSpan | None:
         """The span the reader believes most, with the sentence that holds it."""

@@ -43,6 +43,9 @@ class ReaderStart:
     start: Callable[[bool], Reading] | None = None  # its argument: read the top passage whatever the budget
     beside_prefill: bool = False
     highlight: bool = False  # a span that answers becomes the highlight shown
+    # The request's timings, where the read records its time (request/reading.py): an event sent
+    # after the read shows it.
+    timings: StageTimings | None = None
 
     def begin(self, at_least_one: bool = False) -> Reading | None:
         return self.start(at_least_one) if self.start is not None else None
@@ -65,7 +68,7 @@ async def stream_answer(
             either: set[asyncio.Future[Any]] = {reading, answer.first_step}
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
             if reading.done():
-                retrieval = _read_into(question, retrieval, reading, outcome, reader.highlight)
+                retrieval = _read_into(question, retrieval, reading, reader)
                 reading = None
         outcome.retrieval = retrieval
         yield retrieval
@@ -73,7 +76,7 @@ async def stream_answer(
         try:
             async for delta in answer.deltas(deadline_at):
                 if reading is not None and reading.done():
-                    for late in _late(reading, outcome):
+                    for late in _late(reading):
                         yield late
                     reading = None
                 tokens += 1
@@ -88,7 +91,7 @@ async def stream_answer(
             reading = None  # _reader_instead consumed (or cancelled) it
             return
         if reading is not None:  # done after the last token: still before the final event
-            for late in await finish_reading(reading, deadline_at, outcome):
+            for late in await finish_reading(reading, deadline_at):
                 yield late
             reading = None
     finally:
@@ -120,7 +123,7 @@ async def _reader_instead(
             raise exc
         outcome.fallback = f"the generator could not answer ({exc}); the reader's span is the answer"
         if reading is not None:
-            for late in _late(reading, outcome):
+            for late in _late(reading):
                 yield late
         outcome.fallback_ms = answer.elapsed_ms()
         yield TokenDelta(fallback_text(span, passage.chunk.text))
@@ -141,35 +144,33 @@ async def replay_answer(
     once the passages are out, so the text never waits for it). `index_identity`: the serving index
     the hit was found under, which its reading is kept under."""
     reading: Reading | None = None
-    outcome: Outcome | None = None
     deadline_at = request.deadline.client_end(asyncio.get_running_loop())
     try:
         for event in replay(cached, request.timings, request.deadline.elapsed_ms, index_identity):
             if isinstance(event, RetrievalResult):
                 event = evidence(event)
-                outcome = Outcome(event)
                 yield event
                 reading = reader_for(event).begin()
                 continue
-            if isinstance(event, FinalSummary) and reading is not None and outcome is not None:
-                for late in await finish_reading(reading, deadline_at, outcome):
+            if isinstance(event, FinalSummary) and reading is not None:
+                for late in await finish_reading(reading, deadline_at):
                     yield late
                 reading = None
-                event.timings.reader_ms = outcome.reader_ms or 0.0
+                event.timings.reader_ms = request.timings.reader_ms  # the snapshot, after the read
             yield event
     finally:
         if reading is not None and not reading.done():
             reading.cancel()  # the caller left
 
 
-async def finish_reading(reading: Reading, deadline_at: float | None, outcome: Outcome) -> list[LateAnswer]:
+async def finish_reading(reading: Reading, deadline_at: float | None) -> list[LateAnswer]:
     """A read still running once the text is out: waited for within the deadline (its span goes
     before the final event), else cancelled."""
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout_at(deadline_at):
             await asyncio.wait({reading})
     if reading.done():
-        return _late(reading, outcome)
+        return _late(reading)
     reading.cancel()
     return []
 
@@ -180,20 +181,18 @@ def fallback_text(span: AnswerSpan, passage_text: str) -> str:
     return f'{span.text} (passage [{span.passage + 1}]: "{sentence}")'
 
 
-def _read_into(
-    question: str, retrieval: RetrievalResult, reading: Reading, outcome: Outcome, highlight: bool
-) -> RetrievalResult:
-    span, ms, not_read = _result(reading)
-    retrieval.timings.reader_ms = outcome.reader_ms = ms
+def _read_into(question: str, retrieval: RetrievalResult, reading: Reading, reader: ReaderStart) -> RetrievalResult:
+    span, _, not_read = _result(reading)
+    if reader.timings is not None:  # the retrieval event's snapshot, taken before the read ended
+        retrieval.timings.reader_ms = reader.timings.reader_ms
     if not_read:
         return retrieval
-    return with_answer(question, retrieval, span, highlight)
+    return with_answer(question, retrieval, span, reader.highlight)
 
 
-def _late(reading: Reading, outcome: Outcome) -> list[LateAnswer]:
+def _late(reading: Reading) -> list[LateAnswer]:
     """The reader's late event, when it ran (a read skipped for lack of time sends none)."""
     span, ms, not_read = _result(reading)
-    outcome.reader_ms = ms
     return [] if not_read else [LateAnswer(span, ms)]
 
 

@@ -18,7 +18,6 @@ class Outcome:
     retrieval: RetrievalResult
     fallback: str = ""  # why the reader's span answered instead of the engine (empty: it did not)
     fallback_ms: float = 0.0  # when the reader's span went out as the answer
-    reader_ms: float | None = None  # the reader's time, when it ran beside the engine
 
 
 def record_answer(timings: StageTimings, run: AnswerRun, outcome: Outcome) -> None:
@@ -27,8 +26,6 @@ def record_answer(timings: StageTimings, run: AnswerRun, outcome: Outcome) -> No
     timings.ttft_ms = run.first_token_ms or outcome.fallback_ms
     timings.time_per_output_token_ms = run.time_per_output_token_ms()
     timings.total_ms = run.ended_ms
-    if outcome.reader_ms is not None:
-        timings.reader_ms = outcome.reader_ms
 
 
 def final_summary(

@@ -104,7 +104,9 @@ def test_a_reader_done_before_the_first_token_sends_its_span_with_the_retrieval_
     assert ANSWER in passage.chunk.text[span.sentence_start : span.sentence_end]
     assert not any(isinstance(e, LateAnswer) for e in events)
     final = events[-1]
+    # The read recorded its time once: the retrieval event's snapshot and the final summary agree.
     assert isinstance(final, FinalSummary) and final.timings.reader_ms > 0
+    assert retrieval.timings.reader_ms == final.timings.reader_ms
 
 
 def test_a_slow_reader_never_holds_the_first_token_and_comes_later(make) -> None:
@@ -116,6 +118,8 @@ def test_a_slow_reader_never_holds_the_first_token_and_comes_later(make) -> None
     late = [e for e in events if isinstance(e, LateAnswer)]
     assert len(late) == 1 and late[0].answer is not None and late[0].answer.text == ANSWER
     assert kinds.index("LateAnswer") < kinds.index("FinalSummary")
+    final = events[-1]
+    assert isinstance(final, FinalSummary) and final.timings.reader_ms == late[0].reader_ms >= 400
 
 
 def test_on_a_shared_host_the_reader_starts_after_the_first_token(make) -> None:
@@ -278,7 +282,9 @@ def test_a_reading_is_never_given_for_passages_whose_text_changed(make) -> None:
     after = Passage(Chunk("c1", "d1", "The discoverer's name was redacted.", "Penicillin"), 1.0, 1)
 
     async def read(passage: Passage) -> object:
-        span, _, not_read = await stage.read(QUESTION, [passage], "same-identity", 10_000)
+        span, _, not_read = await stage.read(
+            QUESTION, [passage], "same-identity", 10_000, RequestContext(Deadline(10_000))
+        )
         assert not not_read
         return span
 
