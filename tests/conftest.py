@@ -25,48 +25,20 @@ E2E_TESTS = Path(__file__).resolve().parent / "e2e"
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Everything under tests/e2e starts a real server process: marked `e2e`, so the default
     `pytest` run (see addopts in pyproject.toml) leaves it to `deploy/local/test.sh`."""
-    from tests.e2e.servers import session_module_group
-
     for item in items:
         if E2E_TESTS in item.path.parents:
             item.add_marker(pytest.mark.e2e)
-    _check_session_modules(items)
-    if hasattr(config, "workerinput"):
-        # A pytest-xdist worker: the shared servers' modules first, so that with
-        # --no-loadscope-reorder the scheduler hands out those groups, the longest, before the rest.
-        items.sort(key=lambda item: session_module_group(_relative(item)) is None)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """`--dist loadfile` (deploy/local/test.sh): each file on one worker, as pytest-xdist does, and
-    the files that share a session server together (tests/e2e/servers.py SESSION_MODULES).
-    pytest-xdist's own `loadgroup` cannot do it here: its group marks do not reach the scheduler
-    with pytest 9.2's node ids (pytest-xdist issue 1386)."""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    from tests.e2e.servers import session_module_group
-
-    class SharedServersScheduling(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = super()._split_scope(nodeid)
-            return session_module_group(path) or path
-
-    return SharedServersScheduling(config, log)  # type: ignore[arg-type]
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
-    """Under pytest-xdist a test marked `alone` runs while no other worker runs a test (its set-up
-    and tear-down included): it waits for the test running beside it to end, and holds the next
-    one back. Its fixtures stay shared."""
-    workerinput = getattr(item.config, "workerinput", None)
-    if workerinput is None:
+    """Where pytest processes run side by side (deploy/local/test.sh's lanes, or pytest-xdist's
+    workers), a test marked `alone` runs while no other process runs a test (its set-up and
+    tear-down included): it waits for the tests running beside it to end, and holds the next ones
+    back. Its fixtures stay shared."""
+    folder = _locks_folder(item.config)
+    if folder is None:
         return (yield)
-    # The run's base folder: each worker's own is a folder in it (pytest-xdist's popen-gwN).
-    folder = Path(item.config.option.basetemp).parent
     with (folder / "alone.turnstile").open("a") as turnstile, (folder / "alone.lock").open("a") as lock:
         # Every test passes the turnstile and then shares the lock; an `alone` test holds the
         # turnstile until it has the lock to itself, so the tests beside cannot keep it waiting.
@@ -82,22 +54,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
-def _relative(item: pytest.Item) -> str:
-    return item.path.relative_to(REPO).as_posix()
-
-
-def _check_session_modules(items: list[pytest.Item]) -> None:
-    """Fails the collection when tests/e2e/servers.py SESSION_MODULES misses a module that takes a
-    shared server, or names one that no longer does: the xdist scheduler would start it twice."""
-    from tests.e2e.servers import servers_taken, session_modules_mismatch
-
-    used: dict[str, set[str]] = {}
-    for item in items:
-        if E2E_TESTS in item.path.parents:
-            used.setdefault(_relative(item), set()).update(servers_taken(item))
-    wrong = session_modules_mismatch(used)
-    if wrong:
-        raise pytest.UsageError("tests/e2e/servers.py SESSION_MODULES is out of date:\n" + "\n".join(wrong))
+def _locks_folder(config: pytest.Config) -> Path | None:
+    """The folder the processes beside each other share: the lanes' (RAGSERVE_TEST_LOCKS), or the
+    run's base folder of pytest-xdist's workers; None for one plain process."""
+    if os.environ.get("RAGSERVE_TEST_LOCKS"):
+        return Path(os.environ["RAGSERVE_TEST_LOCKS"])
+    if hasattr(config, "workerinput"):
+        return Path(config.option.basetemp).parent
+    return None
 
 
 @pytest.fixture(scope="session")

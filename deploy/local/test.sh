@@ -7,9 +7,40 @@ bash deploy/local/setup.sh
 . .venv/bin/activate
 ruff check .
 mypy ragserve indexer
-# Every test, e2e and slow included (a plain `pytest` deselects them; see pyproject.toml), on two
-# worker processes (pytest-xdist): each file runs whole on one worker, and the files that share an
-# end-to-end server on the same one, first (tests/conftest.py), so no server starts twice; a test
-# marked `alone` (a tight timing, the host's load) runs while the other worker waits.
-# --durations: the slowest tests, to keep CI within its time.
-exec pytest -v -ra -m "" -n 2 --dist loadfile --no-loadscope-reorder --durations=25 "$@"
+# Every test, e2e and slow included (a plain `pytest` deselects them; see pyproject.toml), in three
+# plain pytest processes side by side on the host's cores, one per folder of shared servers:
+#   shared   tests/e2e/shared: the modules that share the session's full and retrieval-only servers
+#   e2e      the rest of tests/e2e (tests/e2e/float32 shares the float32 server; the others start their own)
+#   unit     everything outside tests/e2e
+# A test marked `alone` (a tight timing, the host's load) runs while the other lanes wait
+# (tests/conftest.py). Each lane's report is printed when all have ended; --durations: the slowest
+# tests, to keep CI within its time. Arguments, when given, go to one plain pytest instead.
+if [ "$#" -gt 0 ]; then
+    exec pytest -v -ra -m "" "$@"
+fi
+RAGSERVE_TEST_LOCKS="$(mktemp -d)"
+export RAGSERVE_TEST_LOCKS
+trap 'rm -rf "$RAGSERVE_TEST_LOCKS"' EXIT
+lane() {
+    local name=$1
+    shift
+    local started=$SECONDS code=0
+    pytest -v -ra -m "" --durations=15 -p no:cacheprovider "$@" >"$RAGSERVE_TEST_LOCKS/$name.log" 2>&1 || code=$?
+    echo "lane $name: exit $code in $((SECONDS - started)) s"
+    return $code
+}
+lane shared tests/e2e/shared &
+shared=$!
+lane e2e tests/e2e --ignore=tests/e2e/shared &
+e2e=$!
+lane unit tests --ignore=tests/e2e &
+unit=$!
+failed=0
+for pid in $shared $e2e $unit; do
+    wait "$pid" || failed=1
+done
+for name in unit e2e shared; do
+    echo "==================== lane $name ===================="
+    cat "$RAGSERVE_TEST_LOCKS/$name.log"
+done
+exit $failed

@@ -92,7 +92,7 @@ def spawn_server(
         "RAGSERVE_SHUTDOWN_GRACE_S": "10",
         "RAGSERVE_METRICS_PORT": str(metrics_port),
         # Tests ask about passages they choose: background warming of the whole corpus would make
-        # their caches and their CPU depend on its timing. tests/e2e/test_warm.py turns it on.
+        # their caches and their CPU depend on its timing. tests/e2e/shared/test_warm.py turns it on.
         "RAGSERVE_WARM_WHOLE_CORPUS": "false",
         **(env or {}),
     }
@@ -139,82 +139,26 @@ FLOAT32_ENV = {
 }
 
 
-# Under pytest-xdist (deploy/local/test.sh) the modules that use one start group's shared servers run
-# on one worker, so that no shared server starts twice; the two groups can run side by side. The
-# scheduler (tests/conftest.py) sees only test ids, hence this table; every collection checks it
-# against the servers each module's tests really take (`session_modules_mismatch`).
-SESSION_MODULES = {
-    "e2e-float32": ("test_remote.py", "test_speculation.py"),
-    "e2e-live+retrieval": (
-        "test_answer_cache.py",
-        "test_classes.py",
-        "test_cli_retrieve.py",
-        "test_fuzz_input.py",
-        "test_grpc_stream.py",
-        "test_grpcurl.py",
-        "test_hardening.py",
-        "test_mcp_door.py",
-        "test_metrics.py",
-        "test_openai_door.py",
-        "test_outside_clients.py",
-        "test_warm.py",
-    ),
-}
-# The fixture that hands out each shared server (tests/e2e/conftest.py), and the servers that start
-# together (SessionServers' groups there).
-SESSION_SERVER_FIXTURES = {"live_server": "live", "retrieval_server": "retrieval", "float32_server": "float32"}
-SESSION_GROUPS = (("live", "retrieval"), ("float32",))
-
-
-def servers_taken(item: pytest.Item) -> set[str]:
-    """The shared servers a test takes: through their fixtures, or named by its module's
-    SESSION_SERVERS when the module takes one from `session_servers` itself (test_remote.py)."""
-    fixtures = getattr(item, "fixturenames", ())
-    taken = {server for fixture, server in SESSION_SERVER_FIXTURES.items() if fixture in fixtures}
-    return taken | set(getattr(getattr(item, "module", None), "SESSION_SERVERS", ()))
-
-
-def session_module_group(path: str) -> str | None:
-    """The table's group of a test file (its path from the repository root), if any."""
-    folder, _, name = path.rpartition("/")
-    if folder != "tests/e2e":
-        return None
-    return next((group for group, names in SESSION_MODULES.items() if name in names), None)
-
-
-def session_modules_mismatch(used: dict[str, set[str]]) -> list[str]:
-    """Files whose table entry differs from the shared servers their tests take (`used`: the
-    servers per file). A module that takes servers of two start groups must join them into one."""
-    wrong = []
-    for path, names in sorted(used.items()):
-        touched = ["+".join(group) for group in SESSION_GROUPS if names & set(group)]
-        expected = "e2e-" + ",".join(touched) if touched else None
-        if session_module_group(path) != expected:
-            wrong.append(f"{path}: uses {sorted(names) or 'no shared server'}, so its group is {expected}")
-    return wrong
-
-
 class SessionServers:
-    """The servers end-to-end modules share for the whole session. A server is started on first
-    use, together with the rest of its group (their start-ups overlap: on two cores, two start-ups
-    at once take about as long as the longer one), and every one must exit 0 on SIGTERM at the end."""
+    """Servers a folder's modules share for the whole session. They start together on first use of
+    any (their start-ups overlap: on two cores, two start-ups at once take about as long as the
+    longer one), and every one must exit 0 on SIGTERM at the end."""
 
     def __init__(
-        self, index: Path, folder: Path, groups: list[dict[str, dict[str, str]]], wanted: set[str] | None = None
+        self, index: Path, folder: Path, envs: dict[str, dict[str, str]], wanted: set[str] | None = None
     ) -> None:
         self._index = index
         self._folder = folder
-        self._groups = groups
-        # The servers this run's tests take (None: all): a group's other members start with it only
-        # when wanted, so a run of one module starts only the servers it takes.
+        self._envs = envs
+        # The servers this run's tests take (None: all): the others start with one only when
+        # wanted, so a run of one module starts only the servers it takes.
         self._wanted = wanted
         self._started: dict[str, LiveServer] = {}
         self._ready: set[str] = set()
 
     def get(self, name: str) -> LiveServer:
         if name not in self._started:
-            group = next(g for g in self._groups if name in g)
-            for member, env in group.items():
+            for member, env in self._envs.items():
                 if member not in self._started and (member == name or self._wanted is None or member in self._wanted):
                     self._started[member] = spawn_server(self._index, self._folder / f"{member}.log", env)
         server = self._started[name]
@@ -309,3 +253,21 @@ def wait_warm(target: str, limit_s: float = 120.0, credentials: Any = None) -> A
             return warming
         time.sleep(0.2)
     raise AssertionError(f"warming did not finish within {limit_s:g} s")
+
+
+def template_tokens() -> int:
+    """Prompt tokens every request shares: the rendered prompt's common prefix for two questions."""
+    from transformers import AutoTokenizer
+
+    from ragserve.config import default_generator_path
+    from ragserve.prompt import SYSTEM_PREFIX
+
+    tokenizer = AutoTokenizer.from_pretrained(str(default_generator_path()))
+
+    def ids(user: str) -> list[int]:
+        messages = [{"role": "system", "content": SYSTEM_PREFIX}, {"role": "user", "content": user}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    a, b = ids("first"), ids("second")
+    return next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)

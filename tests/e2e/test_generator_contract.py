@@ -1,6 +1,6 @@
 """The generator contract (tests/generate/contract.py) on vLLM's engine in this process, as the
 sidecar runs it by default: the embedded model with the shipped adapter merged in at set-up. The
-remote generator meets it over a real vLLM server in tests/e2e/test_remote.py and over fakes in
+remote generator meets it over a real vLLM server in tests/e2e/float32/test_remote.py and over fakes in
 tests/generate/test_contract.py."""
 
 from __future__ import annotations

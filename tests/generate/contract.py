@@ -4,7 +4,7 @@ Each check takes a started generator and a `held()` that says how many requests 
 servers behind it still hold (the engine's own count, a fake's, a real vLLM server's metrics), so
 an abort is checked where it happens. Run on the remote generator over fakes (the quick suite,
 tests/generate/test_contract.py), on the in-process engine and on a real vLLM server (end to end:
-tests/e2e/test_generator_contract.py, tests/e2e/test_remote.py).
+tests/e2e/test_generator_contract.py, tests/e2e/float32/test_remote.py).
 """
 
 from __future__ import annotations

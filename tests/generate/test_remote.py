@@ -1,5 +1,5 @@
 """The remote generator against scripted HTTP servers (FakeVllmServer): routing, fail-over, the
-hedge, errors, aborts, health and connection reuse. Real vLLM servers: tests/e2e/test_remote.py."""
+hedge, errors, aborts, health and connection reuse. Real vLLM servers: tests/e2e/float32/test_remote.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The OpenAI-compatible door in process: the real `openai` package and `curl` against it, over the
 real embedder and index and a generator fake (named as such). The real engine behind the same door,
-and the two doors agreeing, are in tests/e2e/test_openai_door.py."""
+and the two doors agreeing, are in tests/e2e/shared/test_openai_door.py."""
 
 from __future__ import annotations
 

@@ -10,8 +10,7 @@ from pathlib import Path
 
 from ragserve.client import RagClient
 from ragserve.v1 import rag_pb2 as pb
-from tests.e2e.servers import LiveServer, serving, wait_warm
-from tests.e2e.test_grpc_stream import _template_tokens
+from tests.e2e.servers import LiveServer, serving, template_tokens, wait_warm
 
 
 def _shared_with_warming(passage: pb.Passage) -> int:
@@ -64,7 +63,7 @@ def test_a_restarted_server_starts_warm_the_most_retrieved_passage_first(
     assert warming.passages == 4 and warming.tokens > 0
     # The first questions this server answers find the template and the whole passage cached.
     for event, final in ((retrieval, repeat), (visited, first_visit)):
-        assert final.usage.prefix_cache_hit_tokens >= _template_tokens() + 64, final.usage
+        assert final.usage.prefix_cache_hit_tokens >= template_tokens() + 64, final.usage
         # Every whole KV block the prompt shares with warming's: with the pad, that is the whole
         # top passage when a short pad brought it to a block's end (generate/rendering.py).
         assert final.usage.prefix_cache_hit_tokens >= _shared_with_warming(event.passages[0]) // 32 * 32

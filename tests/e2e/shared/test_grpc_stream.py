@@ -17,7 +17,7 @@ from grpc_status import rpc_status
 from ragserve.client import RagClient
 from ragserve.request.sentences import sentence_spans
 from ragserve.v1 import rag_pb2 as pb
-from tests.e2e.servers import LiveServer
+from tests.e2e.servers import LiveServer, template_tokens
 
 
 async def _timed_query(target: str, question: str, **kwargs: object) -> list[tuple[float, pb.QueryEvent]]:
@@ -62,24 +62,6 @@ def test_query_streams_retrieval_then_tokens_then_final(live_server: LiveServer)
     assert final.timings.reader_ms > 0
 
 
-def _template_tokens() -> int:
-    """Prompt tokens every request shares: the rendered prompt's common prefix for two questions."""
-    from transformers import AutoTokenizer
-
-    from ragserve.config import default_generator_path
-    from ragserve.prompt import SYSTEM_PREFIX
-
-    tokenizer = AutoTokenizer.from_pretrained(str(default_generator_path()))
-
-    def ids(user: str) -> list[int]:
-        messages = [{"role": "system", "content": SYSTEM_PREFIX}, {"role": "user", "content": user}]
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return list(tokenizer.encode(text, add_special_tokens=False))
-
-    a, b = ids("first"), ids("second")
-    return next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
-
-
 def test_prefix_cache_serves_the_template_prefix(live_server: LiveServer) -> None:
     async def finals() -> list[pb.FinalEvent]:
         out = []
@@ -99,7 +81,7 @@ def test_prefix_cache_serves_the_template_prefix(live_server: LiveServer) -> Non
     assert repeat.usage.prefix_cache_hit_tokens > first.usage.prefix_cache_hit_tokens
     assert repeat.timings.ttft_ms < first.timings.ttft_ms
     # The whole template is cached but for the last, partly filled KV block (32 tokens on CPU).
-    template = _template_tokens()
+    template = template_tokens()
     for final in (first, other):
         assert final.usage.prefix_cache_hit_tokens >= template - 31, (final.usage, template)
     # A repeated prompt recomputes less than one block.
@@ -198,7 +180,7 @@ def test_a_new_question_about_a_passage_seen_before_reuses_its_kv(live_server: L
     assert second[0][1].retrieval.passages[0].chunk_id == top.chunk_id
     usage = second[-1][1].final.usage
     passage_tokens = usage.context_tokens  # the top passage, and any sentences of the others
-    assert usage.prefix_cache_hit_tokens >= _template_tokens() + 64, usage
+    assert usage.prefix_cache_hit_tokens >= template_tokens() + 64, usage
     # What is computed again is the question and what follows the top passage, not the passage.
     assert usage.prompt_tokens - usage.prefix_cache_hit_tokens < passage_tokens, usage
     # A highlight of the top passage came with the retrieval event, before any token: one of its

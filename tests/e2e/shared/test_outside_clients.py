@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.e2e.servers import LiveServer
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_grpclib_client_watches_health_and_streams_a_query(live_server: LiveServer, tmp_path: Path) -> None:
@@ -30,7 +30,7 @@ def test_grpclib_client_watches_health_and_streams_a_query(live_server: LiveServ
     )
     host, port = live_server.target.rsplit(":", 1)
     result = subprocess.run(
-        [sys.executable, str(Path(__file__).parent / "grpclib_client.py"), host, port, str(tmp_path)],
+        [sys.executable, str(Path(__file__).parents[1] / "grpclib_client.py"), host, port, str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=180,

@@ -29,15 +29,12 @@ from tests.e2e.servers import (
     SessionServers,
     running_requests,
     spawn_server,
+    template_tokens,
     wait_serving,
     wait_warm,
 )
-from tests.e2e.test_grpc_stream import _template_tokens
 from tests.generate import contract
 
-# The session server the stack takes itself (after starting its vLLM servers, so that their
-# start-ups overlap): under pytest-xdist this module runs beside the float32 server's other users.
-SESSION_SERVERS = ("float32",)
 # float32 on both sides: bf16 greedy decoding is not token-exact between engine layouts (limitations.md).
 DTYPE = "float32"
 # One question each about different sample documents (for comparing answers with the local engine).
@@ -71,7 +68,7 @@ def _stop(*things: object) -> None:
 
 @pytest.fixture(scope="module")
 def stack(
-    sample_index: Path, tmp_path_factory: pytest.TempPathFactory, session_servers: SessionServers
+    sample_index: Path, tmp_path_factory: pytest.TempPathFactory, float32_servers: SessionServers
 ) -> Iterator[RemoteStack]:
     logs = tmp_path_factory.mktemp("remote")
     # The folder the sidecars serve: the base model, as the float32 server it is compared with.
@@ -80,8 +77,8 @@ def stack(
     sidecar: LiveServer | None = None
     try:
         # The in-process engine to compare with: the session's float32 server (no answer cache),
-        # which also serves test_speculation; its start-up overlaps the vLLM servers'.
-        local = session_servers.get("float32")
+        # which also serves test_speculation; taken here, its start-up overlaps the vLLM servers'.
+        local = float32_servers.get("float32")
         assert local.env["RAGSERVE_GENERATOR_DTYPE"] == DTYPE and local.env["RAGSERVE_CACHE_ANSWERS"] == "false"
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(wait_http_ok, servers))
@@ -133,7 +130,7 @@ def test_answers_stream_from_the_servers_and_reuse_their_kv(stack: RemoteStack) 
     assert first[1].strip() and first[2].finish_reason in ("stop", "length")
     assert second[0].passages[0].chunk_id == first[0].passages[0].chunk_id
     # Routed to the server that answered about this passage: the template and the passage were cached.
-    assert second[2].usage.prefix_cache_hit_tokens >= _template_tokens() + 64, second[2].usage
+    assert second[2].usage.prefix_cache_hit_tokens >= template_tokens() + 64, second[2].usage
 
     async def info() -> pb.InfoResponse:
         async with RagClient(stack.sidecar.target) as client:
@@ -229,7 +226,7 @@ def test_document_routing_through_the_vllm_router_keeps_a_document_on_its_server
         _stop(sidecar, router)
     assert len(hits) >= 3, hits
     # The template and the whole passage were cached on the server the router chose.
-    assert all(hit >= _template_tokens() + 64 for hit in hits), hits
+    assert all(hit >= template_tokens() + 64 for hit in hits), hits
 
 
 def test_the_most_retrieved_passage_is_prefilled_on_the_server_its_questions_go_to(
@@ -262,7 +259,7 @@ def test_the_most_retrieved_passage_is_prefilled_on_the_server_its_questions_go_
         _stop(sidecar)
     assert retrieval.passages[0].chunk_id == chunk_id
     # The first question about it finds the template and the whole passage on its server.
-    assert final.usage.prefix_cache_hit_tokens >= _template_tokens() + 64, final.usage
+    assert final.usage.prefix_cache_hit_tokens >= template_tokens() + 64, final.usage
 
 
 def test_the_remote_generator_meets_the_generator_contract_on_a_real_vllm_server(stack: RemoteStack) -> None:
