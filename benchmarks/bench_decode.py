@@ -14,6 +14,12 @@ overrides) in a process of its own, and asks it the same prompts one at a time, 
 - decode: a prompt that makes the model write on (a numbered list), `--decode-tokens` tokens:
   the time per token after the first, the engine's decode rate with nothing else in it.
 
+A configuration's `isa=avx2` runs that engine as a host without AVX-512 would: vLLM's AVX2 kernels
+(its AVX-512 check answers no), and torch's own kernels, oneDNN's and MKL's capped at AVX2 (their
+documented switches: ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS). Pair it with
+`dtype=float32`, the dtype such a host gets. What it cannot take away is this host's memory speed
+and clock: a stand-in for the instruction set, not for a slower machine (`--cpus` for that).
+
 `--llama-python` runs the same rendered prompts through llama.cpp (llama-cpp-python in that
 interpreter) on the bundled GGUF, the weights the embedded default was made from (without the
 tuned adapter: its decode speed, not its answers, is what is compared), with the same thread
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -75,9 +82,15 @@ def _pinned(cpus: str) -> list[str]:
     return ["taskset", "-c", cpus] if cpus else []
 
 
+# The kernel libraries' own switches to a narrower instruction set (set before torch is imported).
+AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
 def run_engine(name: str, overrides: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
+    isa = overrides.pop("isa", "")
     spec = json.dumps(
         {
+            "isa": isa,
             "overrides": overrides,
             "data": str(args.data),
             "questions": args.questions,
@@ -88,6 +101,7 @@ def run_engine(name: str, overrides: dict[str, str], args: argparse.Namespace) -
     done = subprocess.run(
         [*_pinned(args.cpus), sys.executable, "-m", "benchmarks.decode_worker", "engine", spec],
         cwd=REPO,
+        env={**os.environ, **(AVX2_ENV if isa == "avx2" else {})},
         capture_output=True,
         text=True,
         check=False,

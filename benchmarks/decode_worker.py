@@ -38,6 +38,12 @@ async def engine_side(spec: dict[str, Any]) -> dict[str, Any]:
     from ragserve.prompt import build_prompt
     from ragserve.types import Chunk, Passage
 
+    if spec.get("isa") == "avx2":
+        import torch
+
+        # vLLM loads its AVX2 kernels where torch says the CPU has no AVX-512 (vllm/platforms/cpu.py).
+        torch.cpu._is_avx512_supported = lambda: False
+        torch.cpu._is_avx512_bf16_supported = lambda: False
     generator = VllmGenerator(GeneratorSettings(**spec["overrides"]))
     await generator.start()
     from vllm import SamplingParams
@@ -61,7 +67,7 @@ async def engine_side(spec: dict[str, Any]) -> dict[str, Any]:
     await one(rendered[0], 4, False)  # the first prompt's cold start is not the engine's steady cost
     answers = [await one(text, spec["answer_tokens"], False) for text in rendered]
     decode = [await one(decode_prompt + " " * i, spec["decode_tokens"], True) for i in range(5)]
-    choices = ", ".join(f"{c.name} {c.value}" for c in generator.engine_choices)
+    choices = ", ".join(f"{c.name} {c.value}" for c in generator.engine_choices) + f", {_kernels()}"
     await generator.close()
     return {
         "answers": summary(answers),
@@ -70,6 +76,15 @@ async def engine_side(spec: dict[str, Any]) -> dict[str, Any]:
         "rendered": rendered,
         "decode_prompt": decode_prompt,
     }
+
+
+def _kernels() -> str:
+    """Which instruction set the engine's kernels really run: torch's, and vLLM's library loaded."""
+    import torch
+
+    maps = Path("/proc/self/maps").read_text()
+    vllm_lib = next((name for name in ("_C_AVX2", "_C_AVX512", "_C.abi3") if f"vllm/{name}" in maps), "?")
+    return f"torch {torch.backends.cpu.get_cpu_capability()}, vllm {vllm_lib}"
 
 
 def llama_side(spec: dict[str, Any]) -> dict[str, Any]:

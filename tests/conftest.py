@@ -55,10 +55,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def _locks_folder(config: pytest.Config) -> Path | None:
-    """The folder the processes beside each other share: the lanes' (RAGSERVE_TEST_LOCKS), or the
+    """The folder the processes beside each other share: the lanes' (TEST_LANE_LOCKS), or the
     run's base folder of pytest-xdist's workers; None for one plain process."""
-    if os.environ.get("RAGSERVE_TEST_LOCKS"):
-        return Path(os.environ["RAGSERVE_TEST_LOCKS"])
+    if os.environ.get("TEST_LANE_LOCKS"):
+        return Path(os.environ["TEST_LANE_LOCKS"])
     if hasattr(config, "workerinput"):
         return Path(config.option.basetemp).parent
     return None
@@ -83,8 +83,9 @@ def sample_index(
 
     root = tmp_path_factory.mktemp("index") / "sample"
     # A plain `pytest` is the only process, so this build (the quick suite's longest set-up) may use
-    # every core: it takes about half as long on two. A pytest-xdist worker shares them: one thread.
-    alone = not hasattr(request.config, "workerinput")
+    # every core: it takes about half as long on two. A lane or a pytest-xdist worker shares them:
+    # one thread.
+    alone = _locks_folder(request.config) is None
     torch.set_num_threads((os.cpu_count() or 1) if alone else 1)
     try:
         build_index(SAMPLE_DOCS, root, embedder, progress=False)

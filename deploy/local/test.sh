@@ -18,14 +18,14 @@ mypy ragserve indexer
 if [ "$#" -gt 0 ]; then
     exec pytest -v -ra -m "" "$@"
 fi
-RAGSERVE_TEST_LOCKS="$(mktemp -d)"
-export RAGSERVE_TEST_LOCKS
-trap 'rm -rf "$RAGSERVE_TEST_LOCKS"' EXIT
+TEST_LANE_LOCKS="$(mktemp -d)"
+export TEST_LANE_LOCKS
+trap 'rm -rf "$TEST_LANE_LOCKS"' EXIT
 lane() {
     local name=$1
     shift
     local started=$SECONDS code=0
-    pytest -v -ra -m "" --durations=15 -p no:cacheprovider "$@" >"$RAGSERVE_TEST_LOCKS/$name.log" 2>&1 || code=$?
+    pytest -v -ra -m "" --durations=15 -p no:cacheprovider "$@" >"$TEST_LANE_LOCKS/$name.log" 2>&1 || code=$?
     echo "lane $name: exit $code in $((SECONDS - started)) s"
     return $code
 }
@@ -41,6 +41,6 @@ for pid in $shared $e2e $unit; do
 done
 for name in unit e2e shared; do
     echo "==================== lane $name ===================="
-    cat "$RAGSERVE_TEST_LOCKS/$name.log"
+    cat "$TEST_LANE_LOCKS/$name.log"
 done
 exit $failed
