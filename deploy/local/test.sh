@@ -25,7 +25,9 @@ lane() {
     local name=$1
     shift
     local started=$SECONDS code=0
-    pytest -v -ra -m "" --durations=15 -p no:cacheprovider "$@" >"$TEST_LANE_LOCKS/$name.log" 2>&1 || code=$?
+    # Each lane its own temporary folder: pytest's numbered folders are cleaned by the next run.
+    pytest -v -ra -m "" --durations=15 -p no:cacheprovider --basetemp="$TEST_LANE_LOCKS/$name" "$@" \
+        >"$TEST_LANE_LOCKS/$name.log" 2>&1 || code=$?
     echo "lane $name: exit $code in $((SECONDS - started)) s"
     return $code
 }
