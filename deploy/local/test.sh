@@ -7,11 +7,12 @@ bash deploy/local/setup.sh
 . .venv/bin/activate
 ruff check .
 mypy ragserve indexer
-# Every test, e2e and slow included (a plain `pytest` deselects them; see pyproject.toml), in three
+# Every test, e2e and slow included (a plain `pytest` deselects them; see pyproject.toml), in four
 # plain pytest processes side by side on the host's cores, one per folder of shared servers:
 #   shared   tests/e2e/shared: the modules that share the session's full and retrieval-only servers
 #   e2e      the rest of tests/e2e (tests/e2e/float32 shares the float32 server; the others start their own)
-#   unit     everything outside tests/e2e
+#   unit     everything outside tests/e2e but the tests marked slow (the quick suite)
+#   slow     the tests marked slow outside tests/e2e
 # A test marked `alone` (a tight timing, the host's load) runs while the other lanes wait
 # (tests/conftest.py). Each lane's report is printed when all have ended; --durations: the slowest
 # tests, to keep CI within its time. Arguments, when given, go to one plain pytest instead.
@@ -35,13 +36,15 @@ lane shared tests/e2e/shared &
 shared=$!
 lane e2e tests/e2e --ignore=tests/e2e/shared &
 e2e=$!
-lane unit tests --ignore=tests/e2e &
+lane unit tests --ignore=tests/e2e -m "not slow" &
 unit=$!
+lane slow tests --ignore=tests/e2e -m slow &
+slow=$!
 failed=0
-for pid in $shared $e2e $unit; do
+for pid in $shared $e2e $unit $slow; do
     wait "$pid" || failed=1
 done
-for name in unit e2e shared; do
+for name in unit slow e2e shared; do
     echo "==================== lane $name ===================="
     cat "$TEST_LANE_LOCKS/$name.log"
 done
