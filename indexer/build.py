@@ -176,6 +176,7 @@ def _build_locked(
     outcome = embed_all(work.todo, embedder, chunking, batch_size, checkpoints, progress, group_chunks)
     for doc_id, item in outcome.embedded.items():
         work.chunks[doc_id], work.vectors[doc_id] = item.chunks, item.vectors
+    outcome.embedded.clear()  # moved: `_assemble` frees each document's vectors as it copies them
     report.embed_seconds = time.perf_counter() - embed_started
     report.resumed, report.chunks_embedded = outcome.resumed, outcome.chunks_embedded
     report.embedded -= outcome.resumed
@@ -186,16 +187,15 @@ def _build_locked(
     version = latest_version(out) + 1
     build = new_build_dir(out)
     names, ef_search = _write_index_files(build, content, base, previous.sentences if previous else {}, fields)
-    manifest = _manifest(
-        version, build, names, len(content.chunks), embedder, chunking, len(documents), embedder_backend
-    )
+    report.chunks = len(content.chunks)
+    manifest = _manifest(version, build, names, report.chunks, embedder, chunking, len(documents), embedder_backend)
+    del content, work, documents, base, previous  # the verifying load must not sit beside the build's rows
     hnsw = {**manifest.hnsw, "ef_search": ef_search}
     manifest = dataclasses.replace(manifest, fields=dict(fields.schema), hnsw=hnsw)
     report.folder = _publish_verified(out, build, manifest)
     clear_checkpoints(out)
     report.version = version
     report.published = True
-    report.chunks = len(content.chunks)
     report.seconds = time.perf_counter() - started
     return report
 
