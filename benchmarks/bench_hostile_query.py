@@ -36,6 +36,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.bench_sizing import status_mib  # noqa: E402
 from benchmarks.harness import cpu_name, git_head, load_avg, percentile, start_server, stop_server, write_results  # noqa: E402
 from benchmarks.workloads import load_queries  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
@@ -45,27 +46,20 @@ QUESTION_CHARS = 2000
 TURN_CHARS = 4000
 
 
-def status_kib(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
-
-
 class RssWatch:
     """The process's RssAnon and VmRSS every 2 ms in a thread, until stopped."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.anon: list[int] = []
-        self.samples: list[int] = []
+        self.anon: list[float] = []
+        self.samples: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.anon.append(status_kib(self.pid, "RssAnon"))
-            self.samples.append(status_kib(self.pid, "VmRSS"))
+            self.anon.append(status_mib(self.pid, "RssAnon"))
+            self.samples.append(status_mib(self.pid, "VmRSS"))
             time.sleep(0.002)
 
     def __enter__(self) -> RssWatch:
@@ -105,12 +99,12 @@ async def ask(target: str, asks: list[tuple[str, str]]) -> list[dict[str, float]
 def phase(target: str, pid: int, asks: list[tuple[str, str]]) -> dict[str, Any]:
     with RssWatch(pid) as before:
         time.sleep(1.0)
-    hwm_before = status_kib(pid, "VmHWM")
+    hwm_before = status_mib(pid, "VmHWM")
     try:
         with RssWatch(pid) as during:
             stages = asyncio.run(ask(target, asks))
     except Exception as exc:  # the server gone (its memory cap), or a refusal: the phase's row says so
-        peak = max(during.anon, default=0) / 1024
+        peak = max(during.anon, default=0.0)
         return {"requests": f"failed ({type(exc).__name__}) at an anon peak of {peak:.0f} MiB"}
     baseline, anon = statistics.median(before.samples), statistics.median(before.anon)
     times = [row["retrieval_total_ms"] for row in stages]
@@ -120,11 +114,11 @@ def phase(target: str, pid: int, asks: list[tuple[str, str]]) -> dict[str, Any]:
         "retrieval p50 ms": percentile(times, 50),
         "retrieval p99 ms": percentile(times, 99),
         "retrieval max ms": max(times),
-        "anon before MiB": anon / 1024,
-        "anon peak growth MiB": (max(during.anon) - anon) / 1024,
-        "rss peak growth MiB": (max(during.samples) - baseline) / 1024,
-        "VmHWM before MiB": hwm_before / 1024,
-        "VmHWM after MiB": status_kib(pid, "VmHWM") / 1024,
+        "anon before MiB": anon,
+        "anon peak growth MiB": max(during.anon) - anon,
+        "rss peak growth MiB": max(during.samples) - baseline,
+        "VmHWM before MiB": hwm_before,
+        "VmHWM after MiB": status_mib(pid, "VmHWM"),
         "slowest: embed / search / rerank / evidence ms": " / ".join(f"{slowest[name]:.1f}" for name in STAGES[:-1]),
         "search p50 ms": percentile([row["search_ms"] for row in stages], 50),
     }

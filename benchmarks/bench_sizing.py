@@ -38,20 +38,25 @@ from ragserve.client import RagClient  # noqa: E402
 from ragserve.generate.host import read_host_cpu  # noqa: E402
 
 
+def status_mib(pid: int, field: str = "VmRSS") -> float:
+    """`field` of /proc/PID/status (VmRSS, RssAnon, VmHWM, ...) of one process, in MiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(x for x in status.splitlines() if x.startswith(field + ":")).split()[1]) / 1024
+
+
 def tree_rss_mib(pid: int, field: str = "VmRSS") -> float:
-    """`field` of /proc/PID/status (VmRSS, RssAnon, ...) summed over `pid` and every process below
-    it (the engine-core process, a big version's graph helper)."""
-    total, todo = 0, [pid]
+    """`field` of /proc/PID/status summed over `pid` and every process below it (the engine-core
+    process, a big version's graph helper)."""
+    total, todo = 0.0, [pid]
     while todo:
         current = todo.pop()
         try:
-            status = Path(f"/proc/{current}/status").read_text()
-            total += int(next(x for x in status.splitlines() if x.startswith(field)).split()[1])
+            total += status_mib(current, field)
             for task in Path(f"/proc/{current}/task").iterdir():
                 todo += [int(c) for c in (task / "children").read_text().split()]
         except (OSError, StopIteration):
             continue  # a process that ended between two reads
-    return total / 1024
+    return total
 
 
 def build(corpus: Path, index: Path) -> float:

@@ -167,8 +167,12 @@ class SessionServers:
             self._ready.add(name)
         return server
 
-    def stop_all(self) -> dict[str, int]:
-        """Each server's exit code; they drain at once."""
+    def stop_all(self) -> None:
+        """Every server drains at once; each must exit 0 on SIGTERM."""
+        codes = self._exit_codes()
+        assert all(code == 0 for code in codes.values()), f"a shared server exited badly on SIGTERM: {codes}"
+
+    def _exit_codes(self) -> dict[str, int]:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max(1, len(self._started))) as pool:
