@@ -36,7 +36,8 @@ from indexer.chunking import ChunkingConfig, chunk_document, embedding_text
 from indexer.loaders import Document
 from indexer.sources import iter_source
 from ragserve.index.base import ScoredChunk
-from ragserve.index.bm25 import Bm25Index, build_bm25
+from ragserve.index.bm25 import Bm25Index
+from ragserve.index.bm25_build import build_bm25
 from ragserve.index.chunk_store import read_chunks
 from ragserve.index.format import CHUNKS_FILE, VECTORS_FILE, resolve_current
 from ragserve.index.fusion import rrf

@@ -21,6 +21,7 @@ import orjson
 
 from indexer.chunking import ChunkingConfig
 from ragserve.index.chunk_store import read_chunks
+from ragserve.index.vector_file import VectorFile
 from ragserve.request.sentences import split_sentences
 
 # A passage stays one chunk (at most the indexer's 200 tokens): at ~4.5 characters per word piece
@@ -98,7 +99,9 @@ class RecombinedVectors:
     passage's text, looked up by the text; anything else is an error, never a made-up vector. The
     tokenizer is the real model's, so chunking is the product's."""
 
-    def __init__(self, tokenizer: Any, model_id: str, texts: dict[bytes, int], vectors: np.ndarray) -> None:
+    def __init__(
+        self, tokenizer: Any, model_id: str, texts: dict[bytes, int], vectors: np.ndarray | VectorFile
+    ) -> None:
         self._tokenizer = tokenizer
         self._model_id = model_id
         self._texts = texts

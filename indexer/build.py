@@ -1,15 +1,19 @@
 """Build and publish an index version from one document source.
 
+Two passes: the source is read once into a spill (indexer/scan.py), then each row is written as
+it is made (indexer/version_writer.py), so a build holds a group of chunks at a time, not the
+corpus (docs/indexing.md, memory).
+
 Incremental: when the published version was built with the same embedder and chunking, documents
-whose content hash is unchanged keep their chunks and vectors; only new or changed documents are
-embedded, and documents no longer in the source are dropped. HNSW and BM25 are rebuilt over the
-result (seconds, against minutes of embedding).
+whose content hash is unchanged keep their chunks and vectors (copied from its files); only new or
+changed documents are embedded, and documents no longer in the source are dropped. HNSW and BM25
+are rebuilt over the result (seconds, against minutes of embedding), or the graph extended when
+documents were only added.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,23 +21,21 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import orjson
-
 from indexer.checkpoint import Checkpoints, clear_checkpoints
-from indexer.chunking import ChunkingConfig, embedding_text
-from indexer.embedding import GROUP_CHUNKS, IndexingEmbedder, embed_all
-from indexer.loaders import Document, LoadLimits, Skipped, SourceError
-from indexer.metadata import Fields, MetadataError, choose_fields, normalized
-from indexer.previous import Previous, chunking_dict, extend_graph, load_previous
+from indexer.chunking import ChunkingConfig
+from indexer.embedding import GROUP_CHUNKS, IndexingEmbedder, RowStream
+from indexer.loaders import LoadLimits, Skipped
+from indexer.previous import Previous, chunking_dict, load_previous
+from indexer.progress import EmbedProgress
 from indexer.root_lock import index_root_lock
-from indexer.sources import iter_source
+from indexer.scan import Scan, read_spill, scan_source
+from indexer.version_writer import VersionWriter
 from ragserve.digests import sha256_file
-from ragserve.index.bm25 import build_bm25
-from ragserve.index.chunk_store import write_chunks
+from ragserve.errors import IndexLoadError
+from ragserve.index.bm25 import Bm25Index
+from ragserve.index.chunk_store import ChunkStore
 from ragserve.index.format import (
     CHUNKS_FILE,
-    DOCUMENTS_FILE,
     HNSW_FILE,
     VECTORS_FILE,
     Manifest,
@@ -43,11 +45,12 @@ from ragserve.index.format import (
     read_verified_manifest,
     resolve_current,
 )
-from ragserve.index.hnsw import DEFAULT_EF_CONSTRUCTION, DEFAULT_M, HnswIndex, build_hnsw
+from ragserve.index.graph import load_graph
+from ragserve.index.hnsw import DEFAULT_EF_CONSTRUCTION, DEFAULT_M
 from ragserve.index.metadata import FIELDS_FILE, FieldColumns
-from ragserve.json_bytes import kept_json
-from ragserve.request.sentences import analyse_text
-from ragserve.types import Chunk
+from ragserve.index.vector_file import VectorFile
+
+_SPILL = "documents.spill"
 
 
 @dataclass
@@ -78,31 +81,6 @@ class BuildReport:
     def chunks_per_second(self) -> float:
         """The embedding's throughput: chunks embedded in this run per second of embedding."""
         return self.chunks_embedded / self.embed_seconds if self.embed_seconds else 0.0
-
-
-def load_documents(
-    source: Path,
-    report: BuildReport,
-    on_skip: Callable[[Skipped], None] | None,
-    limits: LoadLimits | None = None,
-) -> list[Document]:
-    documents: list[Document] = []
-    seen: set[str] = set()
-    for item in iter_source(source, limits):
-        if isinstance(item, Document) and item.doc_id in seen:
-            item = Skipped(item.source, f"duplicate document id {item.doc_id!r}")
-        if isinstance(item, Skipped):
-            report.skipped.append(item)
-            if on_skip:
-                on_skip(item)
-            continue
-        seen.add(item.doc_id)
-        documents.append(item)
-    if not documents:
-        raise SourceError(
-            f"no indexable documents in {source} (.txt, .md, .html and .pdf files, or a BEIR corpus.jsonl)"
-        )
-    return documents
 
 
 def build_index(
@@ -156,42 +134,41 @@ def _build_locked(
     started = time.perf_counter()
     chunking = chunking or ChunkingConfig()
     report = BuildReport()
-    documents = load_documents(source, report, on_skip, limits)
-    documents, fields = _checked_metadata(documents, declared_fields or {}, report, on_skip)
-    previous = load_previous(out, embedder.model_id, chunking) if incremental else None
-    work = _diff_documents(documents, previous, report)
-
-    unchanged_fields = previous is not None and previous.fields == dict(fields.schema)
-    if previous is not None and not work.todo and not report.removed and unchanged_fields and not report.relabeled:
-        # Nothing changed: keep serving the published version instead of minting an identical one.
-        report.version = latest_version(out)
-        report.folder = resolve_current(out)
-        report.chunks = sum(len(c) for c in work.chunks.values())
-        report.seconds = time.perf_counter() - started
-        clear_checkpoints(out)
-        return report
-
-    embed_started = time.perf_counter()
-    checkpoints = Checkpoints(out, _embedding_settings(embedder, chunking, embedder_backend), embedder.dim)
-    outcome = embed_all(work.todo, embedder, chunking, batch_size, checkpoints, progress, group_chunks)
-    for doc_id, item in outcome.embedded.items():
-        work.chunks[doc_id], work.vectors[doc_id] = item.chunks, item.vectors
-    outcome.embedded.clear()  # moved: `_assemble` frees each document's vectors as it copies them
-    report.embed_seconds = time.perf_counter() - embed_started
-    report.resumed, report.chunks_embedded = outcome.resumed, outcome.chunks_embedded
-    report.embedded -= outcome.resumed
-
-    base = _graph_to_extend(previous, work, report, unchanged_fields)
-    report.graph_extended = base is not None
-    content = _assemble(_row_order(documents, base), work, embedder.dim)
-    version = latest_version(out) + 1
     build = new_build_dir(out)
-    names, ef_search = _write_index_files(build, content, base, previous.sentences if previous else {}, fields)
-    report.chunks = len(content.chunks)
-    manifest = _manifest(version, build, names, report.chunks, embedder, chunking, len(documents), embedder_backend)
-    del content, work, documents, base, previous  # the verifying load must not sit beside the build's rows
-    hnsw = {**manifest.hnsw, "ef_search": ef_search}
-    manifest = dataclasses.replace(manifest, fields=dict(fields.schema), hnsw=hnsw)
+    try:
+        scan = scan_source(source, build / _SPILL, on_skip, limits, declared_fields or {})
+        report.skipped, report.fields_left_out = scan.skipped, scan.fields_left_out
+        previous = load_previous(out, embedder.model_id, chunking) if incremental else None
+        todo = _diff_documents(scan, previous, report)
+        same_fields = previous is not None and previous.fields == dict(scan.fields.schema)
+        if previous is not None and not todo and not report.removed and same_fields and not report.relabeled:
+            # Nothing changed: keep serving the published version instead of minting an identical one.
+            shutil.rmtree(build, ignore_errors=True)
+            return _kept_version(out, previous, scan, report, started)
+        base = _graph_to_extend(previous, todo, report, same_fields)
+        report.graph_extended = base is not None
+        checkpoints = Checkpoints(out, _embedding_settings(embedder, chunking, embedder_backend), embedder.dim)
+        names, ef_search = _write_version(
+            scan,
+            previous,
+            base,
+            todo,
+            build,
+            embedder,
+            chunking,
+            batch_size,
+            checkpoints,
+            progress,
+            group_chunks,
+            report,
+        )
+    except BaseException:
+        shutil.rmtree(build, ignore_errors=True)
+        raise
+    fields = dict(scan.fields.schema)
+    del scan, previous, base, todo  # the verifying loads must not sit beside the build's records
+    version = latest_version(out) + 1
+    manifest = _manifest(version, build, names, report, embedder, chunking, embedder_backend, fields, ef_search)
     report.folder = _publish_verified(out, build, manifest)
     clear_checkpoints(out)
     report.version = version
@@ -200,78 +177,118 @@ def _build_locked(
     return report
 
 
-def _graph_to_extend(previous: Previous | None, work: _Work, report: BuildReport, same_fields: bool) -> Previous | None:
+def _write_version(
+    scan: Scan,
+    previous: Previous | None,
+    base: Previous | None,
+    todo: set[str],
+    build: Path,
+    embedder: IndexingEmbedder,
+    chunking: ChunkingConfig,
+    batch_size: int,
+    checkpoints: Checkpoints,
+    progress: bool,
+    group_chunks: int,
+    report: BuildReport,
+) -> tuple[list[str], int]:
+    """The version's rows, then its graph and BM25: the file names and the graph's search breadth."""
+    writer = _write_rows(
+        scan, previous, base, todo, build, embedder, chunking, batch_size, checkpoints, progress, group_chunks, report
+    )
+    # The graph is the biggest thing a build holds: the documents' records must not sit beside it.
+    scan.documents.clear()
+    todo.clear()
+    if previous is not None:
+        previous.documents.clear()
+    return writer.finish(base)
+
+
+def _write_rows(
+    scan: Scan,
+    previous: Previous | None,
+    base: Previous | None,
+    todo: set[str],
+    build: Path,
+    embedder: IndexingEmbedder,
+    chunking: ChunkingConfig,
+    batch_size: int,
+    checkpoints: Checkpoints,
+    progress: bool,
+    group_chunks: int,
+    report: BuildReport,
+) -> VersionWriter:
+    """Every row into `build`, in order: `base`'s rows first as they were (its graph is extended),
+    then the source's documents in source order, each kept from `previous` or embedded."""
+    resumable = checkpoints.index()
+    rows_of = {doc.doc_id: doc for doc in scan.documents}
+    resumes = sum(
+        1 for doc in scan.documents if doc.doc_id in todo and resumable.get(doc.doc_id, ("",))[0] == doc.content_hash
+    )
+    to_embed = len(todo) - resumes
+    writer = VersionWriter(build, embedder.dim, scan.fields)
+    bar = EmbedProgress(to_embed, progress)
+    stream = RowStream(writer, embedder, chunking, batch_size, checkpoints, bar, group_chunks)
+    try:
+        if base is not None:
+            for doc_id in base.order():
+                lines, vectors = base.rows(doc_id)
+                stream.add_kept(rows_of[doc_id], lines, vectors, relabel=False)
+        for rows, doc in read_spill(scan.spill, rows_of):
+            kept = previous.documents.get(doc.doc_id) if previous is not None else None
+            if kept is None or doc.doc_id in todo:
+                stream.add_new(rows, doc)
+            elif base is None and previous is not None:  # with a base, its rows are written above
+                lines, vectors = previous.rows(doc.doc_id)
+                stream.add_kept(rows, lines, vectors, relabel=kept.meta_hash != rows.meta_hash)
+        stream.flush()
+    finally:
+        bar.close()
+        if previous is not None:
+            previous.close()
+    (build / _SPILL).unlink()
+    report.embed_seconds, report.chunks_embedded = stream.embed_seconds, stream.chunks_embedded
+    report.resumed = stream.resumed
+    report.embedded -= stream.resumed
+    report.chunks = writer.rows
+    return writer
+
+
+def _kept_version(out: Path, previous: Previous, scan: Scan, report: BuildReport, started: float) -> BuildReport:
+    report.version = latest_version(out)
+    report.folder = resolve_current(out)
+    report.chunks = sum(previous.documents[d.doc_id].chunks for d in scan.documents)
+    clear_checkpoints(out)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _graph_to_extend(
+    previous: Previous | None, todo: set[str], report: BuildReport, same_fields: bool
+) -> Previous | None:
     """The previous version, when this one only adds documents to it (none removed, changed or
     relabelled, same fields): its graph is extended, not rebuilt."""
-    if previous is None or previous.folder is None or report.removed or report.relabeled or not same_fields:
+    if previous is None or not previous.has_graph or report.removed or report.relabeled or not same_fields:
         return None
-    if any(doc.doc_id in previous.hashes for doc in work.todo):
+    if any(doc_id in previous.documents for doc_id in todo):
         return None
     return previous
 
 
-def _row_order(documents: list[Document], base: Previous | None) -> list[Document]:
-    """Source order; or, extending a graph, the previous version's rows first, as they were."""
-    if base is None:
-        return documents
-    by_id = {doc.doc_id: doc for doc in documents}
-    kept = set(base.order)
-    return [by_id[doc_id] for doc_id in base.order] + [doc for doc in documents if doc.doc_id not in kept]
-
-
-def metadata_hash(doc: Document) -> str:
-    return hashlib.sha256(orjson.dumps(doc.metadata, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
-
-
-def _checked_metadata(
-    documents: list[Document],
-    declared: dict[str, str],
-    report: BuildReport,
-    on_skip: Callable[[Skipped], None] | None,
-) -> tuple[list[Document], Fields]:
-    """The version's filterable fields, and each document with only their values, as stored. A
-    document whose value does not fit is reported and skipped, whole."""
-    fields = choose_fields([d.metadata for d in documents], declared)
-    report.fields_left_out = fields.left_out
-    kept: list[Document] = []
-    for doc in documents:
-        try:
-            kept.append(dataclasses.replace(doc, metadata=normalized(doc.metadata, fields.schema)))
-        except MetadataError as exc:
-            skipped = Skipped(doc.source, str(exc))
-            report.skipped.append(skipped)
-            if on_skip:
-                on_skip(skipped)
-    if not kept:
-        raise SourceError("no document's metadata fits the declared fields (each was reported)")
-    return kept, fields
-
-
-@dataclass
-class _Work:
-    """Each document's chunks and vectors, kept from the previous version or made in this run."""
-
-    todo: list[Document]  # new or changed: to chunk and embed
-    chunks: dict[str, list[Chunk]] = field(default_factory=dict)
-    vectors: dict[str, np.ndarray] = field(default_factory=dict)
-
-
-def _diff_documents(documents: list[Document], previous: Previous | None, report: BuildReport) -> _Work:
-    """Keep unchanged documents' chunks and vectors; count what is new, kept and gone."""
-    work = _Work(todo=[])
-    for doc in documents:
-        if previous is not None and previous.hashes.get(doc.doc_id) == doc.content_hash:
-            work.chunks[doc.doc_id] = previous.chunks[doc.doc_id]
-            work.vectors[doc.doc_id] = previous.vectors[doc.doc_id]
-            report.relabeled += previous.meta_hashes.get(doc.doc_id) != metadata_hash(doc)
+def _diff_documents(scan: Scan, previous: Previous | None, report: BuildReport) -> set[str]:
+    """The documents to embed (new or changed); counts what is new, kept, relabelled and gone."""
+    todo: set[str] = set()
+    for doc in scan.documents:
+        kept = previous.documents.get(doc.doc_id) if previous is not None else None
+        if kept is not None and kept.content_hash == doc.content_hash:
+            report.relabeled += kept.meta_hash != doc.meta_hash
         else:
-            work.todo.append(doc)
-    report.reused = len(documents) - len(work.todo)
-    report.embedded = len(work.todo)
-    current_ids = {d.doc_id for d in documents}
-    report.removed = len(set(previous.hashes) - current_ids) if previous else 0
-    report.documents = len(documents)
-    return work
+            todo.add(doc.doc_id)
+    report.reused = len(scan.documents) - len(todo)
+    report.embedded = len(todo)
+    current_ids = {d.doc_id for d in scan.documents}
+    report.removed = len(set(previous.documents) - current_ids) if previous else 0
+    report.documents = len(scan.documents)
+    return todo
 
 
 def _embedding_settings(embedder: IndexingEmbedder, chunking: ChunkingConfig, backend: str) -> dict[str, Any]:
@@ -279,84 +296,46 @@ def _embedding_settings(embedder: IndexingEmbedder, chunking: ChunkingConfig, ba
     return {"embedder": embedder.model_id, "backend": backend, "dim": embedder.dim, **chunking_dict(chunking)}
 
 
-@dataclass(frozen=True)
-class _Content:
-    """The version's rows (`_row_order`): chunks, their vectors, and one record per document."""
-
-    chunks: list[Chunk]
-    matrix: np.ndarray
-    records: list[bytes]
-
-
-def _assemble(documents: list[Document], work: _Work, dim: int) -> _Content:
-    """Moves `work`'s chunks and vectors into the version's rows: each document's are dropped from
-    `work` as they are copied, so a big corpus is not held twice (docs/indexing.md, memory)."""
-    count = sum(len(work.chunks[doc.doc_id]) for doc in documents)
-    matrix = np.empty((count, dim), dtype=np.float32)
-    chunks: list[Chunk] = []
-    records: list[bytes] = []
-    for doc in documents:
-        # Metadata is the document's as read now, also on chunks kept from the previous version.
-        cs = [
-            c if c.metadata == doc.metadata else dataclasses.replace(c, metadata=doc.metadata)
-            for c in work.chunks.pop(doc.doc_id)
-        ]
-        record = {"doc_id": doc.doc_id, "hash": doc.content_hash, "first_row": len(chunks), "chunks": len(cs)}
-        records.append(kept_json({**record, "meta": metadata_hash(doc)}))  # one per document: held to the end
-        matrix[len(chunks) : len(chunks) + len(cs)] = work.vectors.pop(doc.doc_id)
-        chunks.extend(cs)
-    return _Content(chunks, matrix, records)
-
-
-def _write_index_files(
-    build: Path, content: _Content, base: Previous | None, stored: dict[str, bytes], fields: Fields
-) -> tuple[list[str], int]:
-    """HNSW graph (`base`'s extended, or a new one), chunks (with their sentences: `stored` for a
-    kept chunk's text, else analysed), vectors, document records, BM25 and the filterable fields'
-    columns into `build`; returns the file names and the search breadth the graph needs."""
-    if base is not None:
-        ef_search = extend_graph(base, content.matrix, build / HNSW_FILE)
-    else:
-        ef_search = build_hnsw(content.matrix, build / HNSW_FILE)
-    write_chunks(build / CHUNKS_FILE, content.chunks, analyse_text, stored)
-    np.save(build / VECTORS_FILE, content.matrix, allow_pickle=False)
-    (build / DOCUMENTS_FILE).write_bytes(b"\n".join(content.records) + b"\n")
-    bm25_files = build_bm25([embedding_text(c) for c in content.chunks], build)
-    names = [HNSW_FILE, CHUNKS_FILE, VECTORS_FILE, DOCUMENTS_FILE, *bm25_files]
-    if fields.schema:
-        FieldColumns(content.chunks, fields.schema).write(build / FIELDS_FILE)
-        names.append(FIELDS_FILE)
-    return names, ef_search
-
-
 def _manifest(
     version: int,
     build: Path,
     names: list[str],
-    count: int,
+    report: BuildReport,
     embedder: IndexingEmbedder,
     chunking: ChunkingConfig,
-    documents: int,
     embedder_backend: str,
+    fields: dict[str, str],
+    ef_search: int,
 ) -> Manifest:
     return Manifest(
         version=version,
         embedder_id=embedder.model_id,
         dim=embedder.dim,
-        count=count,
+        count=report.chunks,
         files={name: sha256_file(build / name) for name in names},
-        hnsw={"M": DEFAULT_M, "ef_construction": DEFAULT_EF_CONSTRUCTION},
+        hnsw={"M": DEFAULT_M, "ef_construction": DEFAULT_EF_CONSTRUCTION, "ef_search": ef_search},
         chunking=chunking_dict(chunking),
-        documents=documents,
+        documents=report.documents,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         bm25={"library": "bm25s", "stopwords": "en", "stemmer": "english"},
         embedder_backend=embedder_backend,
+        fields=fields,
     )
 
 
 def _publish_verified(out: Path, build: Path, manifest: Manifest) -> Path:
+    """Publishes, then reads what was published the way the server will load it: checksums, the
+    graph, BM25, the docstore and the columns, one at a time, so the check never holds more than
+    the biggest of them (the graph)."""
     folder = publish(out, build, manifest)
-    # Verify what was published the way the server will load it.
-    read_verified_manifest(folder)
-    HnswIndex.load(out)
+    manifest = read_verified_manifest(folder)
+    load_graph(folder / HNSW_FILE, manifest.dim, manifest.count).close()
+    with VectorFile(folder / VECTORS_FILE) as vectors:
+        if vectors.shape != (manifest.count, manifest.dim):
+            raise IndexLoadError(f"index at {folder}: {VECTORS_FILE} has shape {vectors.shape}")
+    if manifest.bm25:
+        Bm25Index.load(folder, manifest.count)
+    ChunkStore(folder / CHUNKS_FILE, manifest.count).close()
+    if FIELDS_FILE in manifest.files:
+        FieldColumns.read(folder / FIELDS_FILE, manifest.count, manifest.fields)
     return folder

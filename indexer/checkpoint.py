@@ -56,16 +56,31 @@ class Checkpoints:
         self._settings = settings
         self._dim = dim
         self.folder = root / CHECKPOINTS / settings_key(settings)
+        self._index: dict[str, tuple[str, Path]] = {}
+        self._last: tuple[Path | None, dict[str, Embedded]] = (None, {})
 
-    def load(self) -> dict[str, Embedded]:
-        """Every document a readable checkpoint holds, by document id."""
-        found: dict[str, Embedded] = {}
-        if not self.folder.is_dir():
-            return found
-        for path in sorted(self.folder.glob(f"*{SUFFIX}")):
+    def index(self) -> dict[str, tuple[str, Path]]:
+        """Each document a readable checkpoint holds: its content hash and file. Only the files'
+        headers are kept: `take` reads a document's vectors when the build reaches it."""
+        found: dict[str, tuple[str, Path]] = {}
+        for path in self._files():
             for item in self._read(path):
-                found[item.doc_id] = item
+                found[item.doc_id] = (item.content_hash, path)
+        self._index = found
         return found
+
+    def take(self, doc_id: str, content_hash: str) -> Embedded | None:
+        """The document as `index` found it, if its content hash is still `content_hash`. The last
+        file read is kept: a build reaches a group's documents one after the other."""
+        hit = self._index.get(doc_id)
+        if hit is None or hit[0] != content_hash:
+            return None
+        if self._last[0] != hit[1]:
+            self._last = (hit[1], {item.doc_id: item for item in self._read(hit[1])})
+        return self._last[1].get(doc_id)
+
+    def _files(self) -> list[Path]:
+        return sorted(self.folder.glob(f"*{SUFFIX}")) if self.folder.is_dir() else []
 
     def save(self, group: list[Embedded]) -> None:
         """Write one group atomically: a reader sees the whole file or none of it."""

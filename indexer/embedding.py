@@ -1,11 +1,13 @@
 """Chunk and embed a build's new or changed documents, in groups of about GROUP_CHUNKS chunks:
 each group is one call to the embedder (which sorts its chunks by token count, so a batch pads
-little) and one checkpoint (indexer/checkpoint.py) as soon as it is done."""
+little) and one checkpoint (indexer/checkpoint.py) as soon as it is done; then its rows are
+written (indexer/version_writer.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -15,6 +17,7 @@ from indexer.checkpoint import Checkpoints, Embedded
 from indexer.chunking import ChunkingConfig, chunk_document, embedding_text
 from indexer.loaders import Document
 from indexer.progress import EmbedProgress
+from indexer.version_writer import DocumentRows, VersionWriter
 from ragserve.types import Chunk
 
 # Chunks per group. Length-sorted batches over a thousand chunks pad under 1% on SciFact (256:
@@ -70,76 +73,104 @@ class LazyEmbedder:
         return self._model().embed_documents(texts, batch_size)
 
 
-@dataclass
-class EmbedOutcome:
-    embedded: dict[str, Embedded] = field(default_factory=dict)
-    resumed: int = 0  # documents taken from checkpoints
-    chunks_embedded: int = 0  # chunks embedded in this run
+class RowStream:
+    """A build's rows in their order, embedded a group at a time: a new or changed document is
+    chunked and waits for its group (about `group_chunks` chunks, one embedder call and one
+    checkpoint); a kept document, or one an interrupted build's checkpoint holds, waits behind
+    it, so rows stay in order and at most a group is held."""
+
+    def __init__(
+        self,
+        writer: VersionWriter,
+        embedder: IndexingEmbedder,
+        chunking: ChunkingConfig,
+        batch_size: int,
+        checkpoints: Checkpoints,
+        bar: EmbedProgress,
+        group_chunks: int = GROUP_CHUNKS,
+    ) -> None:
+        self._writer = writer
+        self._embedder = embedder
+        self._chunking = chunking
+        self._batch_size = batch_size
+        self._checkpoints = checkpoints
+        self._bar = bar
+        self._group_chunks = group_chunks
+        # (document, chunks to embed or None, a kept document's lines and vectors or None)
+        self._pending: list[tuple[DocumentRows, list[Chunk] | None, _Kept | None]] = []
+        self._to_embed = 0
+        self._held = 0
+        self.resumed = 0
+        self.chunks_embedded = 0
+        self.embed_seconds = 0.0
+
+    def add_new(self, rows: DocumentRows, doc: Document) -> None:
+        saved = self._checkpoints.take(doc.doc_id, doc.content_hash)
+        if saved is not None:
+            self.resumed += 1
+            self._hold(rows, None, _Kept(None, saved.chunks, saved.vectors))
+            return
+        started = time.perf_counter()
+        chunks = chunk_document(doc, self._embedder.tokenizer, self._chunking)
+        self.embed_seconds += time.perf_counter() - started
+        self._to_embed += len(chunks)
+        self._hold(rows, chunks, None)
+
+    def add_kept(self, rows: DocumentRows, lines: list[bytes], vectors: np.ndarray, relabel: bool) -> None:
+        if not self._pending:
+            self._writer.add_kept(rows, lines, vectors, relabel)
+            return
+        self._hold(rows, None, _Kept(lines, None, vectors, relabel))
+
+    def _hold(self, rows: DocumentRows, chunks: list[Chunk] | None, kept: _Kept | None) -> None:
+        self._pending.append((rows, chunks, kept))
+        self._held += len(chunks) if chunks is not None else len(kept.vectors) if kept else 0
+        if self._to_embed >= self._group_chunks or self._held >= 4 * self._group_chunks:
+            self.flush()
+
+    def flush(self) -> None:
+        """Embeds what waits (one group, one checkpoint) and writes every waiting row in order."""
+        started = time.perf_counter()
+        group = [(rows, chunks) for rows, chunks, _ in self._pending if chunks is not None]
+        items = _embed_group(group, self._embedder, self._batch_size)
+        self._checkpoints.save(items)
+        self.embed_seconds += time.perf_counter() - started
+        embedded = iter(items)
+        for rows, chunks, kept in self._pending:
+            if chunks is not None:
+                item = next(embedded)
+                self._writer.add_new(rows, item.chunks, item.vectors)
+            elif kept is not None and kept.lines is not None:
+                self._writer.add_kept(rows, kept.lines, kept.vectors, kept.relabel)
+            elif kept is not None and kept.chunks is not None:
+                self._writer.add_new(rows, kept.chunks, kept.vectors)
+        chunks_done = sum(len(item.chunks) for item in items)
+        self.chunks_embedded += chunks_done
+        if items:
+            self._bar.update(len(items), chunks_done)
+        self._pending, self._to_embed, self._held = [], 0, 0
 
 
-def embed_all(
-    todo: list[Document],
-    embedder: IndexingEmbedder,
-    chunking: ChunkingConfig,
-    batch_size: int,
-    checkpoints: Checkpoints,
-    progress: bool,
-    group_chunks: int = GROUP_CHUNKS,
-) -> EmbedOutcome:
-    outcome = EmbedOutcome()
-    saved = checkpoints.load()
-    rest: list[Document] = []
-    for doc in todo:
-        done = saved.get(doc.doc_id)
-        if done is not None and done.content_hash == doc.content_hash:
-            outcome.embedded[doc.doc_id] = done
-        else:
-            rest.append(doc)
-    outcome.resumed = len(todo) - len(rest)
-    bar = EmbedProgress(len(rest), progress)
-    try:
-        for group in _groups(rest, embedder.tokenizer, chunking, group_chunks):
-            items = _embed_group(group, embedder, batch_size)
-            checkpoints.save(items)
-            for item in items:
-                outcome.embedded[item.doc_id] = item
-            chunks = sum(len(item.chunks) for item in items)
-            outcome.chunks_embedded += chunks
-            bar.update(len(items), chunks)
-    finally:
-        bar.close()
-    return outcome
-
-
-def _groups(
-    docs: list[Document], tokenizer: Any, chunking: ChunkingConfig, group_chunks: int
-) -> Iterator[list[tuple[Document, list[Chunk]]]]:
-    group: list[tuple[Document, list[Chunk]]] = []
-    size = 0
-    for doc in docs:
-        chunks = chunk_document(doc, tokenizer, chunking)
-        group.append((doc, chunks))
-        size += len(chunks)
-        if size >= group_chunks:
-            yield group
-            group, size = [], 0
-    if group:
-        yield group
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    lines: list[bytes] | None  # a kept document's stored lines, or
+    chunks: list[Chunk] | None  # a checkpointed document's chunks
+    vectors: np.ndarray
+    relabel: bool = False
 
 
 def _embed_group(
-    group: list[tuple[Document, list[Chunk]]], embedder: IndexingEmbedder, batch_size: int
+    group: list[tuple[DocumentRows, list[Chunk]]], embedder: IndexingEmbedder, batch_size: int
 ) -> list[Embedded]:
     flat = [c for _, chunks in group for c in chunks]
-    matrix = (
-        embedder.embed_documents([embedding_text(c) for c in flat], batch_size)
-        if flat
-        else np.zeros((0, embedder.dim), dtype=np.float32)
-    )
+    if not flat:
+        empty = np.zeros((0, embedder.dim), dtype=np.float32)
+        return [Embedded(rows.doc_id, rows.content_hash, [], empty) for rows, _ in group]
+    matrix = embedder.embed_documents([embedding_text(c) for c in flat], batch_size)
     items: list[Embedded] = []
     row = 0
-    for doc, chunks in group:
-        items.append(Embedded(doc.doc_id, doc.content_hash, chunks, matrix[row : row + len(chunks)]))
+    for rows, chunks in group:
+        items.append(Embedded(rows.doc_id, rows.content_hash, chunks, matrix[row : row + len(chunks)]))
         row += len(chunks)
     return items
 

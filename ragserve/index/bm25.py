@@ -22,7 +22,7 @@ import numpy as np
 from ragserve.errors import IndexLoadError
 
 BM25_DIR = "bm25"
-_STOPWORDS = "en"
+STOPWORDS = "en"
 _PARAMS_FILE = "params.index.json"
 _VOCAB_FILE = "vocab.index.json"
 _DATA_FILE = "data.csc.index.npy"
@@ -59,28 +59,15 @@ _PARAMS: dict[str, Callable[[Any], bool]] = {
 }
 
 
-def _stemmer() -> Any:
+def stemmer() -> Any:
     import Stemmer
 
     return Stemmer.Stemmer("english")
 
 
-def _quiet() -> None:
+def quiet_bm25s() -> None:
     # bm25s logs a line per load/save at INFO; the indexer and server report their own summaries.
     logging.getLogger("bm25s").setLevel(logging.WARNING)
-
-
-def build_bm25(texts: list[str], folder: Path) -> list[str]:
-    """Index `texts` (row i = chunk i) into folder/bm25/; returns the written paths relative to folder."""
-    import bm25s
-
-    _quiet()
-    target = folder / BM25_DIR
-    tokens = bm25s.tokenize(texts, stopwords=_STOPWORDS, stemmer=_stemmer(), show_progress=False)
-    retriever = bm25s.BM25()
-    retriever.index(tokens, show_progress=False)
-    retriever.save(str(target))
-    return sorted(p.relative_to(folder).as_posix() for p in target.rglob("*") if p.is_file())
 
 
 class Bm25Index:
@@ -92,7 +79,7 @@ class Bm25Index:
     """
 
     def __init__(self, retriever: Any, count: int) -> None:
-        self._stemmer = _stemmer()
+        self._stemmer = stemmer()
         self.count = count
         scores = retriever.scores
         self._data: np.ndarray = scores["data"]
@@ -104,7 +91,7 @@ class Bm25Index:
     def load(cls, folder: Path, count: int) -> Bm25Index:
         import bm25s
 
-        _quiet()
+        quiet_bm25s()
         target = folder / BM25_DIR
         params = _read_params(target / _PARAMS_FILE)
         if params["num_docs"] != count:
@@ -161,7 +148,7 @@ class Bm25Index:
         import bm25s
 
         tokens = bm25s.tokenize(
-            [query], stopwords=_STOPWORDS, stemmer=self._stemmer, return_ids=False, show_progress=False
+            [query], stopwords=STOPWORDS, stemmer=self._stemmer, return_ids=False, show_progress=False
         )
         return list(tokens[0]) if tokens else []
 
@@ -280,6 +267,6 @@ def bm25_terms(texts: list[str]) -> list[list[str]]:
     """The same analysis as the local index (English stopwords, Snowball stemmer), as term lists."""
     import bm25s
 
-    _quiet()
-    out = bm25s.tokenize(texts, stopwords=_STOPWORDS, stemmer=_stemmer(), return_ids=False, show_progress=False)
+    quiet_bm25s()
+    out = bm25s.tokenize(texts, stopwords=STOPWORDS, stemmer=stemmer(), return_ids=False, show_progress=False)
     return [list(terms) for terms in out]

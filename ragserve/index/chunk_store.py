@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, overload
 
@@ -18,7 +18,6 @@ import numpy as np
 import orjson
 
 from ragserve.errors import IndexLoadError
-from ragserve.json_bytes import kept_json
 from ragserve.sentence_spans import PassageSentences
 from ragserve.types import Chunk
 
@@ -50,24 +49,31 @@ def chunk_record(chunk: Chunk, sentences: PassageSentences | None, stored: bytes
     return orjson.dumps(record)
 
 
-def write_chunks(
-    path: Path,
-    chunks: Sequence[Chunk],
-    analyse: Callable[[str], PassageSentences] | None = None,
-    stored: Mapping[str, bytes] | None = None,
-) -> None:
-    """`analyse`: works out a chunk's sentences when it does not carry them (a new chunk), unless
-    `stored` holds them for its text (a kept chunk: `read_chunks_for_reuse`)."""
-    stored = stored or {}
+def write_chunks(path: Path, chunks: Sequence[Chunk], analyse: Callable[[str], PassageSentences] | None = None) -> None:
+    """`analyse`: works out a chunk's sentences when it does not carry them."""
     with path.open("wb") as handle:
         for chunk in chunks:
-            sentences, raw = chunk.sentences, None
-            if sentences is None:
-                raw = stored.get(chunk.text)
-                if raw is None and analyse is not None:
-                    sentences = analyse(chunk.text)
-            handle.write(chunk_record(chunk, sentences, raw))
+            sentences = chunk.sentences
+            if sentences is None and analyse is not None:
+                sentences = analyse(chunk.text)
+            handle.write(chunk_record(chunk, sentences))
             handle.write(b"\n")
+
+
+def relabeled_record(line: bytes, metadata: dict[str, Any]) -> bytes:
+    """A docstore line with its chunk's metadata replaced; the rest (its sentences) as stored."""
+    record = orjson.loads(line)
+    stored = record.pop(_SENTENCES, None)
+    record["metadata"] = metadata
+    if stored is not None:
+        record[_SENTENCES] = stored
+    return orjson.dumps(record)
+
+
+def record_text(line: bytes) -> tuple[str, str]:
+    """A docstore line's chunk (title, text)."""
+    record = orjson.loads(line)
+    return str(record.get("title", "")), str(record["text"])
 
 
 def decode_chunk(line: bytes, where: str) -> Chunk:
@@ -84,26 +90,6 @@ def _sentences(stored: list[list[Any]]) -> PassageSentences:
     if any(not 0 <= s <= e for s, e in spans):
         raise ValueError("a sentence span is out of order")
     return PassageSentences(spans, tuple(frozenset(str(terms).split()) for _, _, terms in stored))
-
-
-def read_chunks_for_reuse(path: Path) -> tuple[list[Chunk], dict[str, bytes]]:
-    """Every record, decoded without its sentences, and the sentences as stored, by the chunk's
-    text (what they are an analysis of) for `write_chunks`: an incremental build keeps a million
-    chunks' sentences as bytes, not as decoded term sets (several times the memory)."""
-    chunks: list[Chunk] = []
-    stored: dict[str, bytes] = {}
-    with path.open("rb") as handle:
-        for n, line in enumerate(handle, start=1):
-            try:
-                record = orjson.loads(line)
-                sentences = record.pop(_SENTENCES, None)
-                chunk = Chunk(**record)
-            except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError) as exc:
-                raise IndexLoadError(f"{path}:{n}: bad docstore record: {exc}") from exc
-            if sentences is not None:
-                stored[chunk.text] = kept_json(sentences)
-            chunks.append(chunk)
-    return chunks, stored
 
 
 def read_chunks(path: Path) -> list[Chunk]:
@@ -136,6 +122,12 @@ class ChunkStore(Sequence[Chunk]):
 
     def __len__(self) -> int:
         return len(self._ends)
+
+    def close(self) -> None:
+        """Unmaps the file now (a check that loaded it to see that it loads)."""
+        if self._map is not None:
+            self._map.close()
+            self._map = None
 
     @overload
     def __getitem__(self, row: int) -> Chunk: ...
@@ -188,6 +180,23 @@ def _advise(data: mmap.mmap, name: str) -> None:
     if advice is not None:
         with contextlib.suppress(OSError):
             data.madvise(advice)
+
+
+def file_line_ends(path: Path) -> np.ndarray:
+    """`_line_ends` of a file read a slab at a time (a build reading a previous docstore: mapped,
+    its pages would stay in the build's memory)."""
+    parts = []
+    offset = 0
+    last = _NEWLINE
+    with path.open("rb") as handle:
+        while slab := handle.read(_SCAN_BYTES):
+            parts.append(np.flatnonzero(np.frombuffer(slab, dtype=np.uint8) == _NEWLINE).astype(np.int64) + offset)
+            offset += len(slab)
+            last = slab[-1]
+    ends = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    if offset and last != _NEWLINE:
+        ends = np.append(ends, offset)
+    return ends
 
 
 def _line_ends(data: mmap.mmap, size: int) -> np.ndarray:

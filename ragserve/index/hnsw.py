@@ -30,7 +30,11 @@ from ragserve.index.format import (
 )
 from ragserve.index.graph import Graph, LoadedGraph, load_graph
 from ragserve.index.metadata import FIELDS_FILE, FieldColumns
+from ragserve.index.vector_file import VectorFile
 from ragserve.types import Chunk
+
+# A matrix of vectors, in memory or read from a file a slab at a time (vector_file.VectorFile).
+Rows = np.ndarray | VectorFile
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +58,8 @@ EF_STEPS = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 _EF_PROBES = 200
 _RECALL_AT = 10
 _EXACT_SLAB = 65536
+# `exact_top`'s slab: its scores, rows and partition for 200 probes cost ~90 MB at this width.
+_TOP_SLAB = 16384
 # The widest a filtered HNSW search may look, as a multiple of its unfiltered ef.
 _FILTERED_EF_GROWTH_MAX = 16
 
@@ -79,21 +85,20 @@ class _Laps:
 GraphOpener = Callable[[Path, int, int, bool], Graph]
 
 
-def build_hnsw(
-    vectors: np.ndarray, path: Path, m: int = DEFAULT_M, ef_construction: int = DEFAULT_EF_CONSTRUCTION
-) -> int:
-    """Label i is row i of `vectors` and line i of the docstore. Returns the search breadth the
-    graph needs (`measure_ef`), for the manifest."""
+def build_hnsw(vectors: Rows, path: Path, m: int = DEFAULT_M, ef_construction: int = DEFAULT_EF_CONSTRUCTION) -> int:
+    """Label i is row i of `vectors` (a matrix, or a VectorFile read a slab at a time) and line i
+    of the docstore. Returns the search breadth the graph needs (`measure_ef`), for the manifest."""
     count, dim = vectors.shape
     index = hnswlib.Index(space="ip", dim=dim)  # vectors are L2-normalized: ip == cosine
     index.init_index(max_elements=max(1, count), M=m, ef_construction=ef_construction, random_seed=100)
-    if count:
-        index.add_items(vectors, np.arange(count))
+    for start in range(0, count, _EXACT_SLAB):
+        slab = np.asarray(vectors[start : start + _EXACT_SLAB], dtype=np.float32)
+        index.add_items(slab, np.arange(start, start + len(slab)))
     index.save_index(str(path))
     return measure_ef(index, vectors)
 
 
-def measure_ef(index: hnswlib.Index, vectors: np.ndarray, seed: int = 0) -> int:
+def measure_ef(index: hnswlib.Index, vectors: Rows, seed: int = 0) -> int:
     """The least ef (of EF_STEPS) at which the graph's top 10 holds EF_RECALL_TARGET of the exact
     top 10, for probes halfway between two stored vectors (away from any one, as questions are);
     0 for a corpus too small to ask. A bigger graph needs a wider search for the same recall."""
@@ -113,12 +118,12 @@ def measure_ef(index: hnswlib.Index, vectors: np.ndarray, seed: int = 0) -> int:
     return EF_STEPS[-1]
 
 
-def exact_top(queries: np.ndarray, vectors: np.ndarray, k: int) -> np.ndarray:
+def exact_top(queries: np.ndarray, vectors: Rows, k: int) -> np.ndarray:
     """Rows of the k best dot products per query (unordered), a slab of vectors at a time (bounded memory)."""
     best = np.zeros((len(queries), 0), dtype=np.int64)
     best_scores = np.zeros((len(queries), 0), dtype=np.float32)
-    for start in range(0, len(vectors), _EXACT_SLAB):
-        scores = queries @ np.asarray(vectors[start : start + _EXACT_SLAB], dtype=np.float32).T
+    for start in range(0, len(vectors), _TOP_SLAB):
+        scores = queries @ np.asarray(vectors[start : start + _TOP_SLAB], dtype=np.float32).T
         rows = np.broadcast_to(np.arange(start, start + scores.shape[1]), scores.shape)
         merged, merged_rows = np.hstack([best_scores, scores]), np.hstack([best, rows])
         top = np.argpartition(-merged, min(k, merged.shape[1]) - 1, axis=1)[:, :k]

@@ -14,7 +14,7 @@ import hashlib
 import threading
 import zipfile
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +46,23 @@ class FieldColumns:
     """Row masks for checked filters over one version's chunks (row i = chunk i). Thread-safe."""
 
     def __init__(self, chunks: Sequence[Chunk], schema: Mapping[str, str]) -> None:
-        self.count = len(chunks)
+        # No fields, no pass over the chunks (a mapped docstore would decode every one).
+        self._build(len(chunks), (chunk.metadata for chunk in chunks) if schema else (), schema)
+
+    @classmethod
+    def of_metadata(cls, rows: Sequence[Mapping[str, Any]], schema: Mapping[str, str]) -> FieldColumns:
+        """Columns of chunks by their metadata alone (row i = chunk i): what a build writes."""
+        columns = cls([], {})
+        columns._build(len(rows), rows, schema)
+        return columns
+
+    def _build(self, count: int, metadatas: Iterable[Mapping[str, Any]], schema: Mapping[str, str]) -> None:
+        self.count = count
         self.schema = dict(schema)
         columns = {name: _Column(kind) for name, kind in schema.items()}
-        # No fields, no pass over the chunks (a mapped docstore would decode every one).
-        for row, chunk in enumerate(chunks if columns else ()):
+        for row, metadata in enumerate(metadatas if columns else ()):
             for name, column in columns.items():
-                values = values_of(chunk.metadata, name)
+                values = values_of(metadata, name)
                 if values:
                     column.present.append(row)
                 for value in values:

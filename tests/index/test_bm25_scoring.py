@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ragserve.index.bm25 import Bm25Index, build_bm25
+from ragserve.index.bm25 import Bm25Index
+from ragserve.index.bm25_build import build_bm25
 
 TEXTS = [
     "The honey bee waggle dance encodes the distance and direction to food.",

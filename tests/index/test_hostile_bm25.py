@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from ragserve.errors import IndexLoadError
-from ragserve.index.bm25 import BM25_DIR, Bm25Index, build_bm25
+from ragserve.index.bm25 import BM25_DIR, Bm25Index
+from ragserve.index.bm25_build import build_bm25
 from ragserve.index.format import resolve_current
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch, IndexReloader

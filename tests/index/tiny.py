@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ragserve.digests import sha256_file
-from ragserve.index.bm25 import build_bm25
+from ragserve.index.bm25_build import build_bm25
 from ragserve.index.chunk_store import write_chunks
 from ragserve.index.format import (
     CHUNKS_FILE,
