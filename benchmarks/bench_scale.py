@@ -67,11 +67,15 @@ def embedder_tokenizer() -> Any:
 def build_one(corpus: Path, index: Path, vectors: Path) -> None:
     """Subprocess body: the real indexer over `corpus`, vectors looked up; prints a JSON report."""
     from benchmarks.scale_corpus import RecombinedVectors, corpus_texts
+    from indexer import host_share
     from indexer.build import build_index
     from indexer.cli import load_embedder
+    from ragserve.index.vector_file import VectorFile
 
+    host_share.share_host(host_share.DEFAULT_NICE, 0)  # as `ragserve-index build` runs by default
     real = load_embedder(default_of(EmbedderSettings, "model"), "onnx", "cpu", True)
-    fake = RecombinedVectors(real.tokenizer, real.model_id, corpus_texts(corpus), np.load(vectors, mmap_mode="r"))
+    # Rows read as looked up: a mapped matrix's pages would count in the build's peak RSS.
+    fake = RecombinedVectors(real.tokenizer, real.model_id, corpus_texts(corpus), VectorFile(vectors))
     started = time.perf_counter()
     report = build_index(corpus / "corpus.jsonl", index, fake, progress=False, embedder_backend="onnx-int8")
     seconds = time.perf_counter() - started

@@ -44,7 +44,7 @@ def _root(
         typer.Option(
             min=0, max=19, envvar="RAGSERVE_INDEXER_NICE", help="Lower CPU priority by this much (0: unchanged)"
         ),
-    ] = 10,
+    ] = host_share.DEFAULT_NICE,
     threads: Annotated[
         int,
         typer.Option(

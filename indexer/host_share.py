@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 threads = 0  # the count chosen by `share_host` (0: not called; each library's own default)
+DEFAULT_NICE = 10  # the indexer's default (--nice)
 
 
 def usable_cpus() -> int:

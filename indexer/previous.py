@@ -121,14 +121,15 @@ def chunking_dict(chunking: ChunkingConfig) -> dict[str, Any]:
     return {"size_tokens": chunking.size_tokens, "overlap_tokens": chunking.overlap_tokens}
 
 
-def extend_graph(previous: Previous, vectors: VectorFile, path: Path) -> int:
+def extend_graph(previous: Previous, vectors: VectorFile, path: Path, threads: int = -1) -> int:
     """The previous version's graph with rows previous.count.. of `vectors` added (rows before that
-    are the previous version's, unchanged), saved to `path`; returns the breadth it needs."""
+    are the previous version's, unchanged) on `threads` (-1: every CPU), saved to `path`; returns
+    the breadth it needs."""
     source = previous.folder / HNSW_FILE
     check_hnsw_file(source, previous.count, previous.dim)  # hnswlib trusts its file
     index = hnswlib.Index(space="ip", dim=previous.dim)
     index.load_index(str(source), max_elements=max(1, len(vectors)))
     for first, slab in vectors.slabs(start=previous.count):
-        index.add_items(slab, np.arange(first, first + len(slab)))
+        index.add_items(slab, np.arange(first, first + len(slab)), num_threads=threads)
     index.save_index(str(path))
     return measure_ef(index, vectors)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from indexer import host_share
 from indexer.chunking import embedding_text
 from indexer.metadata import Fields
 from indexer.previous import Previous, extend_graph
@@ -98,11 +99,12 @@ class VersionWriter:
         for handle in (self._docstore, self._documents):
             handle.close()
         self._vectors.close()
+        threads = host_share.threads or -1  # the indexer's thread cap (--threads), as the embedder's
         with VectorFile(self.build / VECTORS_FILE) as vectors:
             if base is not None:
-                ef_search = extend_graph(base, vectors, self.build / HNSW_FILE)
+                ef_search = extend_graph(base, vectors, self.build / HNSW_FILE, threads)
             else:
-                ef_search = build_hnsw(vectors, self.build / HNSW_FILE)
+                ef_search = build_hnsw(vectors, self.build / HNSW_FILE, threads=threads)
         names = [HNSW_FILE, CHUNKS_FILE, VECTORS_FILE, DOCUMENTS_FILE, *self._bm25.finish(self.build)]
         if self._fields.schema:
             FieldColumns.of_metadata(self._row_metadata(), self._fields.schema).write(self.build / FIELDS_FILE)

@@ -85,15 +85,22 @@ class _Laps:
 GraphOpener = Callable[[Path, int, int, bool], Graph]
 
 
-def build_hnsw(vectors: Rows, path: Path, m: int = DEFAULT_M, ef_construction: int = DEFAULT_EF_CONSTRUCTION) -> int:
+def build_hnsw(
+    vectors: Rows,
+    path: Path,
+    m: int = DEFAULT_M,
+    ef_construction: int = DEFAULT_EF_CONSTRUCTION,
+    threads: int = -1,
+) -> int:
     """Label i is row i of `vectors` (a matrix, or a VectorFile read a slab at a time) and line i
-    of the docstore. Returns the search breadth the graph needs (`measure_ef`), for the manifest."""
+    of the docstore; `threads`: hnswlib's insertion threads (-1: every CPU). Returns the search
+    breadth the graph needs (`measure_ef`), for the manifest."""
     count, dim = vectors.shape
     index = hnswlib.Index(space="ip", dim=dim)  # vectors are L2-normalized: ip == cosine
     index.init_index(max_elements=max(1, count), M=m, ef_construction=ef_construction, random_seed=100)
     for start in range(0, count, _EXACT_SLAB):
         slab = np.asarray(vectors[start : start + _EXACT_SLAB], dtype=np.float32)
-        index.add_items(slab, np.arange(start, start + len(slab)))
+        index.add_items(slab, np.arange(start, start + len(slab)), num_threads=threads)
     index.save_index(str(path))
     return measure_ef(index, vectors)
 

@@ -3,8 +3,8 @@
 hnswlib trusts its file: a neighbour id, entry point or level out of range is a read out of bounds
 at the first search (a segfault, and a crash loop on restart). The checksum cannot catch a crafted
 file, since whoever wrote the file can write the manifest that vouches for it. So the graph is
-checked here, with numpy over the memory-mapped level-0 block (a 100k-vector, 384-dim index takes
-about 0.1 s; its checksum about 0.4 s).
+checked here, with numpy over the level-0 block read a slab at a time (a 100k-vector, 384-dim
+index takes about 0.1 s; its checksum about 0.4 s).
 
 The layout, as hnswlib's saveIndex writes it (hnswlib 0.8; little-endian):
 
@@ -31,6 +31,8 @@ _U32 = 4
 _LABEL_BYTES = 8
 # hnswlib keeps a list's length in 16 bits.
 _MAX_LINKS = 0xFFFF
+# Level-0 records checked at a time: about 100 MB of a 384-dim graph's file.
+_SLAB_ELEMENTS = 65_536
 
 
 def check_hnsw_file(path: Path, count: int, dim: int) -> None:
@@ -39,24 +41,32 @@ def check_hnsw_file(path: Path, count: int, dim: int) -> None:
     size = path.stat().st_size
     if size < _HEADER.size:
         raise _invalid(path, f"{size} bytes, shorter than its header")
-    # Mapped, not read: a reload runs beside the serving version and should not double its memory.
-    data = np.memmap(path, dtype=np.uint8, mode="r")
-    header = _Header(*_HEADER.unpack_from(data.data))
-    _check_header(path, header, count, dim)
-    level0_end = _HEADER.size + count * header.per_element
-    if data.size < level0_end:
-        raise _invalid(path, f"{data.size} bytes, too short for {count} elements")
-    if count == 0:
-        if data.size != level0_end:
-            raise _invalid(path, "bytes after an empty graph")
-        return
-    _check_level0(path, header, data[_HEADER.size : level0_end].reshape(count, header.per_element), count)
-    levels, rows = _upper_levels(path, data[level0_end:], count, header.max_m)
+    with path.open("rb") as handle:
+        header = _Header(*_HEADER.unpack(handle.read(_HEADER.size)))
+        _check_header(path, header, count, dim)
+        level0_end = _HEADER.size + count * header.per_element
+        if size < level0_end:
+            raise _invalid(path, f"{size} bytes, too short for {count} elements")
+        if count == 0:
+            if size != level0_end:
+                raise _invalid(path, "bytes after an empty graph")
+            return
+        # Read a slab of records at a time, not mapped: a reload runs beside the serving version,
+        # and a mapped file's pages would count in its memory until the check ends (1.7 GB at 1M).
+        labels = np.empty(count, dtype=np.uint64)
+        for first in range(0, count, _SLAB_ELEMENTS):
+            rows = min(_SLAB_ELEMENTS, count - first)
+            slab = np.fromfile(handle, dtype=np.uint8, count=rows * header.per_element)
+            labels[first : first + rows] = _check_level0(path, header, slab.reshape(rows, header.per_element), count)
+        if not np.array_equal(np.sort(labels), np.arange(count, dtype=np.uint64)):
+            raise _invalid(path, "labels are not 0..count-1, one each")
+        tail = np.fromfile(handle, dtype=np.uint8)
+    levels, rows_of_links = _upper_levels(path, tail, count, header.max_m)
     entry = header.entry_point
     if not (0 <= entry < count) or header.max_level != int(levels.max()) or levels[entry] != header.max_level:
         raise _invalid(path, f"entry point {entry} at level {header.max_level} is not the top element")
-    if rows.size:
-        _check_upper_links(path, rows, levels, header.max_m, count)
+    if rows_of_links.size:
+        _check_upper_links(path, rows_of_links, levels, header.max_m, count)
 
 
 class _Header(NamedTuple):
@@ -94,8 +104,8 @@ def _check_header(path: Path, header: _Header, count: int, dim: int) -> None:
         raise _invalid(path, f"element layout does not match {dim}-dimensional vectors and maxM0 {max_m0}")
 
 
-def _check_level0(path: Path, header: _Header, level0: np.ndarray, count: int) -> None:
-    """Level-0 link counts, neighbour ids and labels, over the records as rows of bytes."""
+def _check_level0(path: Path, header: _Header, level0: np.ndarray, count: int) -> np.ndarray:
+    """Level-0 link counts and neighbour ids, over records as rows of bytes; returns their labels."""
     link_counts = level0[:, :_U32].copy().view("<u4").ravel()
     if int(link_counts.max()) > header.max_m0:
         raise _invalid(path, f"a level-0 neighbour list is longer than maxM0 ({header.max_m0}) or marked deleted")
@@ -103,9 +113,7 @@ def _check_level0(path: Path, header: _Header, level0: np.ndarray, count: int) -
     used = np.arange(header.max_m0) < link_counts[:, None]
     if bool((neighbours[used] >= count).any()):
         raise _invalid(path, f"a level-0 neighbour id is out of range (>= {count})")
-    labels = level0[:, header.label_offset : header.per_element].copy().view("<u8").ravel()
-    if not np.array_equal(np.sort(labels), np.arange(count, dtype=np.uint64)):
-        raise _invalid(path, "labels are not 0..count-1, one each")
+    return level0[:, header.label_offset : header.per_element].copy().view("<u8").ravel()
 
 
 def _check_upper_links(path: Path, rows: np.ndarray, levels: np.ndarray, max_m: int, count: int) -> None:
