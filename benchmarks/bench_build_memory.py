@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import resource
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import indexer.build as build  # noqa: E402
+from benchmarks.bench_sizing import status_mib  # noqa: E402
 from benchmarks.harness import cpu_name, load_avg  # noqa: E402
 from ragserve.index.vector_file import VectorFile  # noqa: E402
 
@@ -58,7 +59,8 @@ def traced(name: str, step: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
         before, started = rss(), time.perf_counter()
         out = step(*args, **kwargs)
-        peak, seconds = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, time.perf_counter() - started
+        # VmHWM: this process's own high-water mark (ru_maxrss may hold a vforking parent's).
+        peak, seconds = int(status_mib(os.getpid(), "VmHWM")), time.perf_counter() - started
         print(f"{name:22s} {before:>22s} -> {rss():>22s} MiB, peak {peak:6d} MiB, {seconds:6.1f} s")
         return out
 

@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -37,7 +36,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_sizing import tree_rss_mib  # noqa: E402
+from benchmarks.bench_sizing import status_mib, tree_rss_mib  # noqa: E402
 from benchmarks.harness import cpu_name, git_head, load_avg, percentile  # noqa: E402
 from benchmarks.reload_phases import reload_under_load  # noqa: E402
 from benchmarks.workloads import Server, load_queries  # noqa: E402
@@ -79,7 +78,9 @@ def build_one(corpus: Path, index: Path, vectors: Path) -> None:
     started = time.perf_counter()
     report = build_index(corpus / "corpus.jsonl", index, fake, progress=False, embedder_backend="onnx-int8")
     seconds = time.perf_counter() - started
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # VmHWM, not ru_maxrss: a child started by vfork (Python's subprocess) folds its parent's
+    # high-water mark into its own ru_maxrss at exec, so that figure can be the parent's.
+    peak = status_mib(os.getpid(), "VmHWM")
     out = {
         "seconds": seconds,
         "chunks": report.chunks,
