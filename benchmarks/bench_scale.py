@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_sizing import status_mib, tree_rss_mib  # noqa: E402
 from benchmarks.harness import cpu_name, git_head, load_avg, percentile  # noqa: E402
-from benchmarks.reload_phases import reload_under_load  # noqa: E402
+from benchmarks.reload_phases import PHASES, reload_under_load  # noqa: E402
 from benchmarks.workloads import Server, load_queries  # noqa: E402
 from ragserve.client import RagClient  # noqa: E402
 from ragserve.config import EmbedderSettings, default_of  # noqa: E402
@@ -291,6 +291,26 @@ def reload_once(server: Server, queries: list[str], index: Path, folder: Path, c
 # --- report ---------------------------------------------------------------------------------------
 
 
+def pooled_reloads(paths: list[Path], size: str) -> str:
+    """Each phase's p99 over every run's requests (a run's p99 over a few hundred is its third
+    slowest, which one stall decides), with and without the requests a host stall overlapped, and
+    its ratio to the steady phase's."""
+    runs = []
+    for path in paths:
+        row = json.loads(path.read_text())["rows"][size]
+        runs += [row["reload"], *row.get("reload_repeats", [])]
+    lines = [f"{len(runs)} reloads pooled; phase: p99 ms (x steady), p99 ms without host stalls (x steady)"]
+    every = {p: [ms for run in runs for ms, _ in run["samples"][p]] for p in PHASES}
+    calm = {p: [ms for run in runs for ms, hit in run["samples"][p] if not hit] for p in PHASES}
+    for phase in PHASES:
+        a, b = percentile(every[phase], 99), percentile(calm[phase], 99)
+        base_a, base_b = percentile(every["steady"], 99), percentile(calm["steady"], 99)
+        lines.append(f"{phase}: {a:.1f} ({a / base_a:.2f}x), {b:.1f} ({b / base_b:.2f}x); {len(every[phase])} requests")
+    builds = [run["add_build"] for run in runs]
+    lines.append("builds: " + ", ".join(f"{b['seconds']:.0f} s ({b.get('peak_rss_mib', 0):.0f} MiB)" for b in builds))
+    return "\n".join(lines)
+
+
 def table(rows: dict[int, dict[str, Any]]) -> str:
     lines = [
         "| chunks | build s | build peak RSS MiB | disk MiB | recall@10 | to SERVING s | RSS at SERVING MiB "
@@ -344,9 +364,15 @@ def main() -> None:
             default=0,
             help="from this size up, reload to a copy of the version instead of building 1%% more beside the server",
         )
+    pool = sub.add_parser("pool", help="pool the reloads of several runs' results.json (one size)")
+    pool.add_argument("results", type=Path, nargs="+")
+    pool.add_argument("--size", default="1000000")
     args = parser.parse_args()
     if args.command == "build-one":
         build_one(args.corpus, args.index, args.vectors)
+        return
+    if args.command == "pool":
+        print(pooled_reloads(args.results, args.size))
         return
     args.base_index = (
         (args.base_index / "CURRENT").resolve() if (args.base_index / "CURRENT").exists() else args.base_index

@@ -125,6 +125,7 @@ class RowStream:
     def _hold(self, rows: DocumentRows, chunks: list[Chunk] | None, kept: _Kept | None) -> None:
         self._pending.append((rows, chunks, kept))
         self._held += len(chunks) if chunks is not None else len(kept.vectors) if kept else 0
+        # Kept rows waiting behind a group are bounded too (a long run of them behind one new document).
         if self._to_embed >= self._group_chunks or self._held >= 4 * self._group_chunks:
             self.flush()
 

@@ -107,12 +107,13 @@ class ChunkStore(Sequence[Chunk]):
         self._map: mmap.mmap | None = None
         self._ends = np.zeros(0, dtype=np.int64)
         if size:
+            # Lines found with plain reads: scanned through the map, every page of the file would
+            # stay in this process's RSS (1.1 GB at a million chunks), where only requested rows should.
+            self._ends = file_line_ends(path)
             with path.open("rb") as handle:
                 self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-            _advise(self._map, "MADV_SEQUENTIAL")
-            self._ends = _line_ends(self._map, size)
-            # Requests then read scattered rows: a page that is not cached costs one page of I/O,
-            # not the kernel's readahead around it (megabytes, behind whatever else reads the disk).
+            # Requests read scattered rows: a page that is not cached costs one page of I/O, not
+            # the kernel's readahead around it (megabytes, behind whatever else reads the disk).
             _advise(self._map, "MADV_RANDOM")
         if len(self._ends) != count:
             raise IndexLoadError(
@@ -183,8 +184,9 @@ def _advise(data: mmap.mmap, name: str) -> None:
 
 
 def file_line_ends(path: Path) -> np.ndarray:
-    """`_line_ends` of a file read a slab at a time (a build reading a previous docstore: mapped,
-    its pages would stay in the build's memory)."""
+    """Offsets of every line's end (its newline, or the end of a last line without one), the file
+    read a slab at a time: newlines are found per slab, since a whole-file comparison would
+    allocate the file's size again."""
     parts = []
     offset = 0
     last = _NEWLINE
@@ -196,16 +198,4 @@ def file_line_ends(path: Path) -> np.ndarray:
     ends = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     if offset and last != _NEWLINE:
         ends = np.append(ends, offset)
-    return ends
-
-
-def _line_ends(data: mmap.mmap, size: int) -> np.ndarray:
-    """Offsets of every line's end (its newline, or the end of a last line without one)."""
-    parts = []
-    for start in range(0, size, _SCAN_BYTES):
-        slab = np.frombuffer(data, dtype=np.uint8, count=min(_SCAN_BYTES, size - start), offset=start)
-        parts.append(np.flatnonzero(slab == _NEWLINE).astype(np.int64) + start)
-    ends = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-    if data[size - 1] != _NEWLINE:
-        ends = np.append(ends, size)
     return ends
