@@ -153,6 +153,7 @@ def _counts() -> tuple[float, float]:
 
 
 @pytest.mark.slow  # load through a Redis outage of seconds
+@pytest.mark.alone  # every cache lookup is bounded in ms: three other lanes on two cores stall it past that
 def test_redis_killed_and_restarted(embedder, sample_index, redis_server: RedisProcess) -> None:
     errors0, skipped0 = _counts()
 
@@ -169,6 +170,7 @@ def test_redis_killed_and_restarted(embedder, sample_index, redis_server: RedisP
 
 
 @pytest.mark.slow  # load through a Redis outage of seconds
+@pytest.mark.alone  # every cache lookup is bounded in ms: three other lanes on two cores stall it past that
 def test_redis_sigstop_then_sigcont(embedder, sample_index, redis_server: RedisProcess) -> None:
     errors0, _ = _counts()
 
@@ -186,6 +188,7 @@ def test_redis_sigstop_then_sigcont(embedder, sample_index, redis_server: RedisP
 
 
 @pytest.mark.slow  # load through a Redis outage of seconds
+@pytest.mark.alone  # every cache lookup is bounded in ms: three other lanes on two cores stall it past that
 def test_redis_client_pause(embedder, sample_index, redis_server: RedisProcess) -> None:
     admin = redis.Redis(port=redis_server.port)
 
