@@ -148,20 +148,9 @@ def _build_locked(
         base = _graph_to_extend(previous, todo, report, same_fields)
         report.graph_extended = base is not None
         checkpoints = Checkpoints(out, _embedding_settings(embedder, chunking, embedder_backend), embedder.dim)
-        names, ef_search = _write_version(
-            scan,
-            previous,
-            base,
-            todo,
-            build,
-            embedder,
-            chunking,
-            batch_size,
-            checkpoints,
-            progress,
-            group_chunks,
-            report,
-        )
+        job = _RowsJob(scan, previous, base, todo, build, report)
+        embedding = _Embedding(embedder, chunking, batch_size, checkpoints, progress, group_chunks)
+        names, ef_search = _write_version(job, embedding)
     except BaseException:
         shutil.rmtree(build, ignore_errors=True)
         raise
@@ -177,57 +166,56 @@ def _build_locked(
     return report
 
 
-def _write_version(
-    scan: Scan,
-    previous: Previous | None,
-    base: Previous | None,
-    todo: set[str],
-    build: Path,
-    embedder: IndexingEmbedder,
-    chunking: ChunkingConfig,
-    batch_size: int,
-    checkpoints: Checkpoints,
-    progress: bool,
-    group_chunks: int,
-    report: BuildReport,
-) -> tuple[list[str], int]:
+@dataclass(frozen=True)
+class _RowsJob:
+    """What a version's rows come from, and where they go."""
+
+    scan: Scan
+    previous: Previous | None
+    base: Previous | None  # the previous version, when its graph is extended
+    todo: set[str]  # documents to embed
+    build: Path
+    report: BuildReport
+
+
+@dataclass(frozen=True)
+class _Embedding:
+    embedder: IndexingEmbedder
+    chunking: ChunkingConfig
+    batch_size: int
+    checkpoints: Checkpoints
+    progress: bool
+    group_chunks: int
+
+
+def _write_version(job: _RowsJob, embedding: _Embedding) -> tuple[list[str], int]:
     """The version's rows, then its graph and BM25: the file names and the graph's search breadth."""
-    writer = _write_rows(
-        scan, previous, base, todo, build, embedder, chunking, batch_size, checkpoints, progress, group_chunks, report
-    )
+    writer = _write_rows(job, embedding)
     # The graph is the biggest thing a build holds: the documents' records must not sit beside it.
-    scan.documents.clear()
-    todo.clear()
-    if previous is not None:
-        previous.documents.clear()
-    return writer.finish(base)
+    job.scan.documents.clear()
+    job.todo.clear()
+    if job.previous is not None:
+        job.previous.documents.clear()
+    return writer.finish(job.base)
 
 
-def _write_rows(
-    scan: Scan,
-    previous: Previous | None,
-    base: Previous | None,
-    todo: set[str],
-    build: Path,
-    embedder: IndexingEmbedder,
-    chunking: ChunkingConfig,
-    batch_size: int,
-    checkpoints: Checkpoints,
-    progress: bool,
-    group_chunks: int,
-    report: BuildReport,
-) -> VersionWriter:
-    """Every row into `build`, in order: `base`'s rows first as they were (its graph is extended),
-    then the source's documents in source order, each kept from `previous` or embedded."""
+def _write_rows(job: _RowsJob, embedding: _Embedding) -> VersionWriter:
+    """Every row into `job.build`, in order: `job.base`'s rows first as they were (its graph is
+    extended), then the source's documents in source order, each kept from `job.previous` or
+    embedded."""
+    scan, previous, base, todo, report = job.scan, job.previous, job.base, job.todo, job.report
+    checkpoints = embedding.checkpoints
     resumable = checkpoints.index()
     rows_of = {doc.doc_id: doc for doc in scan.documents}
     resumes = sum(
         1 for doc in scan.documents if doc.doc_id in todo and resumable.get(doc.doc_id, ("",))[0] == doc.content_hash
     )
     to_embed = len(todo) - resumes
-    writer = VersionWriter(build, embedder.dim, scan.fields)
-    bar = EmbedProgress(to_embed, progress)
-    stream = RowStream(writer, embedder, chunking, batch_size, checkpoints, bar, group_chunks)
+    writer = VersionWriter(job.build, embedding.embedder.dim, scan.fields)
+    bar = EmbedProgress(to_embed, embedding.progress)
+    stream = RowStream(
+        writer, embedding.embedder, embedding.chunking, embedding.batch_size, checkpoints, bar, embedding.group_chunks
+    )
     try:
         if base is not None:
             for doc_id in base.order():
@@ -245,7 +233,7 @@ def _write_rows(
         bar.close()
         if previous is not None:
             previous.close()
-    (build / _SPILL).unlink()
+    (job.build / _SPILL).unlink()
     report.embed_seconds, report.chunks_embedded = stream.embed_seconds, stream.chunks_embedded
     report.resumed = stream.resumed
     report.embedded -= stream.resumed
