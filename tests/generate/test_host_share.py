@@ -144,13 +144,15 @@ def test_the_watch_updates_the_threads_from_its_own_thread(tmp_path: Path) -> No
         busy = threading.Thread(target=neighbour)
         busy.start()
         try:
+            # Read while the neighbour still runs: a sample after it stops sees no neighbour.
             deadline = time.monotonic() + 5
-            while watch.state().engine_threads != 1 and time.monotonic() < deadline:
+            state = watch.state()
+            while state.engine_threads != 1 and time.monotonic() < deadline:
                 time.sleep(0.01)
+                state = watch.state()
         finally:
             stop.set()
             busy.join()
-        state = watch.state()
         assert state.engine_threads == 1 and state.adaptive and state.usable_cpus == 2
         assert state.neighbour_cpus > 0.6
     finally:
