@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.harness import cpu_name, load_avg, percentile  # noqa: E402
-from ragserve.index.graph import load_graph  # noqa: E402
+from ragserve.index.graph import open_in_process  # noqa: E402
 from ragserve.index.graph_process import GraphProcess  # noqa: E402
 from ragserve.index.hnsw import GraphOpener, HnswIndex  # noqa: E402
 
@@ -136,7 +136,8 @@ def main() -> None:
             for name, in_process in (("helper process", False), ("in process", True)):
                 print(name, json.dumps(asyncio.run(serve_once(args.index, args.data, in_process))), flush=True)
         return
-    openers: dict[str, GraphOpener] = {"in process": load_graph, "helper process": GraphProcess}  # as at start-up
+    # the openers as at start-up
+    openers: dict[str, GraphOpener] = {"in process": open_in_process, "helper process": GraphProcess.open}
     read_once(args.index)
     queries = None
     results: dict[str, Any] = {"cpu": cpu_name(), "load before": load_avg()}

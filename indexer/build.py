@@ -16,7 +16,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -155,9 +155,11 @@ def _build_locked(
         shutil.rmtree(build, ignore_errors=True)
         raise
     fields = dict(scan.fields.schema)
+    graph_base = {"identity": base.identity, "rows": base.count} if base is not None and base.count else {}
     del scan, previous, base, todo  # the verifying loads must not sit beside the build's records
     version = latest_version(out) + 1
     manifest = _manifest(version, build, names, report, embedder, chunking, embedder_backend, fields, ef_search)
+    manifest = replace(manifest, graph_base=graph_base)
     report.folder = _publish_verified(out, build, manifest)
     clear_checkpoints(out)
     report.version = version

@@ -26,7 +26,7 @@ from ragserve.index.format import (
     DOCUMENTS_FILE,
     HNSW_FILE,
     VECTORS_FILE,
-    read_verified_manifest,
+    read_verified_version,
     resolve_current,
 )
 from ragserve.index.hnsw import measure_ef
@@ -52,6 +52,7 @@ class Previous:
     count: int = 0
     dim: int = 0
     has_graph: bool = False
+    identity: str = ""  # its manifest's (what a server serving it knows it by)
     _line_starts: np.ndarray | None = None
     _line_ends: np.ndarray | None = None
     _docstore: int | None = None
@@ -101,7 +102,7 @@ class Previous:
 def load_previous(out: Path, embedder_id: str, chunking: ChunkingConfig) -> Previous | None:
     try:
         folder = resolve_current(out)
-        manifest = read_verified_manifest(folder)
+        manifest, identity = read_verified_version(folder)
     except IndexLoadError:
         return None  # nothing published, or corrupt: build from scratch
     same_settings = manifest.embedder_id == embedder_id and manifest.chunking == chunking_dict(chunking)
@@ -114,7 +115,8 @@ def load_previous(out: Path, embedder_id: str, chunking: ChunkingConfig) -> Prev
             documents[rec["doc_id"]] = PreviousDocument(
                 rec["hash"], str(rec.get("meta", "")), int(rec["first_row"]), int(rec["chunks"])
             )
-    return Previous(folder, documents, dict(manifest.fields), manifest.count, manifest.dim, HNSW_FILE in manifest.files)
+    has_graph = HNSW_FILE in manifest.files
+    return Previous(folder, documents, dict(manifest.fields), manifest.count, manifest.dim, has_graph, identity)
 
 
 def chunking_dict(chunking: ChunkingConfig) -> dict[str, Any]:

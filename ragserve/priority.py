@@ -34,15 +34,26 @@ def at_lower_priority(work: Callable[[], T], nice: int = BACKGROUND_NICE) -> T:
     failed: list[BaseException] = []
 
     def run() -> None:
-        _lower_this_thread(nice)
         try:
             results.append(work())
         except BaseException as exc:
             failed.append(exc)
 
-    worker = threading.Thread(target=run, name="background-work", daemon=True)
-    worker.start()
-    worker.join()
+    start_at_lower_priority(run, nice).join()
     if failed:
         raise failed[0]
     return results[0]
+
+
+def start_at_lower_priority(work: Callable[[], None], nice: int = BACKGROUND_NICE) -> threading.Thread:
+    """A daemon thread running `work()` `nice` lower than the caller (as `at_lower_priority`, without
+    waiting for it)."""
+
+    def run() -> None:
+        if nice > 0:
+            _lower_this_thread(nice)
+        work()
+
+    worker = threading.Thread(target=run, name="background-work", daemon=True)
+    worker.start()
+    return worker

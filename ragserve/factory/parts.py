@@ -4,7 +4,6 @@ package is the only place that picks implementations."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ragserve.cache.base import AnswerCache, CacheStore, RetrievalCache
@@ -16,7 +15,7 @@ from ragserve.factory.versions import rerank_threads
 from ragserve.generate.base import Generator
 from ragserve.index.base import SearchIndex
 from ragserve.index.fusion import RetrievalOptions
-from ragserve.index.graph import Graph, load_graph
+from ragserve.index.graph import Graph, GraphFile, open_in_process
 from ragserve.index.graph_process import GraphProcess
 from ragserve.index.hnsw import GraphOpener, HnswIndex
 from ragserve.index.reload import FolderWatch, IndexWatch, ServedIndex
@@ -68,10 +67,10 @@ def make_graph_opener(settings: Settings) -> GraphOpener:
     would stall this process's requests), else in this process (a round trip less per search)."""
     threshold = settings.index.graph_process_min_chunks
 
-    def open_graph(path: Path, dim: int, count: int, beside_requests: bool) -> Graph:
-        if count >= threshold:
-            return GraphProcess(path, dim, count, beside_requests)
-        return load_graph(path, dim, count)
+    def open_graph(file: GraphFile) -> Graph:
+        if file.count >= threshold:
+            return GraphProcess.open(file)
+        return open_in_process(file)
 
     return open_graph
 

@@ -71,6 +71,10 @@ class Manifest:
     # Filterable metadata fields: name -> keyword, integer, float, bool or datetime (ragserve/filters.py).
     # Every chunk's values were checked against these types at build time. Empty: no filters.
     fields: dict[str, str] = field(default_factory=dict)
+    # The version whose graph this one's extends: the indexer added rows `rows`.. to that graph and
+    # changed nothing else in it. {"identity": that version's manifest identity, "rows": its count}.
+    # A server serving that version may grow its graph instead of loading this one's (graph_process.py).
+    graph_base: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -106,6 +110,7 @@ class Manifest:
         for name, kind in data.get("fields", {}).items():
             if not isinstance(name, str) or not name or kind not in FIELD_TYPES:
                 raise ValueError(f"filterable field {name!r} has type {kind!r}, not one of {', '.join(FIELD_TYPES)}")
+        _check_graph_base(data.get("graph_base", {}), data["count"])
         for name, value in data.get("hnsw", {}).items():
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"hnsw setting {name!r} is not an int")
@@ -130,9 +135,21 @@ _FIELD_TYPES: dict[str, type] = {
     "tuned_reranker": dict,
     "tuning": dict,
     "fields": dict,
+    "graph_base": dict,
 }
 _REQUIRED_FIELDS = ("version", "embedder_id", "dim", "count", "files")
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_IDENTITY = re.compile(r"[0-9a-f]{16}")
+
+
+def _check_graph_base(base: dict[str, Any], count: int) -> None:
+    if not base:
+        return
+    identity, rows = base.get("identity"), base.get("rows")
+    if set(base) != {"identity", "rows"} or not isinstance(identity, str) or not _IDENTITY.fullmatch(identity):
+        raise ValueError('field \'graph_base\' must be {"identity": 16 hex digits, "rows": a count}')
+    if not isinstance(rows, int) or isinstance(rows, bool) or not 0 < rows <= count:
+        raise ValueError(f"field 'graph_base' has rows {rows!r}, not between 1 and the count {count}")
 
 
 def check_file_name(name: str) -> None:

@@ -8,6 +8,8 @@ every request for that long. Loaded in a helper process, the load holds that pro
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -41,6 +43,21 @@ class Graph(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class GraphFile:
+    """A version's graph file, as its opener is told of it."""
+
+    path: Path
+    dim: int
+    count: int
+    beside_requests: bool = False  # requests are served meanwhile (a hot reload)
+    version: str = ""  # the version's identity
+    # (identity, rows) of the version whose graph this one is, with rows `rows`.. appended (the
+    # indexer extended it): a helper serving that version can grow its graph instead of loading this.
+    base: tuple[str, int] | None = None
+    vectors: Path | None = None  # the version's vectors, row i = label i (what is appended)
+
+
 class LoadedGraph:
     """An hnswlib index in this process."""
 
@@ -52,10 +69,15 @@ class LoadedGraph:
     def count(self) -> int:
         return int(self._index.get_current_count())
 
+    @property
+    def dim(self) -> int:
+        return int(self._index.dim)
+
     def knn(
-        self, vector: np.ndarray, k: int, ef: int, allowed: np.ndarray | None = None
+        self, vector: np.ndarray, k: int, ef: int, allowed: np.ndarray | None = None, rows: int | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        keep = None if allowed is None else (lambda label: bool(allowed[label]))
+        """`rows`: only labels below it (a version served from a graph grown since: graph_process.py)."""
+        keep = _keep(allowed, rows)
         # hnswlib's ef is index-wide state: set it and query under one lock so concurrent
         # requests with different breadths do not see each other's setting (a query is < 1 ms).
         with self._lock:
@@ -66,8 +88,32 @@ class LoadedGraph:
     def items(self, rows: np.ndarray) -> np.ndarray:
         return np.asarray(self._index.get_items(rows), dtype=np.float32)
 
+    def make_room(self, count: int) -> None:
+        """Room for `count` vectors. Not while anything searches or adds (hnswlib reallocates)."""
+        with self._lock:
+            if count > self._index.get_max_elements():
+                self._index.resize_index(count)
+
+    def append(self, vectors: np.ndarray, first: int) -> None:
+        """Adds `vectors` as labels first.. on one thread (so the graph comes out as the indexer's
+        one-thread extension does, vector for vector); searches may run meanwhile (hnswlib locks
+        per element), and releases the GIL while it works."""
+        self._index.add_items(vectors, np.arange(first, first + len(vectors)), num_threads=1)
+
     def close(self) -> None:
         """Nothing to release early: the index goes with its last reference."""
+
+
+def _keep(allowed: np.ndarray | None, rows: int | None) -> Callable[[int], bool] | None:
+    if rows is None:
+        return None if allowed is None else (lambda label: bool(allowed[label]))
+    if allowed is None:
+        return lambda label: label < rows
+    return lambda label: label < rows and bool(allowed[label])
+
+
+def open_in_process(file: GraphFile) -> LoadedGraph:
+    return load_graph(file.path, file.dim, file.count)
 
 
 def load_graph(path: Path, dim: int, count: int, beside_requests: bool = False) -> LoadedGraph:

@@ -30,8 +30,9 @@ import numpy as np
 
 from ragserve import metrics
 from ragserve.errors import IndexLoadError
-from ragserve.index.graph import Graph, load_graph
-from ragserve.priority import BACKGROUND_NICE, at_lower_priority
+from ragserve.index.graph import GraphFile, LoadedGraph, load_graph
+from ragserve.index.vector_file import VectorFile
+from ragserve.priority import BACKGROUND_NICE, at_lower_priority, start_at_lower_priority
 
 log = logging.getLogger(__name__)
 
@@ -111,59 +112,35 @@ def start_helper(path: Path, dim: int, count: int, beside_requests: bool, ready_
     return helper
 
 
-class GraphProcess:
-    """A Graph served by a helper process. A helper that dies is started again at the next search
-    (which waits for the load); one search at a time, as hnswlib's index-wide ef needs anyway."""
+class _Helpers:
+    """The helper process behind one or more versions' views of its graph (more than one when a
+    version's graph was grown from another's), and its replacements."""
 
-    def __init__(
-        self, path: Path, dim: int, count: int, beside_requests: bool = False, ready_timeout_s: float = READY_TIMEOUT_S
-    ) -> None:
-        """`beside_requests`: requests are being served while it loads (a hot reload)."""
-        self._spec = (path, dim, count, ready_timeout_s)
-        self._count = count
-        self._lock = threading.Lock()
-        self._helpers: list[_Helper] = [start_helper(path, dim, count, beside_requests, ready_timeout_s)]
-        # Closed explicitly, or when the version holding it is garbage-collected after a reload.
-        self._finalizer = weakref.finalize(self, _stop_all, self._helpers)
+    def __init__(self, file: GraphFile, ready_timeout_s: float) -> None:
+        self.file = file  # what a replacement loads: the newest version grown into the graph
+        self.ready_timeout_s = ready_timeout_s
+        # Re-entrant: a view's finalizer may run (the collector) while this thread holds it.
+        self.lock = threading.RLock()
+        self.running = [start_helper(file.path, file.dim, file.count, file.beside_requests, ready_timeout_s)]
+        self.views = 0
         self.restarts = 0
 
-    @property
-    def pid(self) -> int:
-        return self._helpers[-1].proc.pid
+    def release(self) -> None:
+        """A view is closed or gone; the last one stops the helper."""
+        with self.lock:
+            self.views -= 1
+            if self.views == 0:
+                _stop_all(self.running)
 
-    @property
-    def count(self) -> int:
-        return self._count
-
-    def knn(
-        self, vector: np.ndarray, k: int, ef: int, allowed: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        packed = None if allowed is None else np.packbits(allowed)
-        labels, distances = self._call(("knn", np.ascontiguousarray(vector, dtype=np.float32), k, ef, packed))
-        return labels, distances
-
-    def items(self, rows: np.ndarray) -> np.ndarray:
-        vectors: np.ndarray = self._call(("items", np.asarray(rows, dtype=np.int64)))
-        return vectors
-
-    def close(self) -> None:
-        self._finalizer()
-
-    def _call(self, request: tuple[Any, ...]) -> Any:
-        with self._lock:
-            if not self._finalizer.alive:
-                raise IndexLoadError("this index version's graph is closed")
+    def call(self, request: tuple[Any, ...]) -> Any:
+        with self.lock:
             try:
-                if not self._helpers:
+                if not self.running:
                     raise EOFError("its last start failed")
-                status, value = self._helpers[-1].ask(request)
+                status, value = self.running[-1].ask(request)
             except (EOFError, OSError) as exc:  # gone, or hung (TimeoutError)
                 self._replace(exc)
-                status, value = self._helpers[-1].ask(request)
-        return self._value(status, value)
-
-    @staticmethod
-    def _value(status: str, value: Any) -> Any:
+                status, value = self.running[-1].ask(request)
         if status == "runtime":
             raise RuntimeError(value)
         if status != "ok":
@@ -174,14 +151,14 @@ class GraphProcess:
         """A new helper in place of the last (raises IndexLoadError when it cannot load: the next
         search tries again)."""
         reason = f"{type(why).__name__}: {why}" if str(why) else type(why).__name__
-        log.error("the helper process serving %s is gone (%s); loading the graph again", self._spec[0], reason)
-        if self._helpers:
-            gone = self._helpers.pop()
+        path = self.file.path
+        log.error("the helper process serving %s is gone (%s); loading the graph again", path, reason)
+        if self.running:
+            gone = self.running.pop()
             gone.proc.kill()  # dead already, or hung: either way it answers no more
             gone.stop()
-        path, dim, count, ready_timeout_s = self._spec
         try:
-            self._helpers.append(start_helper(path, dim, count, True, ready_timeout_s))
+            self.running.append(start_helper(path, self.file.dim, self.file.count, True, self.ready_timeout_s))
         except IndexLoadError as exc:
             log.error("the graph of %s could not be loaded again: %s", path, exc)
             # The caller hears why without the server's paths; the log has them.
@@ -189,23 +166,165 @@ class GraphProcess:
         self.restarts += 1
         metrics.INDEX_GRAPH_HELPER_RESTARTS.inc()
 
+    def grow(self, file: GraphFile, rows: int) -> None:
+        """Adds `file`'s vectors from row `rows` on to the helper's graph (which must hold `rows`),
+        at a lower CPU priority while the helper keeps answering; waits until they are in."""
+        assert file.vectors is not None
+        grower = self.running[-1] if self.running else None
+        self.call(("grow", str(file.vectors), rows, file.count, BACKGROUND_NICE))
+        deadline = time.monotonic() + self.ready_timeout_s
+        state = "running"
+        while state == "running":
+            if time.monotonic() > deadline:
+                raise IndexLoadError(f"its graph did not grow in {self.ready_timeout_s:.0f} s")
+            time.sleep(_GROWTH_POLL_S)
+            state = self.call(("growth",))
+        with self.lock:
+            if state != "done" or not self.running or self.running[-1] is not grower:
+                raise IndexLoadError(f"its graph did not grow: {state}")
+            self.file = file
+
+
+class GraphProcess:
+    """A view of a graph served by a helper process: the rows of one version. A helper that dies is
+    started again at the next search (which waits for the load); one search at a time, as
+    hnswlib's index-wide ef needs anyway. `GraphProcess.open` grows the graph a served version's
+    helper holds when the new version's graph extends it, so a reload holds one graph, not two."""
+
+    def __init__(
+        self, path: Path, dim: int, count: int, beside_requests: bool = False, ready_timeout_s: float = READY_TIMEOUT_S
+    ) -> None:
+        """`beside_requests`: requests are being served while it loads (a hot reload)."""
+        self._attach(_Helpers(GraphFile(path, dim, count, beside_requests), ready_timeout_s), count)
+
+    def _attach(self, helpers: _Helpers, count: int) -> None:
+        self._helpers = helpers
+        self._count = count
+        with helpers.lock:
+            helpers.views += 1
+        # Closed explicitly, or when the version holding it is garbage-collected after a reload.
+        self._finalizer = weakref.finalize(self, helpers.release)
+
+    @classmethod
+    def open(cls, file: GraphFile, ready_timeout_s: float = READY_TIMEOUT_S) -> GraphProcess:
+        """`file`'s graph: the graph of the version it extends, grown, when a helper serves that
+        version (docs/operations.md, "Hot reload"); else loaded by a new helper."""
+        graph = _grown(file)
+        if graph is None:
+            graph = cls(file.path, file.dim, file.count, file.beside_requests, ready_timeout_s)
+        if file.version:
+            _SERVED[file.version] = graph
+        return graph
+
+    @property
+    def pid(self) -> int:
+        return self._helpers.running[-1].proc.pid
+
+    @property
+    def restarts(self) -> int:
+        return self._helpers.restarts
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def knn(
+        self, vector: np.ndarray, k: int, ef: int, allowed: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        packed = None if allowed is None else np.packbits(allowed)
+        vector = np.ascontiguousarray(vector, dtype=np.float32)
+        labels, distances = self._call(("knn", vector, k, ef, packed, self._count))
+        return labels, distances
+
+    def items(self, rows: np.ndarray) -> np.ndarray:
+        vectors: np.ndarray = self._call(("items", np.asarray(rows, dtype=np.int64)))
+        return vectors
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def _call(self, request: tuple[Any, ...]) -> Any:
+        if self.closed:
+            raise IndexLoadError("this index version's graph is closed")
+        return self._helpers.call(request)
+
+
+# The graphs helpers serve, by version identity: what a new version's graph may be grown from.
+_SERVED: weakref.WeakValueDictionary[str, GraphProcess] = weakref.WeakValueDictionary()
+_GROWTH_POLL_S = 0.1
+
+
+def _grown(file: GraphFile) -> GraphProcess | None:
+    if file.base is None or file.vectors is None:
+        return None
+    identity, rows = file.base
+    base = _SERVED.get(identity)
+    if base is None or base.closed or base.count != rows:
+        return None
+    helpers = base._helpers
+    try:
+        helpers.grow(file, rows)
+    except (IndexLoadError, RuntimeError) as exc:
+        log.warning("could not grow the graph of version %s in place (%s); loading %s's own", identity, exc, file.path)
+        return None
+    log.info("graph of version %s grown in place from %d to %d rows", identity, rows, file.count)
+    graph = GraphProcess.__new__(GraphProcess)
+    graph._attach(helpers, file.count)
+    return graph
+
 
 # --- the helper process ---------------------------------------------------------------------------
 
 
-def _answer(graph: Graph, request: tuple[Any, ...]) -> tuple[str, Any]:
+def _answer(graph: LoadedGraph, growth: _Growth, request: tuple[Any, ...]) -> tuple[str, Any]:
     try:
         if request[0] == "knn":
-            _, vector, k, ef, packed = request
-            allowed = None if packed is None else np.unpackbits(packed, count=graph.count).view(bool)
-            return "ok", graph.knn(vector, k, ef, allowed)
+            _, vector, k, ef, packed, rows = request
+            allowed = None if packed is None else np.unpackbits(packed, count=rows).view(bool)
+            return "ok", graph.knn(vector, k, ef, allowed, rows if rows < graph.count else None)
         if request[0] == "items":
             return "ok", graph.items(request[1])
+        if request[0] == "grow":
+            return growth.start(graph, Path(request[1]), request[2], request[3], request[4])
+        if request[0] == "growth":
+            return "ok", growth.state
         return "error", f"unknown request {request[0]!r}"
     except RuntimeError as exc:  # hnswlib: fewer than k pass the filter
         return "runtime", str(exc)
     except Exception as exc:
         return "error", f"{type(exc).__name__}: {exc}"
+
+
+class _Growth:
+    """The graph growing on a thread of its own: "none", "running", "done" or why it failed."""
+
+    def __init__(self) -> None:
+        self.state = "none"
+
+    def start(self, graph: LoadedGraph, vectors: Path, rows: int, count: int, nice: int) -> tuple[str, Any]:
+        if self.state == "running":
+            return "error", "the graph is growing already"
+        if graph.count != rows:
+            return "error", f"the graph holds {graph.count} rows, not {rows}"
+        graph.make_room(count)  # before the thread starts: nothing searches meanwhile
+        self.state = "running"
+        start_at_lower_priority(lambda: self._grow(graph, vectors, count), nice)
+        return "ok", None
+
+    def _grow(self, graph: LoadedGraph, path: Path, count: int) -> None:
+        try:
+            with VectorFile(path) as vectors:
+                if vectors.shape != (count, graph.dim):
+                    raise IndexLoadError(f"{path} has shape {vectors.shape}, not {(count, graph.dim)}")
+                for first, slab in vectors.slabs(start=graph.count):
+                    graph.append(slab, first)
+            self.state = "done"
+        except Exception as exc:
+            self.state = f"{type(exc).__name__}: {exc}"
 
 
 def _exit_when_orphaned(parent: int) -> None:
@@ -228,6 +347,7 @@ def serve(fd: int, path: Path, dim: int, count: int, nice: int) -> int:
         conn.send(("error", str(exc)))
         return 1
     conn.send(("ready", graph.count))
+    growth = _Growth()
     while True:
         try:
             request = conn.recv()
@@ -235,7 +355,7 @@ def serve(fd: int, path: Path, dim: int, count: int, nice: int) -> int:
             return 0
         if request[0] == "exit":
             return 0
-        conn.send(_answer(graph, request))
+        conn.send(_answer(graph, growth, request))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from ragserve.index.format import (
     require_listed,
     resolve_current,
 )
-from ragserve.index.graph import Graph, LoadedGraph, load_graph
+from ragserve.index.graph import Graph, GraphFile, LoadedGraph, open_in_process
 from ragserve.index.metadata import FIELDS_FILE, FieldColumns
 from ragserve.index.vector_file import VectorFile
 from ragserve.types import Chunk
@@ -80,9 +80,9 @@ class _Laps:
         return f"{time.perf_counter() - self._start:.2f} s ({', '.join(self._laps)})"
 
 
-# Opens a version's graph file (path, dim, count, whether requests are being served meanwhile): in
-# this process or a helper (the factory picks), after `check_hnsw_file` there.
-GraphOpener = Callable[[Path, int, int, bool], Graph]
+# Opens a version's graph file: in this process or a helper (the factory picks), after
+# `check_hnsw_file` there.
+GraphOpener = Callable[[GraphFile], Graph]
 
 
 def build_hnsw(
@@ -147,6 +147,13 @@ def _require_bm25_listed(folder: Path, manifest: Manifest) -> None:
         raise IndexLoadError(f"index at {folder}: {what}")
 
 
+def _graph_file(folder: Path, manifest: Manifest, identity: str, reloading: bool) -> GraphFile:
+    base = manifest.graph_base
+    vectors = folder / VECTORS_FILE if VECTORS_FILE in manifest.files else None
+    extends = (str(base["identity"]), int(base["rows"])) if base else None
+    return GraphFile(folder / HNSW_FILE, manifest.dim, manifest.count, reloading, identity, extends, vectors)
+
+
 class HnswIndex:
     """A loaded index version's index files (graph, docstore, BM25). Read-only and safe to search
     from several threads. Models a version ships are loaded by the factory (`VersionBuilder`)."""
@@ -184,7 +191,7 @@ class HnswIndex:
         cls,
         root: Path,
         exact_scan_max: int = DEFAULT_EXACT_SCAN_MAX,
-        open_graph: GraphOpener = load_graph,
+        open_graph: GraphOpener = open_in_process,
         reloading: bool = False,
     ) -> HnswIndex:
         """The published version's index files, verified. `exact_scan_max`: filters passing at most
@@ -201,7 +208,7 @@ class HnswIndex:
         chunks = ChunkStore(folder / CHUNKS_FILE, manifest.count)
         laps("docstore")
         # The opener checks the file before hnswlib reads it (graph.py `load_graph`).
-        graph = open_graph(folder / HNSW_FILE, manifest.dim, manifest.count, reloading)
+        graph = open_graph(_graph_file(folder, manifest, identity, reloading))
         laps(f"graph checked and loaded ({type(graph).__name__})")
         if graph.count != manifest.count:
             graph.close()

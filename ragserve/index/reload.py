@@ -25,7 +25,7 @@ from ragserve.config import IndexSettings, default_of
 from ragserve.errors import IndexLoadError, RagError
 from ragserve.index.base import SearchIndex
 from ragserve.index.format import CURRENT, manifest_identity, read_manifest_bytes
-from ragserve.index.graph import load_graph
+from ragserve.index.graph import open_in_process
 from ragserve.index.hnsw import DEFAULT_EXACT_SCAN_MAX, GraphOpener, HnswIndex
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class FolderWatch:
     """An index root: CURRENT links to the published version's folder."""
 
     def __init__(
-        self, root: Path, exact_scan_max: int = DEFAULT_EXACT_SCAN_MAX, open_graph: GraphOpener = load_graph
+        self, root: Path, exact_scan_max: int = DEFAULT_EXACT_SCAN_MAX, open_graph: GraphOpener = open_in_process
     ) -> None:
         self.root = root
         self.exact_scan_max = exact_scan_max

@@ -18,7 +18,7 @@ from ragserve.config import Settings
 from ragserve.errors import IndexLoadError
 from ragserve.factory.parts import make_graph_opener
 from ragserve.index.format import HNSW_FILE, resolve_current
-from ragserve.index.graph import LoadedGraph, load_graph
+from ragserve.index.graph import GraphFile, LoadedGraph, load_graph
 from ragserve.index.graph_process import GraphProcess
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch
@@ -89,7 +89,7 @@ def test_a_filtered_walk_keeps_to_the_allowed_rows_and_says_when_too_few_pass(
 
 def test_an_index_over_the_helper_searches_as_one_in_process(root: Path) -> None:
     local = HnswIndex.load(root)
-    remote = HnswIndex.load(root, open_graph=lambda p, d, c, b: GraphProcess(p, d, c, b))
+    remote = HnswIndex.load(root, open_graph=GraphProcess.open)
     for seed in range(3):
         query = unit_vectors(1, 40 + seed)[0]
         want = [(c.chunk.chunk_id, round(c.score, 5)) for c in local.search(query, 10, 64)]
@@ -112,7 +112,7 @@ def test_a_helper_that_dies_is_loaded_again_at_the_next_search(
 
 
 def test_the_helper_exits_when_its_version_is_let_go(root: Path) -> None:
-    index = HnswIndex.load(root, open_graph=lambda p, d, c, b: GraphProcess(p, d, c, b))
+    index = HnswIndex.load(root, open_graph=GraphProcess.open)
     pid = index._graph.pid  # type: ignore[attr-defined]
     del index
     gc.collect()
@@ -138,16 +138,16 @@ def test_a_graph_the_helper_cannot_load_is_refused_with_its_reason(tmp_path: Pat
 def test_the_factory_moves_graphs_from_the_threshold_up(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = resolve_current(root) / HNSW_FILE
     monkeypatch.setenv("RAGSERVE_INDEX_GRAPH_PROCESS_MIN_CHUNKS", str(len(TEXTS) + 1))
-    assert isinstance(make_graph_opener(Settings())(path, DIM, len(TEXTS), False), LoadedGraph)
+    assert isinstance(make_graph_opener(Settings())(GraphFile(path, DIM, len(TEXTS))), LoadedGraph)
     monkeypatch.setenv("RAGSERVE_INDEX_GRAPH_PROCESS_MIN_CHUNKS", str(len(TEXTS)))
-    helper = make_graph_opener(Settings())(path, DIM, len(TEXTS), False)
+    helper = make_graph_opener(Settings())(GraphFile(path, DIM, len(TEXTS)))
     assert isinstance(helper, GraphProcess)
     helper.close()
 
 
 def test_a_hot_reload_swaps_helpers_and_the_old_one_exits(tmp_path: Path) -> None:
     publish_tiny(tmp_path, TEXTS[:100], seed=1)
-    watch = FolderWatch(tmp_path, open_graph=lambda p, d, c, b: GraphProcess(p, d, c, b))
+    watch = FolderWatch(tmp_path, open_graph=GraphProcess.open)
     old = watch.load()
     old_pid = old._graph.pid  # type: ignore[attr-defined]
     publish_tiny(tmp_path, TEXTS[:120], seed=2)

@@ -1,0 +1,167 @@
+"""A hot reload of a version that only adds documents grows the graph the served version's helper
+holds instead of loading a second one: the new version searches as its published file does, the
+old one keeps to its own rows until it is let go, and a failed growth loads the file instead."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from indexer import host_share
+from indexer.build import build_index
+from indexer.chunking import ChunkingConfig
+from ragserve.errors import IndexLoadError
+from ragserve.index.format import HNSW_FILE, Manifest, resolve_current
+from ragserve.index.graph_process import GraphProcess, _Helpers
+from ragserve.index.hnsw import HnswIndex
+from ragserve.index.reload import FolderWatch
+from tests.index.test_graph_process import _gone
+from tests.indexer.test_resume import SlowEmbedder
+
+CHUNKING = ChunkingConfig(8, 0)
+
+
+def _publish(source: Path, root: Path, docs: range) -> None:
+    source.mkdir(exist_ok=True)
+    for d in docs:
+        (source / f"doc{d:03d}.txt").write_text(" ".join(f"w{d}x{i}" for i in range(24)))
+    build_index(source, root, SlowEmbedder(), CHUNKING, progress=False)
+
+
+@pytest.fixture
+def grown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """(old version, new version, root): the new one, published after the old was served, adds
+    documents; the indexer extends the graph on one thread, as `ragserve-index build` does by default."""
+    monkeypatch.setattr(host_share, "threads", 1)
+    source, root = tmp_path / "docs", tmp_path / "index"
+    _publish(source, root, range(60))
+    old = HnswIndex.load(root, open_graph=GraphProcess.open)
+    _publish(source, root, range(60, 75))
+    new = FolderWatch(root, open_graph=GraphProcess.open).load()
+    yield old, new, root
+    for version in (old, new):
+        version._graph.close()  # type: ignore[attr-defined]
+
+
+def _queries(n: int) -> np.ndarray:
+    vectors = np.random.default_rng(7).standard_normal((n, 8)).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def _hits(index: HnswIndex, query: np.ndarray, k: int = 10) -> list[tuple[str, float]]:
+    return [(hit.chunk.chunk_id, round(hit.score, 5)) for hit in index.search(query, k, 64)]
+
+
+def test_the_new_version_grows_the_served_graph_and_searches_as_its_file(grown) -> None:
+    old, new, root = grown
+    assert new.manifest.graph_base == {"identity": old.identity, "rows": old.count}
+    assert new.count > old.count
+    assert new._graph.pid == old._graph.pid  # one helper, one graph
+    from_file = HnswIndex.load(root)  # the published file, in this process
+    for query in _queries(20):
+        assert _hits(new, query) == _hits(from_file, query)
+
+
+def test_the_old_version_keeps_to_its_own_rows_while_the_graph_is_grown(grown) -> None:
+    old, _, root = grown
+    alone = HnswIndex.load(root.parent / "index", open_graph=GraphProcess.open)  # the new one, loaded whole
+    for query in _queries(20):
+        labels, _ = old._graph.knn(query, 10, 64)
+        assert labels.max() < old.count
+        assert all(hit.chunk.chunk_id in _old_ids(old) for hit in old.search(query, 10, 64))
+        allowed = np.zeros(old.count, dtype=bool)
+        allowed[::3] = True
+        assert all(allowed[old._graph.knn(query, 5, 64, allowed)[0]])
+    alone._graph.close()  # type: ignore[attr-defined]
+
+
+def _old_ids(old: HnswIndex) -> set[str]:
+    return {chunk.chunk_id for chunk in old.chunks}
+
+
+def test_the_helper_stays_while_either_version_is_served(grown) -> None:
+    old, new, _ = grown
+    pid = old._graph.pid
+    old._graph.close()
+    with pytest.raises(IndexLoadError, match="closed"):
+        old._graph.knn(_queries(1)[0], 3, 10)
+    assert new.search(_queries(1)[0], 3, 64)
+    new._graph.close()
+    assert _gone(pid)
+
+
+def test_after_a_growth_a_helper_that_dies_loads_the_grown_version_file(grown) -> None:
+    old, new, root = grown
+    pid = new._graph.pid
+    os.kill(pid, signal.SIGKILL)
+    assert _gone(pid)
+    from_file = HnswIndex.load(root)
+    for query in _queries(5):
+        assert _hits(new, query) == _hits(from_file, query)
+    assert new._graph.pid != pid and new._graph.restarts == 1
+    assert old._graph.knn(_queries(1)[0], 10, 64)[0].max() < old.count
+
+
+def test_a_growth_that_fails_loads_the_new_graph_in_a_helper_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def failing(self: _Helpers, file: object, rows: int) -> None:
+        raise IndexLoadError("its graph did not grow: the helper said no")
+
+    monkeypatch.setattr(_Helpers, "grow", failing)
+    source, root = tmp_path / "docs", tmp_path / "index"
+    _publish(source, root, range(30))
+    old = HnswIndex.load(root, open_graph=GraphProcess.open)
+    _publish(source, root, range(30, 40))
+    new = FolderWatch(root, open_graph=GraphProcess.open).load()
+    assert new._graph.pid != old._graph.pid  # type: ignore[attr-defined]
+    assert "could not grow" in caplog.text
+    from_file = HnswIndex.load(root)
+    assert _hits(new, _queries(1)[0]) == _hits(from_file, _queries(1)[0])
+    for version in (old, new):
+        version._graph.close()  # type: ignore[attr-defined]
+    del old, new
+    gc.collect()
+
+
+def test_a_version_built_anew_is_loaded_not_grown(tmp_path: Path) -> None:
+    source, root = tmp_path / "docs", tmp_path / "index"
+    _publish(source, root, range(30))
+    old = HnswIndex.load(root, open_graph=GraphProcess.open)
+    (source / "doc000.txt").write_text("changed words here")  # a change: the graph is rebuilt
+    build_index(source, root, SlowEmbedder(), CHUNKING, progress=False)
+    new = FolderWatch(root, open_graph=GraphProcess.open).load()
+    assert new.manifest.graph_base == {}
+    assert new._graph.pid != old._graph.pid  # type: ignore[attr-defined]
+    for version in (old, new):
+        version._graph.close()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("base", "why"),
+    [
+        ({"identity": "xyz", "rows": 1}, "16 hex"),
+        ({"identity": "0123456789abcdef"}, "16 hex"),
+        ({"identity": "0123456789abcdef", "rows": 0}, "between 1 and the count"),
+        ({"identity": "0123456789abcdef", "rows": 11}, "between 1 and the count"),
+        ({"identity": "0123456789abcdef", "rows": True}, "between 1 and the count"),
+    ],
+)
+def test_a_manifest_with_a_bad_graph_base_is_refused(base: dict[str, object], why: str) -> None:
+    manifest = Manifest(version=2, embedder_id="e", dim=8, count=10, files={HNSW_FILE: "0" * 64}, graph_base=base)
+    with pytest.raises(ValueError, match=why):
+        Manifest.from_json(manifest.to_json())
+
+
+def test_the_published_file_is_what_a_fresh_helper_loads(grown) -> None:
+    _, new, root = grown
+    fresh = GraphProcess(resolve_current(root) / HNSW_FILE, 8, new.count)
+    for query in _queries(5):
+        want, got = fresh.knn(query, 10, 64), new._graph.knn(query, 10, 64)
+        assert got[0].tolist() == want[0].tolist()
+    fresh.close()
