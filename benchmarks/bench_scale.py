@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -36,7 +37,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_sizing import status_mib, tree_rss_mib  # noqa: E402
+from benchmarks.bench_sizing import memory_and_helpers, status_mib, tree_rss_mib  # noqa: E402
 from benchmarks.harness import cpu_name, git_head, load_avg, percentile  # noqa: E402
 from benchmarks.reload_phases import PHASES, reload_under_load  # noqa: E402
 from benchmarks.workloads import Server, load_queries  # noqa: E402
@@ -278,11 +279,15 @@ def measure_size(args: argparse.Namespace, size: int, queries: list[str], qvecs:
 
 def reload_once(server: Server, queries: list[str], index: Path, folder: Path, copies: bool) -> dict[str, Any]:
     """One hot reload under load: to a copy of the version, or to the +1% build."""
-    peak = RssPeak(server.proc.pid)
+    pid = server.proc.pid
+    peak = RssPeak(pid)
     add = folder / "add"
     publish = (lambda: republish(index)) if copies else (lambda: timed_build(add, index, add / "vectors.npy"))
-    run = asyncio.run(reload_under_load(server.target, queries, index, publish))
+    sample = functools.partial(memory_and_helpers, pid)
+    run = asyncio.run(reload_under_load(server.target, queries, index, publish, sample))
     run["peak_rss_mib"] = peak.stop()
+    time.sleep(5.0)  # the old version's requests are done: a helper of its own has exited
+    run["after the reload"] = sample()
     shown = {k: v for k, v in run.items() if k != "samples"}
     print(f"[{folder.name}] reload {shown}; load {load_avg()}", flush=True)
     return run

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -42,6 +44,22 @@ def status_mib(pid: int, field: str = "VmRSS") -> float:
     """`field` of /proc/PID/status (VmRSS, RssAnon, VmHWM, ...) of one process, in MiB."""
     status = Path(f"/proc/{pid}/status").read_text()
     return int(next(x for x in status.splitlines() if x.startswith(field + ":")).split()[1]) / 1024
+
+
+def graph_helpers(pid: int) -> list[int]:
+    """The graph helper processes below `pid` (one per graph held)."""
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if "ragserve.index.graph_process" in " ".join(child.cmdline()):
+                found.append(child.pid)
+        except psutil.Error:
+            continue  # ended meanwhile
+    return found
+
+
+def memory_and_helpers(pid: int) -> dict[str, Any]:
+    return {"rss_mib": tree_rss_mib(pid), "graph_helpers": graph_helpers(pid)}
 
 
 def tree_rss_mib(pid: int, field: str = "VmRSS") -> float:

@@ -22,12 +22,15 @@ from ragserve.client import RagClient
 PHASES = ("steady", "beside the build", "reload", "after")
 
 
-async def reload_under_load(target: str, queries: list[str], index: Path, publish: Any) -> dict[str, Any]:
+async def reload_under_load(
+    target: str, queries: list[str], index: Path, publish: Any, sample: Any = None
+) -> dict[str, Any]:
     """`publish`: a blocking call that builds (or copies) and publishes the next version, returning
-    a dict with "published"."""
+    a dict with "published"; `sample`: called at the end of the steady phase (its dict is kept)."""
+    steady: dict[str, Any] = {}
     with HostStallProbe(index.parent / "host-stalls.txt") as probe:
-        requests, served, flipped, build = await _phases(target, queries, index, publish)
-    out: dict[str, Any] = {"samples": {}}
+        requests, served, flipped, build = await _phases(target, queries, index, publish, sample, steady)
+    out: dict[str, Any] = {"samples": {}, "end of steady": steady}
     for phase in PHASES:
         taken = requests[phase]
         ms = [m for _, m in taken]
@@ -46,7 +49,7 @@ async def reload_under_load(target: str, queries: list[str], index: Path, publis
 
 
 async def _phases(
-    target: str, queries: list[str], index: Path, publish: Any
+    target: str, queries: list[str], index: Path, publish: Any, sample: Any, steady: dict[str, Any]
 ) -> tuple[dict[str, list[tuple[float, float]]], float, float, dict[str, Any]]:
     current = (index / "CURRENT").resolve()
     requests: dict[str, list[tuple[float, float]]] = {phase: [] for phase in PHASES}
@@ -62,6 +65,8 @@ async def _phases(
             await timed(q)
         for q in queries:
             requests["steady"].append(await timed(q))
+        if sample is not None:
+            steady.update(sample())
         task = asyncio.get_running_loop().run_in_executor(None, publish)
         n, flipped, served = 0, 0.0, 0.0
         while not (served and task.done() and len(requests["after"]) >= len(queries) // 2):

@@ -1,15 +1,17 @@
 """The docstore of a folder version: `chunks.jsonl`, one chunk a line, row i = line i.
 
-Served memory-mapped: a chunk is decoded when a request asks for its row, so a version's texts
-cost page cache, not the server's heap, and loading one does not decode a million records
-(BENCHMARKS.md, "A million passages"). Since index format 2 each record also holds its text's
-sentences as analysed at build time (offsets and stemmed terms), so no request analyses them.
+Served from the file: a chunk is read (one `pread`) and decoded when a request asks for its row,
+so a version's texts cost page cache, neither the server's heap nor its RSS, and loading one does
+not decode a million records (BENCHMARKS.md, "A million passages"). Since index format 2 each
+record also holds its text's sentences as analysed at build time (offsets and stemmed terms), so
+no request analyses them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import mmap
+import os
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, overload
@@ -99,23 +101,23 @@ def read_chunks(path: Path) -> list[Chunk]:
 
 
 class ChunkStore(Sequence[Chunk]):
-    """A docstore mapped read-only; `store[row]` decodes one record. Safe from several threads."""
+    """A docstore read a row at a time; `store[row]` reads and decodes one record. Safe from
+    several threads. Plain reads, not a map: a mapped row brings the pages around it into this
+    process's RSS (the kernel maps cached neighbours in on each fault), and after a few hundred
+    requests the whole docstore counted there (BENCHMARKS.md, "A build that streams")."""
 
     def __init__(self, path: Path, count: int) -> None:
         self._path = path
-        size = path.stat().st_size
-        self._map: mmap.mmap | None = None
-        self._ends = np.zeros(0, dtype=np.int64)
-        if size:
-            # Lines found with plain reads: scanned through the map, every page of the file would
-            # stay in this process's RSS (1.1 GB at a million chunks), where only requested rows should.
-            self._ends = file_line_ends(path)
-            with path.open("rb") as handle:
-                self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-            # Requests read scattered rows: a page that is not cached costs one page of I/O, not
-            # the kernel's readahead around it (megabytes, behind whatever else reads the disk).
-            _advise(self._map, "MADV_RANDOM")
+        self._ends = file_line_ends(path)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        # Closed by `close`, or when the store is garbage-collected with its version.
+        self._closer = weakref.finalize(self, os.close, fd)
+        self._fd = fd
+        # Requests read scattered rows: a page that is not cached costs one page of I/O, not the
+        # kernel's readahead around it (megabytes, behind whatever else reads the disk).
+        _advise_random(fd)
         if len(self._ends) != count:
+            self.close()
             raise IndexLoadError(
                 f"index at {path.parent}: docstore has {len(self._ends)} chunks, manifest says {count}"
             )
@@ -125,10 +127,8 @@ class ChunkStore(Sequence[Chunk]):
         return len(self._ends)
 
     def close(self) -> None:
-        """Unmaps the file now (a check that loaded it to see that it loads)."""
-        if self._map is not None:
-            self._map.close()
-            self._map = None
+        """Closes the file now (a check that loaded it to see that it loads)."""
+        self._closer()
 
     @overload
     def __getitem__(self, row: int) -> Chunk: ...
@@ -142,8 +142,12 @@ class ChunkStore(Sequence[Chunk]):
         if not -len(self) <= row < len(self):
             raise IndexError(row)
         row %= len(self)
-        assert self._map is not None  # a row exists, so the file is not empty
-        line = self._map[int(self._starts[row]) : int(self._ends[row])]
+        if not self._closer.alive:
+            raise IndexLoadError(f"{self._path}: the docstore is closed")
+        start, end = int(self._starts[row]), int(self._ends[row])
+        line = os.pread(self._fd, end - start, start)
+        if len(line) != end - start:
+            raise IndexLoadError(f"{self._path}:{row + 1}: the docstore was cut short under the server")
         return decode_chunk(line, f"{self._path}:{row + 1}")
 
     def __iter__(self) -> Iterator[Chunk]:
@@ -175,12 +179,11 @@ class Prefix(Sequence[Chunk]):
         return self._rows[row % self._count]
 
 
-def _advise(data: mmap.mmap, name: str) -> None:
+def _advise_random(fd: int) -> None:
     """An access-pattern hint to the kernel, where it takes one (a hint: never fails)."""
-    advice = getattr(mmap, name, None)
-    if advice is not None:
+    if hasattr(os, "posix_fadvise"):
         with contextlib.suppress(OSError):
-            data.madvise(advice)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
 
 
 def file_line_ends(path: Path) -> np.ndarray:

@@ -3,7 +3,9 @@ at build time (index format 2); format 1 versions still load, a newer format is 
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -37,19 +39,43 @@ def test_rows_decode_to_the_chunks_written_with_their_sentences(tmp_path: Path) 
         store[len(TEXTS)]
 
 
-def test_the_scan_reads_the_file_and_requests_then_read_only_their_rows(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_rows_are_read_not_mapped_and_at_random(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mapped docstore's pages stay in the server's RSS as requests touch rows (and the pages the
+    kernel maps in around each): the store reads each row with one pread instead."""
     from ragserve.index import chunk_store
 
-    advised: list[str] = []
-    real = chunk_store._advise
-    monkeypatch.setattr(chunk_store, "_advise", lambda data, name: advised.append(name) or real(data, name))
+    advised: list[int] = []
+    real = chunk_store._advise_random
+    monkeypatch.setattr(chunk_store, "_advise_random", lambda fd: advised.append(fd) or real(fd))
     path = tmp_path / CHUNKS_FILE
     write_chunks(path, _chunks(), analyse_text)
-    assert ChunkStore(path, len(TEXTS))[2] == _chunks()[2]
-    # The newline scan reads the file, not the map (its pages would stay in RSS); rows are scattered.
-    assert advised == ["MADV_RANDOM"]
+    store = ChunkStore(path, len(TEXTS))
+    assert [store[row] for row in (2, 0, 1)] == [_chunks()[2], _chunks()[0], _chunks()[1]]
+    assert str(path) not in Path("/proc/self/maps").read_text()
+    assert len(advised) == 1
+
+
+def test_a_docstore_cut_short_under_the_server_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / CHUNKS_FILE
+    write_chunks(path, _chunks(), analyse_text)
+    store = ChunkStore(path, len(TEXTS))
+    with path.open("r+b") as handle:  # never do this to a published version: docs/indexing.md
+        handle.truncate(path.stat().st_size // 2)
+    with pytest.raises(IndexLoadError, match="cut short"):
+        store[len(TEXTS) - 1]
+
+
+def test_a_closed_store_says_so_and_a_dropped_one_lets_go_of_its_file(tmp_path: Path) -> None:
+    path = tmp_path / CHUNKS_FILE
+    write_chunks(path, _chunks(), analyse_text)
+    opened = len(os.listdir("/proc/self/fd"))
+    store = ChunkStore(path, len(TEXTS))
+    store.close()
+    with pytest.raises(IndexLoadError, match="closed"):
+        store[0]
+    ChunkStore(path, len(TEXTS))[0]  # dropped at once
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) == opened
 
 
 def test_a_docstore_without_sentences_is_analysed_on_demand(tmp_path: Path) -> None:
