@@ -14,7 +14,7 @@ import numpy as np
 
 from indexer import host_share
 from indexer.checkpoint import Checkpoints, Embedded
-from indexer.chunking import ChunkingConfig, chunk_document, embedding_text
+from indexer.chunking import ChunkingConfig, chunk_documents, embedding_text
 from indexer.loaders import Document
 from indexer.progress import EmbedProgress
 from indexer.version_writer import DocumentRows, VersionWriter
@@ -23,6 +23,8 @@ from ragserve.types import Chunk
 # Chunks per group. Length-sorted batches over a thousand chunks pad under 1% on SciFact (256:
 # about 3%); a group is also what an interrupted build can lose, tens of seconds on two cores.
 GROUP_CHUNKS = 1024
+# New documents chunked with one tokenizer call (a few hundred KB of text).
+_CHUNKED_TOGETHER = 256
 
 
 class IndexingEmbedder(Protocol):
@@ -35,7 +37,10 @@ class IndexingEmbedder(Protocol):
     def dim(self) -> int: ...
 
     @property
-    def tokenizer(self) -> Any: ...
+    def tokenizer(self) -> Any:
+        """Called as a Hugging Face tokenizer is, on a list of texts (`add_special_tokens=False,
+        return_offsets_mapping=True`): each text's token offsets under "offset_mapping"."""
+        ...
 
     def embed_documents(self, texts: list[str], batch_size: int = 64) -> np.ndarray: ...
 
@@ -98,6 +103,7 @@ class RowStream:
         self._group_chunks = group_chunks
         # (document, chunks to embed or None, a kept document's lines and vectors or None)
         self._pending: list[tuple[DocumentRows, list[Chunk] | None, _Kept | None]] = []
+        self._unchunked: list[tuple[DocumentRows, Document]] = []  # new documents, chunked together
         self._to_embed = 0
         self._held = 0
         self.resumed = 0
@@ -107,20 +113,32 @@ class RowStream:
     def add_new(self, rows: DocumentRows, doc: Document) -> None:
         saved = self._checkpoints.take(doc.doc_id, doc.content_hash)
         if saved is not None:
+            self._chunk_waiting()
             self.resumed += 1
             self._hold(rows, None, _Kept(None, saved.chunks, saved.vectors))
             return
-        started = time.perf_counter()
-        chunks = chunk_document(doc, self._embedder.tokenizer, self._chunking)
-        self.embed_seconds += time.perf_counter() - started
-        self._to_embed += len(chunks)
-        self._hold(rows, chunks, None)
+        self._unchunked.append((rows, doc))
+        if len(self._unchunked) >= _CHUNKED_TOGETHER:
+            self._chunk_waiting()
 
     def add_kept(self, rows: DocumentRows, lines: list[bytes], vectors: np.ndarray, relabel: bool) -> None:
+        self._chunk_waiting()
         if not self._pending:
             self._writer.add_kept(rows, lines, vectors, relabel)
             return
         self._hold(rows, None, _Kept(lines, None, vectors, relabel))
+
+    def _chunk_waiting(self) -> None:
+        """Chunks the new documents that wait, with one tokenizer call, and holds them in order."""
+        if not self._unchunked:
+            return
+        waiting, self._unchunked = self._unchunked, []
+        started = time.perf_counter()
+        chunked = chunk_documents([doc for _, doc in waiting], self._embedder.tokenizer, self._chunking)
+        self.embed_seconds += time.perf_counter() - started
+        for (rows, _), chunks in zip(waiting, chunked, strict=True):
+            self._to_embed += len(chunks)
+            self._hold(rows, chunks, None)
 
     def _hold(self, rows: DocumentRows, chunks: list[Chunk] | None, kept: _Kept | None) -> None:
         self._pending.append((rows, chunks, kept))
@@ -131,6 +149,10 @@ class RowStream:
 
     def flush(self) -> None:
         """Embeds what waits (one group, one checkpoint) and writes every waiting row in order."""
+        if self._unchunked:
+            self._chunk_waiting()  # holds them, which may flush
+            if not self._pending:
+                return
         started = time.perf_counter()
         group = [(rows, chunks) for rows, chunks, _ in self._pending if chunks is not None]
         items = _embed_group(group, self._embedder, self._batch_size)

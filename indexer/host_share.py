@@ -11,9 +11,9 @@ from ragserve.generate.host import read_cpu_quota
 
 log = logging.getLogger(__name__)
 
-# Thread pools that read these when they start (torch/OpenMP, MKL, OpenBLAS); ONNX Runtime gets the
-# count through the embedder's settings.
-_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+# Thread pools that read these when they start (torch/OpenMP, MKL, OpenBLAS, the Rust tokenizer's
+# rayon pool that chunking's batches run on); ONNX Runtime gets the count through the embedder's settings.
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS")
 
 threads = 0  # the count chosen by `share_host` (0: not called; each library's own default)
 DEFAULT_NICE = 10  # the indexer's default (--nice)

@@ -4,22 +4,40 @@ old one keeps to its own rows until it is let go, and a failed growth loads the 
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import signal
 from pathlib import Path
 
+import grpc
 import numpy as np
+import psutil
 import pytest
 
 from indexer import host_share
 from indexer.build import build_index
 from indexer.chunking import ChunkingConfig
+from ragserve.config import (
+    AnswerSettings,
+    CacheSettings,
+    IndexSettings,
+    ObservabilitySettings,
+    RequestSettings,
+    Settings,
+    TransportSettings,
+)
+from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import IndexLoadError
 from ragserve.index.format import HNSW_FILE, Manifest, resolve_current
 from ragserve.index.graph_process import GraphProcess, _Helpers
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch
+from ragserve.server.app import RagServer
+from ragserve.v1 import rag_pb2 as pb
+from ragserve.v1 import rag_pb2_grpc as pb_grpc
+from tests.helpers import free_port
+from tests.index.conftest import write_docs
 from tests.index.test_graph_process import _gone
 from tests.indexer.test_resume import SlowEmbedder
 
@@ -165,3 +183,50 @@ def test_the_published_file_is_what_a_fresh_helper_loads(grown) -> None:
         want, got = fresh.knn(query, 10, 64), new._graph.knn(query, 10, 64)
         assert got[0].tolist() == want[0].tolist()
     fresh.close()
+
+
+@pytest.mark.slow  # a real server, the real embedder and child processes (CI runs it)
+def test_through_the_real_server_a_reload_grows_the_graph_it_serves(
+    tmp_path: Path, embedder: SentenceTransformerEmbedder
+) -> None:
+    asyncio.run(_grown_by_the_server(tmp_path, embedder))
+
+
+async def _grown_by_the_server(tmp_path: Path, embedder: SentenceTransformerEmbedder) -> None:
+    docs = write_docs(tmp_path / "docs")
+    root = tmp_path / "idx"
+    build_index(docs, root, embedder, progress=False)
+    settings = Settings(
+        index=IndexSettings(path=root, reload_interval_s=0.1, graph_process_min_chunks=0),
+        transport=TransportSettings(port=free_port()),
+        answer=AnswerSettings(generation_enabled=False),
+        observability=ObservabilitySettings(metrics_port=0),
+        cache=CacheSettings(backend="off"),
+        requests=RequestSettings(retrieval_budget_ms=10_000),
+    )
+    server = RagServer(settings)
+    await server.start()
+    try:
+        helpers = _graph_helpers()
+        assert len(helpers) == 1
+        (docs / "eclipse.txt").write_text("Solar eclipse\nThe moon passes between the sun and the earth.")
+        await asyncio.to_thread(build_index, docs, root, embedder, progress=False)
+        for _ in range(600):
+            if server.pipeline is not None and server.pipeline.index.version == "2":
+                break
+            await asyncio.sleep(0.05)
+        assert server.pipeline is not None and server.pipeline.index.version == "2"
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{settings.transport.port}") as channel:
+            reply = await pb_grpc.RagServiceStub(channel).Retrieve(
+                pb.RetrieveRequest(query="solar eclipse", top_k=1), timeout=30
+            )
+        assert reply.index_version == "2" and reply.passages[0].doc_id == "eclipse.txt"
+        gc.collect()
+        assert _graph_helpers() == helpers  # the same helper, one graph: grown, not loaded again
+    finally:
+        await server.shutdown()
+
+
+def _graph_helpers() -> list[int]:
+    children = psutil.Process().children(recursive=True)
+    return [c.pid for c in children if "ragserve.index.graph_process" in " ".join(c.cmdline())]

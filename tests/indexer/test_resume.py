@@ -34,8 +34,8 @@ GROUP = 4  # chunks per group: one document a group, one checkpoint each
 class WordTokenizer:
     """Words as tokens, with their character offsets (what chunking needs of a tokenizer)."""
 
-    def __call__(self, text: str, **_: Any) -> dict[str, list[tuple[int, int]]]:
-        return {"offset_mapping": [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]}
+    def __call__(self, texts: list[str], **_: Any) -> dict[str, list[list[tuple[int, int]]]]:
+        return {"offset_mapping": [[(m.start(), m.end()) for m in re.finditer(r"\S+", text)] for text in texts]}
 
 
 class SlowEmbedder(FakeEmbedder):
