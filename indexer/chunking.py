@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tokenizers import Tokenizer
+
 from indexer.loaders import Document
 from ragserve.types import Chunk
 
@@ -25,20 +27,42 @@ class ChunkingConfig:
 
 def chunk_document(doc: Document, tokenizer: Any, config: ChunkingConfig) -> list[Chunk]:
     """Chunk ids are `<doc_id>#<n>`: stable for the same text and settings."""
-    return chunk_documents([doc], tokenizer, config)[0]
+    return Chunker(tokenizer, config)([doc])[0]
 
 
 def chunk_documents(docs: Sequence[Document], tokenizer: Any, config: ChunkingConfig) -> list[list[Chunk]]:
-    """`chunk_document` of each, with one tokenizer call for all: a fast tokenizer's batch runs on
-    its own threads, and its per-call cost is paid once (BENCHMARKS.md, "A build that streams")."""
-    if not docs:
-        return []
-    bodies = [doc.text if doc.text.strip() else doc.title for doc in docs]
-    encodings = tokenizer(bodies, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
-    return [
-        _windows(doc, body, offsets, config)
-        for doc, body, offsets in zip(docs, bodies, encodings["offset_mapping"], strict=True)
-    ]
+    return Chunker(tokenizer, config)(docs)
+
+
+class Chunker:
+    """`chunk_document` for many documents, their tokens found with one tokenizer call. A fast
+    Hugging Face tokenizer is called through its Rust tokenizer, whose batch runs on its own
+    threads: the Python wrapper around it cost more than the tokenizing (BENCHMARKS.md, "A build
+    that streams"). It works on a copy that neither truncates nor pads, whatever the embedder
+    last set on the one they share."""
+
+    def __init__(self, tokenizer: Any, config: ChunkingConfig) -> None:
+        self._config = config
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:  # another tokenizer: called as a Hugging Face tokenizer is
+            self._tokenizer, self._backend = tokenizer, None
+            return
+        self._tokenizer, self._backend = None, Tokenizer.from_str(backend.to_str())
+        self._backend.no_truncation()
+        self._backend.no_padding()
+
+    def __call__(self, docs: Sequence[Document]) -> list[list[Chunk]]:
+        if not docs:
+            return []
+        bodies = [doc.text if doc.text.strip() else doc.title for doc in docs]
+        if self._backend is not None:
+            offsets = [encoding.offsets for encoding in self._backend.encode_batch(bodies, add_special_tokens=False)]
+        else:
+            options = {"add_special_tokens": False, "return_offsets_mapping": True, "verbose": False}
+            offsets = self._tokenizer(bodies, **options)["offset_mapping"]
+        return [
+            _windows(doc, body, spans, self._config) for doc, body, spans in zip(docs, bodies, offsets, strict=True)
+        ]
 
 
 def _windows(doc: Document, body: str, offsets: Sequence[tuple[int, int]], config: ChunkingConfig) -> list[Chunk]:

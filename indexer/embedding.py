@@ -14,7 +14,7 @@ import numpy as np
 
 from indexer import host_share
 from indexer.checkpoint import Checkpoints, Embedded
-from indexer.chunking import ChunkingConfig, chunk_documents, embedding_text
+from indexer.chunking import Chunker, ChunkingConfig, embedding_text
 from indexer.loaders import Document
 from indexer.progress import EmbedProgress
 from indexer.version_writer import DocumentRows, VersionWriter
@@ -104,6 +104,7 @@ class RowStream:
         # (document, chunks to embed or None, a kept document's lines and vectors or None)
         self._pending: list[tuple[DocumentRows, list[Chunk] | None, _Kept | None]] = []
         self._unchunked: list[tuple[DocumentRows, Document]] = []  # new documents, chunked together
+        self._chunker: Chunker | None = None
         self._to_embed = 0
         self._held = 0
         self.resumed = 0
@@ -134,7 +135,9 @@ class RowStream:
             return
         waiting, self._unchunked = self._unchunked, []
         started = time.perf_counter()
-        chunked = chunk_documents([doc for _, doc in waiting], self._embedder.tokenizer, self._chunking)
+        if self._chunker is None:
+            self._chunker = Chunker(self._embedder.tokenizer, self._chunking)  # the model loads here
+        chunked = self._chunker([doc for _, doc in waiting])
         self.embed_seconds += time.perf_counter() - started
         for (rows, _), chunks in zip(waiting, chunked, strict=True):
             self._to_embed += len(chunks)

@@ -73,11 +73,33 @@ class LoadedGraph:
     def dim(self) -> int:
         return int(self._index.dim)
 
+    @property
+    def capacity(self) -> int:
+        """Rows it has room for: more than `count` while rows are being appended."""
+        return int(self._index.get_max_elements())
+
     def knn(
         self, vector: np.ndarray, k: int, ef: int, allowed: np.ndarray | None = None, rows: int | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """`rows`: only labels below it (a version served from a graph grown since: graph_process.py)."""
-        keep = _keep(allowed, rows)
+        """`rows`: only labels below it (a version served from a graph grown since, or growing:
+        graph_process.py)."""
+        if rows is not None and allowed is None:
+            # Most of the nearest are the version's own: ask for more, unfiltered, and drop the
+            # rest. A Python filter is called at every node the walk visits.
+            wanted = min(2 * k + 8, max(self.count, 1))
+            try:
+                labels, distances = self._query(vector, wanted, max(ef, wanted), None)
+                own = labels < rows
+                if int(np.count_nonzero(own)) >= k:
+                    return labels[own][:k], distances[own][:k]
+            except RuntimeError:  # a walk beside rows being appended can come back short
+                pass
+            return self._query(vector, k, max(2 * ef, k), _keep(None, rows))
+        return self._query(vector, k, ef, _keep(allowed, rows))
+
+    def _query(
+        self, vector: np.ndarray, k: int, ef: int, keep: Callable[[int], bool] | None
+    ) -> tuple[np.ndarray, np.ndarray]:
         # hnswlib's ef is index-wide state: set it and query under one lock so concurrent
         # requests with different breadths do not see each other's setting (a query is < 1 ms).
         with self._lock:

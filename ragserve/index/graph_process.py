@@ -7,6 +7,11 @@ program. A search costs one round trip beside the walk itself (BENCHMARKS.md, "A
 passages"). The serving process verifies the file's checksum first; the helper bounds-checks it
 before hnswlib reads it, as for a graph in process. The helper exits when told to (its graph was
 closed or garbage-collected), when its socket closes, or when the serving process is gone.
+
+A version whose graph extends one a helper serves (the indexer added rows and changed nothing
+else: its manifest's `graph_base`) is served by that helper: it adds the new rows from the
+version's vectors file on a thread of lower priority while it keeps answering, and each version's
+view searches only its own rows. So a reload that adds documents holds one graph, not two.
 """
 
 from __future__ import annotations
@@ -208,7 +213,7 @@ class GraphProcess:
     @classmethod
     def open(cls, file: GraphFile, ready_timeout_s: float = READY_TIMEOUT_S) -> GraphProcess:
         """`file`'s graph: the graph of the version it extends, grown, when a helper serves that
-        version (docs/operations.md, "Hot reload"); else loaded by a new helper."""
+        version (docs/indexing.md, "grows the graph already served"); else loaded by a new helper."""
         graph = _grown(file)
         if graph is None:
             graph = cls(file.path, file.dim, file.count, file.beside_requests, ready_timeout_s)
@@ -285,7 +290,8 @@ def _answer(graph: LoadedGraph, growth: _Growth, request: tuple[Any, ...]) -> tu
         if request[0] == "knn":
             _, vector, k, ef, packed, rows = request
             allowed = None if packed is None else np.unpackbits(packed, count=rows).view(bool)
-            return "ok", graph.knn(vector, k, ef, allowed, rows if rows < graph.count else None)
+            # A graph with room for more rows than the view's may be growing: keep to the view's.
+            return "ok", graph.knn(vector, k, ef, allowed, rows if rows < graph.capacity else None)
         if request[0] == "items":
             return "ok", graph.items(request[1])
         if request[0] == "grow":

@@ -8,6 +8,7 @@ import asyncio
 import gc
 import os
 import signal
+import threading
 from pathlib import Path
 
 import grpc
@@ -30,7 +31,7 @@ from ragserve.config import (
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import IndexLoadError
 from ragserve.index.format import HNSW_FILE, Manifest, resolve_current
-from ragserve.index.graph_process import GraphProcess, _Helpers
+from ragserve.index.graph_process import GraphProcess, _answer, _Growth, _Helpers
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch
 from ragserve.server.app import RagServer
@@ -230,3 +231,35 @@ async def _grown_by_the_server(tmp_path: Path, embedder: SentenceTransformerEmbe
 def _graph_helpers() -> list[int]:
     children = psutil.Process().children(recursive=True)
     return [c.pid for c in children if "ragserve.index.graph_process" in " ".join(c.cmdline())]
+
+
+def test_searches_while_rows_are_appended_keep_to_the_rows_asked_for(tmp_path: Path) -> None:
+    """In the helper, the old version's searches run while the growth thread appends rows."""
+    import hnswlib
+
+    from ragserve.index.graph import LoadedGraph
+
+    vectors = _queries(3000)
+    index = hnswlib.Index(space="ip", dim=8)
+    index.init_index(max_elements=2000, M=16, ef_construction=100, random_seed=1)
+    index.add_items(vectors[:2000], np.arange(2000))
+    graph = LoadedGraph(index)
+    graph.make_room(3000)
+    assert graph.capacity == 3000 and graph.count == 2000
+    # From the moment there is room, the helper bounds a search of 2,000 rows, though none was added yet.
+    asked: list[int | None] = []
+    real_knn = graph.knn
+    graph.knn = lambda v, k, ef, allowed=None, rows=None: asked.append(rows) or real_knn(v, k, ef, allowed, rows)  # type: ignore[method-assign]
+    assert _answer(graph, _Growth(), ("knn", vectors[0], 5, 64, None, 2000))[0] == "ok"
+    assert asked == [2000]
+    graph.knn = real_knn  # type: ignore[method-assign]
+    grower = threading.Thread(target=lambda: [graph.append(vectors[i : i + 50], i) for i in range(2000, 3000, 50)])
+    grower.start()
+    seen = 0
+    while grower.is_alive() or seen == 0:
+        labels, _ = graph.knn(vectors[2500 + seen % 500], 10, 64, rows=2000)
+        assert labels.max() < 2000
+        seen += 1
+    grower.join()
+    assert graph.count == 3000
+    assert graph.knn(vectors[2999], 1, 64)[0][0] == 2999  # the new view finds the new rows

@@ -1,5 +1,5 @@
 """Chunking many documents with one tokenizer call cuts the same windows as one call per document,
-and a build chunked that way writes the same rows whatever the documents' order of arrival."""
+whatever the embedder sharing the tokenizer set on it."""
 
 from __future__ import annotations
 
@@ -33,8 +33,10 @@ def _one_call_each(doc: Document, tokenizer: object) -> list[tuple[str, int, int
 
 
 def test_one_batched_call_cuts_what_one_call_per_document_cuts(embedder: SentenceTransformerEmbedder) -> None:
-    docs = _docs()
+    docs = [*_docs(), Document("long", "Long", " ".join(f"word{i} and more" for i in range(400)), "long.txt")]
+    embedder.embed_documents(["the embedder leaves its tokenizer truncating at the model's length"])
     batched = chunk_documents(docs, embedder.tokenizer, CONFIG)
+    assert batched[-1][-1].end == len(docs[-1].text)  # past 256 tokens: not truncated
     assert len(batched) == len(docs)
     for doc, chunks in zip(docs, batched, strict=True):
         assert [(c.text, c.start, c.end) for c in chunks] == _one_call_each(doc, embedder.tokenizer)
