@@ -104,7 +104,8 @@ class ChunkStore(Sequence[Chunk]):
     """A docstore read a row at a time; `store[row]` reads and decodes one record. Safe from
     several threads. Plain reads, not a map: a mapped row brings the pages around it into this
     process's RSS (the kernel maps cached neighbours in on each fault), and after a few hundred
-    requests the whole docstore counted there (BENCHMARKS.md, "A build that streams")."""
+    requests the whole docstore counted there (BENCHMARKS.md, "A reload that grows the served
+    graph, and a docstore read without a map")."""
 
     def __init__(self, path: Path, count: int) -> None:
         self._path = path
