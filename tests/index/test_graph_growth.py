@@ -19,15 +19,6 @@ import pytest
 from indexer import host_share
 from indexer.build import build_index
 from indexer.chunking import ChunkingConfig
-from ragserve.config import (
-    AnswerSettings,
-    CacheSettings,
-    IndexSettings,
-    ObservabilitySettings,
-    RequestSettings,
-    Settings,
-    TransportSettings,
-)
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import IndexLoadError
 from ragserve.index.format import HNSW_FILE, Manifest, resolve_current
@@ -37,8 +28,7 @@ from ragserve.index.reload import FolderWatch
 from ragserve.server.app import RagServer
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
-from tests.helpers import free_port
-from tests.index.conftest import write_docs
+from tests.index.conftest import reloading_settings, write_docs
 from tests.index.test_graph_process import _gone
 from tests.indexer.test_resume import SlowEmbedder
 
@@ -197,14 +187,7 @@ async def _grown_by_the_server(tmp_path: Path, embedder: SentenceTransformerEmbe
     docs = write_docs(tmp_path / "docs")
     root = tmp_path / "idx"
     build_index(docs, root, embedder, progress=False)
-    settings = Settings(
-        index=IndexSettings(path=root, reload_interval_s=0.1, graph_process_min_chunks=0),
-        transport=TransportSettings(port=free_port()),
-        answer=AnswerSettings(generation_enabled=False),
-        observability=ObservabilitySettings(metrics_port=0),
-        cache=CacheSettings(backend="off"),
-        requests=RequestSettings(retrieval_budget_ms=10_000),
-    )
+    settings = reloading_settings(root, graph_process_min_chunks=0)
     server = RagServer(settings)
     await server.start()
     try:

@@ -17,14 +17,9 @@ import pytest
 
 from indexer.build import build_index
 from ragserve.config import (
-    AnswerSettings,
-    CacheSettings,
     IndexSettings,
-    ObservabilitySettings,
     QdrantSettings,
-    RequestSettings,
     Settings,
-    TransportSettings,
 )
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.index.base import SearchIndex
@@ -42,8 +37,7 @@ from ragserve.server.app import RagServer
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 from tests.fakes import FakeClock, FakeServing
-from tests.helpers import free_port
-from tests.index.conftest import write_docs
+from tests.index.conftest import reloading_settings, write_docs
 
 
 def publish_corrupt(root: Path) -> None:
@@ -83,14 +77,7 @@ async def _hot_reload_under_load(
     docs = write_docs(tmp_path / "docs")
     root = tmp_path / "idx"
     build_index(docs, root, embedder, progress=False)
-    settings = Settings(
-        index=IndexSettings(path=root, reload_interval_s=0.1),
-        transport=TransportSettings(port=free_port()),
-        answer=AnswerSettings(generation_enabled=False),
-        observability=ObservabilitySettings(metrics_port=0),
-        cache=CacheSettings(backend="off"),
-        requests=RequestSettings(retrieval_budget_ms=10_000),
-    )
+    settings = reloading_settings(root)
     server = RagServer(settings)
     await server.start()
     assert server.pipeline is not None
