@@ -7,7 +7,8 @@ The file holds one line per key: the caller's name, the key's SHA-256 and an opt
 
 never the key itself. `ragserve keys add NAME` makes a random key (256 bits, so a plain hash is
 enough: there is nothing to guess), prints it once and appends its line; `ragserve keys revoke
-NAME [--fingerprint F]` removes the name's lines (or one of them, to finish a rotation). The
+NAME [--fingerprint F]` removes the name's lines (or one of them, to finish a rotation); both
+keep the file's owner and mode and hold a lock beside it (`<file>.lock`) from read to rename. The
 server re-reads the file when it changes, so a revoked key stops working within seconds; a file
 that turns unreadable or malformed lets no key in until it is fixed (logged), never an old key
 list.
@@ -15,16 +16,19 @@ list.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
 import hashlib
 import hmac
 import logging
 import os
 import re
 import secrets
+import stat
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,34 +102,82 @@ def read_keys(path: Path) -> tuple[KeyEntry, ...]:
     return parse_keys(path.read_text(encoding="utf-8"), str(path)) if path.exists() else ()
 
 
-def _write_keys(path: Path, entries: tuple[KeyEntry, ...]) -> None:
-    """Written whole and renamed over the old file (a server never reads half a file), mode 0600."""
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on `<file>.lock` beside the key file, held across a read-modify-write: two
+    commands at once would otherwise each write the list it read, undoing the other's change."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    # Read-only is enough for flock; 0644 lets a command run as another user open it too.
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _keep_owner_and_mode(fd: int, path: Path) -> None:
+    """The old file's owner and mode on the new one (a 0640 root:app file stays readable by a server
+    running as app); a new file: 0600. Refused, with the file unchanged, when they cannot be kept."""
+    try:
+        old = path.stat()
+    except FileNotFoundError:
+        os.fchmod(fd, 0o600)
+        return
+    new = os.fstat(fd)
+    if (new.st_uid, new.st_gid) != (old.st_uid, old.st_gid):
+        try:
+            os.fchown(fd, old.st_uid, old.st_gid)
+        except PermissionError:
+            raise PermissionError(
+                f"{path}: cannot keep its owner {old.st_uid}:{old.st_gid}; run the command as that user or root"
+            ) from None
+    os.fchmod(fd, stat.S_IMODE(old.st_mode))  # after fchown, which may clear set-id bits
+
+
+def _fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_keys(path: Path, entries: tuple[KeyEntry, ...]) -> None:
+    """Written whole and renamed over the old file (a server never reads half a file); the new file
+    is on disk before the rename and the rename once the folder is synced (a crash leaves the old
+    list or the new one, never an empty file). Call it holding `_locked(path)`."""
     fd, temp = tempfile.mkstemp(prefix=".keys-", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write("".join(entry.line() + "\n" for entry in entries))
-        os.chmod(temp, 0o600)
+            f.flush()
+            _keep_owner_and_mode(f.fileno(), path)
+            os.fsync(f.fileno())
         os.replace(temp, path)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
+    _fsync_folder(path.parent)
 
 
 def add_key(path: Path, name: str, expires: dt.date | None = None) -> str:
     """A new key for `name` (a name may hold several, to rotate one without a gap); returned once."""
     key = new_key()
-    _write_keys(path, (*read_keys(path), KeyEntry(check_name(name), digest_of(key), expires)))
+    entry = KeyEntry(check_name(name), digest_of(key), expires)
+    with _locked(path):
+        _write_keys(path, (*read_keys(path), entry))
     return key
 
 
 def revoke_keys(path: Path, name: str, fingerprint: str = "") -> int:
     """Removes the keys of `name` (only the one whose fingerprint starts so, when given: the old key
     of a rotation); how many there were."""
-    entries = read_keys(path)
-    kept = tuple(e for e in entries if not (e.name == name and e.fingerprint.startswith(fingerprint)))
-    if len(kept) != len(entries):
-        _write_keys(path, kept)
+    with _locked(path):
+        entries = read_keys(path)
+        kept = tuple(e for e in entries if not (e.name == name and e.fingerprint.startswith(fingerprint)))
+        if len(kept) != len(entries):
+            _write_keys(path, kept)
     return len(entries) - len(kept)
 
 
