@@ -26,13 +26,15 @@ from typing import Any
 import numpy as np
 import orjson
 
+from ragserve.errors import IndexLoadError
+from ragserve.index.chunk_store import chunk_record, decode_chunk
 from ragserve.types import Chunk
 
 log = logging.getLogger(__name__)
 
 CHECKPOINTS = ".checkpoints"
 SUFFIX = ".group"
-FORMAT = 1
+FORMAT = 2  # 2: chunks carry their location in the source
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,11 @@ class Checkpoints:
         if not group:
             return
         docs = [
-            {"doc_id": e.doc_id, "hash": e.content_hash, "chunks": [orjson.loads(orjson.dumps(c)) for c in e.chunks]}
+            {
+                "doc_id": e.doc_id,
+                "hash": e.content_hash,
+                "chunks": [orjson.loads(chunk_record(c, c.sentences)) for c in e.chunks],
+            }
             for e in group
         ]
         header = {"format": FORMAT, "settings": self._settings, "dim": self._dim, "docs": docs}
@@ -108,7 +114,7 @@ class Checkpoints:
             if hashlib.sha256(data).hexdigest() != path.name.removesuffix(SUFFIX):
                 raise ValueError("its bytes do not match its name (torn or corrupt)")
             return self._parse(data)
-        except (OSError, ValueError, TypeError, KeyError) as exc:  # orjson's errors are ValueErrors
+        except (OSError, ValueError, TypeError, KeyError, IndexLoadError) as exc:  # orjson's errors are ValueErrors
             log.warning("ignoring build checkpoint %s: %s", path, exc)
             return []
 
@@ -124,7 +130,7 @@ class Checkpoints:
         items: list[Embedded] = []
         row = 0
         for doc in header["docs"]:
-            chunks = [Chunk(**c) for c in doc["chunks"]]
+            chunks = [decode_chunk(orjson.dumps(c), "a build checkpoint") for c in doc["chunks"]]
             items.append(Embedded(str(doc["doc_id"]), str(doc["hash"]), chunks, matrix[row : row + len(chunks)]))
             row += len(chunks)
         return items

@@ -83,6 +83,7 @@ def _windows(doc: Document, body: str, offsets: Sequence[tuple[int, int]], confi
                 source=doc.source,
                 start=start,
                 end=end,
+                location=doc.outline.locate(start, doc.metadata, doc.doc_id),
             )
         )
         if start_tok + config.size_tokens >= len(offsets):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import hashlib
 import io
@@ -23,6 +24,7 @@ from indexer.metadata import (
     sidecar_metadata,
     split_front_matter,
 )
+from indexer.outline import Outline, html_headings, markdown_headings
 
 TEXT_SUFFIXES = {".txt", ".md"}
 HTML_SUFFIXES = {".html", ".htm"}
@@ -44,6 +46,8 @@ class Document:
     content_hash: str = field(default="")
     # Its metadata as read (indexer/metadata.py): front matter, sidecar, BEIR `metadata`, derived.
     metadata: dict[str, Any] = field(default_factory=dict)
+    # Its pages and headings by character offset, and its locator (indexer/outline.py).
+    outline: Outline = field(default_factory=Outline)
 
     def __post_init__(self) -> None:
         if not self.content_hash:
@@ -109,13 +113,17 @@ def _check_text_size(chars: int, limits: LoadLimits) -> None:
         raise FileRejected(f"extracted text is over the limit of {limits.max_text_chars:,} characters")
 
 
-def _read_text(data: bytes, limits: LoadLimits) -> tuple[str, str]:
+# A reader's (title, text), and the text's outline where the format has one.
+Extracted = tuple[str, str] | tuple[str, str, Outline]
+
+
+def _read_text(data: bytes, limits: LoadLimits) -> Extracted:
     text = data.decode(limits.encoding)
     _check_text_size(len(text), limits)
     return "", text
 
 
-def _read_html(data: bytes, limits: LoadLimits) -> tuple[str, str]:
+def _read_html(data: bytes, limits: LoadLimits) -> Extracted:
     from bs4 import BeautifulSoup
 
     soup = BeautifulSoup(data, "html.parser")
@@ -123,34 +131,45 @@ def _read_html(data: bytes, limits: LoadLimits) -> tuple[str, str]:
         tag.decompose()
     title = soup.title.get_text(" ", strip=True) if soup.title else ""
     body = soup.body or soup
+    headings = []
+    for tag in body.find_all(["h1", "h2", "h3", "h4", "h5", "h6"]):
+        heading = " ".join(tag.get_text(" ", strip=True).split())
+        tag.string = heading  # one line of the extracted text, found again below
+        if heading:
+            headings.append((int(tag.name[1]), heading))
     # One block per line keeps paragraph boundaries visible to the chunker and BM25.
-    lines = (line.strip() for line in body.get_text("\n").splitlines())
-    text = "\n".join(line for line in lines if line)
+    lines = [line for line in (line.strip() for line in body.get_text("\n").splitlines()) if line]
+    text = "\n".join(lines)
     _check_text_size(len(text), limits)
-    return title, text
+    return title, text, Outline(headings=html_headings(lines, headings))
 
 
-def _read_pdf(data: bytes, limits: LoadLimits) -> tuple[str, str]:
+def _read_pdf(data: bytes, limits: LoadLimits) -> Extracted:
     from pypdf import PdfReader
 
     # pypdf logs warnings for recoverable oddities; errors still raise.
     logging.getLogger("pypdf").setLevel(logging.ERROR)
     reader = PdfReader(io.BytesIO(data))
     pages: list[str] = []
-    chars = 0
-    for page in reader.pages:
+    starts: list[tuple[int, int]] = []  # (page number, its first character in the joined text)
+    chars = joined = 0
+    for number, page in enumerate(reader.pages, start=1):
         text = (page.extract_text() or "").strip()
         chars += len(text)
         _check_text_size(chars, limits)  # stop at the cap, not after extracting everything
         if text:
+            starts.append((number, joined))
+            joined += len(text) + len(_PAGE_SEPARATOR)
             pages.append(text)
     meta_title = ""
     if reader.metadata is not None and reader.metadata.title:
         meta_title = str(reader.metadata.title).strip()
-    return meta_title, "\n\n".join(pages)
+    return meta_title, _PAGE_SEPARATOR.join(pages), Outline(pages=tuple(starts))
 
 
-Reader = Callable[[bytes, LoadLimits], tuple[str, str]]
+_PAGE_SEPARATOR = "\n\n"
+
+Reader = Callable[[bytes, LoadLimits], Extracted]
 
 _READERS: dict[str, Reader] = {
     **dict.fromkeys(TEXT_SUFFIXES, _read_text),
@@ -203,7 +222,7 @@ def _cap_memory(megabytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
 
-def _parse_capped(reader: Reader, data: bytes, limits: LoadLimits) -> tuple[str, str] | None:
+def _parse_capped(reader: Reader, data: bytes, limits: LoadLimits) -> Extracted | None:
     """In the worker: the reader's result, or None when it ran out of memory. The error itself is not
     sent back: its traceback holds the half-built tree, and pickling it would need memory too."""
     try:
@@ -231,7 +250,7 @@ class _IsolatedParser:
         self._pool: Any = None
         self._memory_mb = 0
 
-    def parse(self, reader: Reader, data: bytes, limits: LoadLimits) -> tuple[str, str]:
+    def parse(self, reader: Reader, data: bytes, limits: LoadLimits) -> Extracted:
         if self._pool is not None and self._memory_mb != limits.parse_memory_mb:
             self.close()
         if self._pool is None:
@@ -242,7 +261,7 @@ class _IsolatedParser:
             self._pool.apply_async(_import_parsers).get(timeout=_WORKER_START_TIMEOUT_S)
         pending = self._pool.apply_async(_parse_capped, (reader, data, limits))
         try:
-            result = cast(tuple[str, str] | None, pending.get(timeout=limits.parse_timeout_s))
+            result = cast(Extracted | None, pending.get(timeout=limits.parse_timeout_s))
         except multiprocessing.TimeoutError:
             self.close()
             raise FileRejected(f"parsing took longer than the limit of {limits.parse_timeout_s:g} s") from None
@@ -310,9 +329,9 @@ def iter_folder_files(
             try:
                 data = _read_capped(path, limits)
                 if path.suffix.lower() in TEXT_SUFFIXES:
-                    title, text = reader(data, limits)
+                    extracted = reader(data, limits)
                 else:
-                    title, text = parser.parse(reader, data, limits)
+                    extracted = parser.parse(reader, data, limits)
             except FileRejected as exc:
                 yield Skipped(relative, f"too large or slow: {exc}")
                 continue
@@ -329,15 +348,18 @@ def iter_folder_files(
             except Exception as exc:  # a malformed PDF/HTML raises library-specific errors: skip the file
                 yield Skipped(relative, f"cannot extract text: {type(exc).__name__}: {exc}")
                 continue
-            yield _document_of(path, relative, title, text)
+            yield _document_of(path, relative, extracted)
     finally:
         parser.close()
 
 
-def _document_of(path: Path, relative: str, title: str, text: str) -> Document | Skipped:
+def _document_of(path: Path, relative: str, extracted: Extracted) -> Document | Skipped:
     """A file's text as a document, with its metadata (front matter, a sidecar file, derived fields)."""
+    title, text = extracted[0], extracted[1]
+    outline = extracted[2] if len(extracted) == 3 else Outline()
+    markdown = path.suffix.lower() == ".md"
     try:
-        front, text = split_front_matter(text) if path.suffix.lower() == ".md" else ({}, text)
+        front, text = split_front_matter(text) if markdown else ({}, text)
         supplied = {**check_names(front), **check_names(sidecar_metadata(path))}
     except MetadataError as exc:
         return Skipped(relative, f"unreadable metadata: {exc}")
@@ -347,4 +369,7 @@ def _document_of(path: Path, relative: str, title: str, text: str) -> Document |
     title = _capped_title(given_title or title) or _title_of(text, display_name(path.stem))
     # What the indexer derives wins: an author cannot move a file to another folder or type for a filter.
     metadata = {**supplied, **derived_fields(relative, path, title)}
-    return Document(relative, title, text, relative, metadata=metadata)
+    if markdown:
+        outline = Outline(headings=markdown_headings(text))
+    outline = dataclasses.replace(outline, locator=relative)
+    return Document(relative, title, text, relative, metadata=metadata, outline=outline)

@@ -24,6 +24,7 @@ from ragserve.index.chunk_store import file_line_ends
 from ragserve.index.format import (
     CHUNKS_FILE,
     DOCUMENTS_FILE,
+    FORMAT_VERSION,
     HNSW_FILE,
     VECTORS_FILE,
     read_verified_version,
@@ -106,6 +107,8 @@ def load_previous(out: Path, embedder_id: str, chunking: ChunkingConfig) -> Prev
     except IndexLoadError:
         return None  # nothing published, or corrupt: build from scratch
     same_settings = manifest.embedder_id == embedder_id and manifest.chunking == chunking_dict(chunking)
+    # Rows of an older format have no location in their source: every document is chunked anew.
+    same_settings = same_settings and manifest.format >= FORMAT_VERSION
     if not same_settings or VECTORS_FILE not in manifest.files or DOCUMENTS_FILE not in manifest.files:
         return None
     documents: dict[str, PreviousDocument] = {}

@@ -16,6 +16,7 @@ import orjson
 
 from indexer.loaders import Document, LoadLimits, Skipped, SourceError
 from indexer.metadata import Fields, MetadataError, choose_fields, normalized
+from indexer.outline import Outline
 from indexer.sources import iter_source
 from indexer.version_writer import DocumentRows
 
@@ -57,7 +58,8 @@ def scan_source(
                 skip(item)
                 continue
             seen.add(item.doc_id)
-            record = {"doc_id": item.doc_id, "title": item.title, "text": item.text, "source": item.source}
+            record: dict[str, Any] = {"doc_id": item.doc_id, "title": item.title, "text": item.text}
+            record.update(source=item.source, outline=item.outline.to_record())
             out.write(orjson.dumps({**record, "hash": item.content_hash}) + b"\n")
             read.append((item.doc_id, item.content_hash, item.metadata, item.source))
     if not read:
@@ -87,5 +89,5 @@ def read_spill(spill: Path, metadata: dict[str, DocumentRows]) -> Iterator[tuple
             rows = metadata.get(record["doc_id"])
             if rows is None:
                 continue
-            content_hash = record.pop("hash")
-            yield rows, Document(**record, content_hash=content_hash, metadata=rows.metadata)
+            content_hash, outline = record.pop("hash"), Outline.of_record(record.pop("outline", None))
+            yield rows, Document(**record, content_hash=content_hash, metadata=rows.metadata, outline=outline)

@@ -21,6 +21,18 @@ def model_name(model: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class SourceLocation:
+    """Where a chunk stands in its source (index format 3): the document's locator (its relative
+    path, or a URL from its metadata), the PDF page of the chunk's first character (1-based; 0: not
+    paged) and where that page begins in the document's text, and the section headings in force."""
+
+    locator: str
+    page: int = 0
+    page_start: int = 0
+    section: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Chunk:
     """A piece of a source document, as stored in the docstore (`sentences`: as analysed at indexing)."""
 
@@ -34,6 +46,8 @@ class Chunk:
     # The document's filterable fields (manifest `fields`; values as ragserve/filters.py stores them).
     metadata: dict[str, Any] = field(default_factory=dict)
     sentences: PassageSentences | None = field(default=None, compare=False, repr=False)
+    # None: a version built before chunks recorded where they stand (its citations say so).
+    location: SourceLocation | None = None
 
 
 @dataclass(frozen=True, slots=True)

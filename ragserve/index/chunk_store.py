@@ -21,9 +21,10 @@ import orjson
 
 from ragserve.errors import IndexLoadError
 from ragserve.sentence_spans import PassageSentences
-from ragserve.types import Chunk
+from ragserve.types import Chunk, SourceLocation
 
 _SENTENCES = "sentences"
+_LOCATION = "location"
 _NEWLINE = 10
 # Newlines are found a slab at a time: a whole-file comparison would allocate the file's size again.
 _SCAN_BYTES = 1 << 26
@@ -42,6 +43,8 @@ def chunk_record(chunk: Chunk, sentences: PassageSentences | None, stored: bytes
         "end": chunk.end,
         "metadata": chunk.metadata,
     }
+    if chunk.location is not None:
+        record[_LOCATION] = location_record(chunk.location)
     if stored is not None:
         record[_SENTENCES] = orjson.Fragment(stored)
     elif sentences is not None:
@@ -82,9 +85,34 @@ def decode_chunk(line: bytes, where: str) -> Chunk:
     try:
         record = orjson.loads(line)
         stored = record.pop(_SENTENCES, None)
-        return Chunk(**record, sentences=None if stored is None else _sentences(stored))
+        location = location_of(record.pop(_LOCATION, None))
+        return Chunk(**record, sentences=None if stored is None else _sentences(stored), location=location)
     except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError) as exc:
         raise IndexLoadError(f"{where}: bad docstore record: {exc}") from exc
+
+
+def location_record(location: SourceLocation) -> dict[str, Any]:
+    return {
+        "locator": location.locator,
+        "page": location.page,
+        "page_start": location.page_start,
+        "section": list(location.section),
+    }
+
+
+def location_of(stored: Any) -> SourceLocation | None:
+    """A stored location (None for a record written before index format 3)."""
+    if stored is None:
+        return None
+    if not isinstance(stored, dict) or not isinstance(stored.get("locator"), str):
+        raise ValueError("a location is not an object with a locator")
+    page, page_start = stored.get("page", 0), stored.get("page_start", 0)
+    section = stored.get("section", [])
+    if not isinstance(page, int) or not isinstance(page_start, int) or page < 0 or page_start < 0:
+        raise ValueError("a location's page is not a count")
+    if not isinstance(section, list) or not all(isinstance(title, str) for title in section):
+        raise ValueError("a location's section is not a list of titles")
+    return SourceLocation(stored["locator"], page, page_start, tuple(section))
 
 
 def _sentences(stored: list[list[Any]]) -> PassageSentences:

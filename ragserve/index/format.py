@@ -30,8 +30,11 @@ from ragserve.priority import BACKGROUND_NICE
 # 2: docstore records carry their sentences as analysed at build time, and the manifest's `hnsw`
 # the search breadth measured for the graph (ef_search). A server reads both; format 1 versions
 # are served as before (sentences analysed on first use, ef from settings).
-FORMAT_VERSION = 2
-READABLE_FORMATS = (1, 2)
+# 3: each docstore record says where its chunk stands in its source (locator, PDF page, section
+# path: ragserve/types.py SourceLocation); a format 1 or 2 version is served with citations that
+# say they have no location, and an incremental build over one re-chunks every document.
+FORMAT_VERSION = 3
+READABLE_FORMATS = (1, 2, 3)
 MANIFEST = "manifest.json"
 CURRENT = "CURRENT"
 HNSW_FILE = "hnsw.bin"

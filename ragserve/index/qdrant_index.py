@@ -28,6 +28,7 @@ from ragserve.errors import IndexLoadError, Unavailable
 from ragserve.filters import FieldSchema, Filter
 from ragserve.index.base import ScoredChunk, SearchIndex
 from ragserve.index.bm25 import bm25_terms
+from ragserve.index.chunk_store import location_of, location_record
 from ragserve.index.qdrant_filter import PAYLOAD_KEY, create_payload_indexes, qdrant_filter
 from ragserve.index.reload import ServedIndex, version_marker
 from ragserve.types import Chunk
@@ -99,7 +100,8 @@ def _chunk_payload(chunk: Chunk, row: int) -> dict[str, Any]:
     # The stored sentence analysis stays in folder versions; a Qdrant point's chunk is analysed
     # when a request first needs it.
     fields = {f.name: getattr(chunk, f.name) for f in dataclasses.fields(chunk) if f.name != "sentences"}
-    return {**fields, "row": row}
+    location = chunk.location
+    return {**fields, "location": None if location is None else location_record(location), "row": row}
 
 
 def _chunk_of(payload: dict[str, Any]) -> Chunk:
@@ -112,6 +114,7 @@ def _chunk_of(payload: dict[str, Any]) -> Chunk:
         start=int(payload.get("start", 0)),
         end=int(payload.get("end", 0)),
         metadata=dict(payload.get(PAYLOAD_KEY) or {}),
+        location=location_of(payload.get("location")),
     )
 
 

@@ -103,9 +103,11 @@ def test_counts_and_records_are_checked(tmp_path: Path) -> None:
 def test_format_1_loads_and_a_newer_format_is_refused_by_name(sample_index: Path) -> None:
     folder = resolve_current(sample_index)
     data = json.loads((folder / MANIFEST).read_text())
-    assert data["format"] == FORMAT_VERSION == 2 and data["hnsw"]["ef_search"] >= 0
+    assert data["format"] == FORMAT_VERSION == 3 and data["hnsw"]["ef_search"] >= 0
     assert Manifest.from_json(json.dumps({**data, "format": 1})).format == 1
-    with pytest.raises(ValueError, match="unsupported index format 3: this server reads formats 1, 2"):
-        Manifest.from_json(json.dumps({**data, "format": 3}))
+    assert Manifest.from_json(json.dumps({**data, "format": 2})).format == 2
+    with pytest.raises(ValueError, match="unsupported index format 4: this server reads formats 1, 2, 3"):
+        Manifest.from_json(json.dumps({**data, "format": 4}))
     index = HnswIndex.load(sample_index)
     assert all(c.sentences is not None for c in index.chunks)
+    assert all(c.location is not None and c.location.locator == c.doc_id for c in index.chunks)
