@@ -77,7 +77,8 @@ class SearchIndex(Protocol):
         after the most retrieved); where the index can, each is decoded when it is read."""
         ...
 
-    def chunks_by_id(self, chunk_ids: Sequence[str]) -> list[Chunk]:
-        """The chunks with these ids that this version holds, in the order asked; others skipped
-        (to pre-fill the engine's KV with known passages)."""
+    def chunks_by_id(self, chunk_ids: Sequence[str], flt: Filter | None = None) -> list[Chunk]:
+        """The chunks with these ids that this version holds and that pass `flt`, in the order
+        asked; others skipped (to pre-fill the engine's KV with known passages; a caller's fetch).
+        `flt` is checked before a chunk is read, so one that fails it costs what an unknown id does."""
         ...

@@ -9,17 +9,16 @@ from pathlib import Path
 
 import hnswlib
 import numpy as np
-import orjson
 
 from ragserve.digests import forget_cached
 from ragserve.errors import IndexLoadError
 from ragserve.filters import FieldSchema, Filter
 from ragserve.index.base import ScoredChunk
 from ragserve.index.bm25 import BM25_DIR, Bm25Index
+from ragserve.index.chunk_rows import ChunkRows
 from ragserve.index.chunk_store import ChunkStore, Prefix
 from ragserve.index.format import (
     CHUNKS_FILE,
-    DOCUMENTS_FILE,
     HNSW_FILE,
     MANIFEST,
     VECTORS_FILE,
@@ -179,7 +178,7 @@ class HnswIndex:
         self._chunks = chunks
         self._bm25 = bm25
         self._identity = identity
-        self._rows_by_id: dict[str, int] | None = None  # built on first use (warming only)
+        self._chunk_rows = ChunkRows(folder, manifest, chunks)  # built on first use (warming, fetch)
         self._fields = FieldSchema(manifest.fields)
         # The indexer's stored columns, else every chunk decoded (a version built before them).
         self._columns = columns if columns is not None else FieldColumns(chunks, self._fields)
@@ -237,40 +236,22 @@ class HnswIndex:
     def chunks_in_order(self, limit: int) -> Sequence[Chunk]:
         return Prefix(self._chunks, limit)
 
-    def chunks_by_id(self, chunk_ids: Sequence[str]) -> list[Chunk]:
-        if self._rows_by_id is None:
-            self._rows_by_id = self._row_of_each_chunk()
-        found = self._lookup(chunk_ids)
+    def chunks_by_id(self, chunk_ids: Sequence[str], flt: Filter | None = None) -> list[Chunk]:
+        found = self._read_by_id(chunk_ids, flt)
         if any(chunk.chunk_id != wanted for wanted, chunk in found):
-            # The records did not name their chunks the indexer's way: ask the chunks themselves.
-            self._rows_by_id = self._decoded_rows()
-            found = self._lookup(chunk_ids)
+            self._chunk_rows.decode_instead()  # records that do not hold: the chunks' own ids
+            found = self._read_by_id(chunk_ids, flt)
         return [chunk for _, chunk in found]
 
-    def _lookup(self, chunk_ids: Sequence[str]) -> list[tuple[str, Chunk]]:
-        rows = self._rows_by_id or {}
-        return [(c, self._chunks[rows[c]]) for c in chunk_ids if c in rows]
-
-    def _row_of_each_chunk(self) -> dict[str, int]:
-        """From the indexer's document records (a document's rows, its chunks `doc_id#i` in
-        order) when the version has them and they hold; else by decoding every chunk, some 10x
-        slower (BENCHMARKS.md, "A million passages")."""
-        if DOCUMENTS_FILE in self.manifest.files:
-            rows: dict[str, int] = {}
-            try:
-                with (self.folder / DOCUMENTS_FILE).open("rb") as handle:
-                    for line in handle:
-                        record = orjson.loads(line)
-                        doc, first = str(record["doc_id"]), int(record["first_row"])
-                        rows.update((f"{doc}#{i}", first + i) for i in range(int(record["chunks"])))
-            except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                rows = {}
-            if len(rows) == self.count and all(0 <= row < self.count for row in rows.values()):
-                return rows
-        return self._decoded_rows()
-
-    def _decoded_rows(self) -> dict[str, int]:
-        return {chunk.chunk_id: row for row, chunk in enumerate(self._chunks)}
+    def _read_by_id(self, chunk_ids: Sequence[str], flt: Filter | None) -> list[tuple[str, Chunk]]:
+        """The rows are checked against `flt`'s mask before any chunk is read: an id outside it
+        costs what an unknown one costs (a lookup; nothing read or decoded), so the two look alike."""
+        if not chunk_ids or self.count == 0:
+            return []
+        rows = self._chunk_rows.of(chunk_ids)
+        if flt is not None:
+            rows = np.where((rows >= 0) & self._columns.mask(flt)[np.maximum(rows, 0)], rows, -1)
+        return [(c, self._chunks[int(row)]) for c, row in zip(chunk_ids, rows, strict=True) if row >= 0]
 
     @property
     def version(self) -> str:

@@ -284,14 +284,18 @@ class QdrantIndex(PublishedMeta):
         return cls(client, collection, meta)
 
     def _query(self, **query: Any) -> Any:
+        return self._ask("query", lambda: self._client.query_points(self.collection, **query))
+
+    @staticmethod
+    def _ask(what: str, call: Callable[[], Any]) -> Any:
         try:
-            return self._client.query_points(self.collection, **query)
+            return call()
         except Exception as exc:
             if not isinstance(exc, _unreachable_errors()):
                 raise
             # A down, unreachable or failing Qdrant is an unavailable dependency, not a bug here. Its
             # text can hold Qdrant's response body: the log gets it, the caller only the kind.
-            log.warning("Qdrant query failed: %s: %s", type(exc).__name__, exc)
+            log.warning("Qdrant %s failed: %s: %s", what, type(exc).__name__, exc)
             raise Unavailable(f"the Qdrant index is unavailable ({type(exc).__name__})") from exc
 
     @property
@@ -303,43 +307,37 @@ class QdrantIndex(PublishedMeta):
         chunks: list[Chunk] = []
         offset: Any = None
         while len(chunks) < limit:
-            try:
-                points, offset = self._client.scroll(
-                    self.collection, limit=min(256, limit - len(chunks)), offset=offset, with_payload=True
-                )
-            except Exception as exc:
-                if not isinstance(exc, _unreachable_errors()):
-                    raise
-                log.warning("Qdrant scroll failed: %s: %s", type(exc).__name__, exc)
-                raise Unavailable(f"the Qdrant index is unavailable ({type(exc).__name__})") from exc
+            page = functools.partial(self._client.scroll, self.collection, offset=offset, with_payload=True)
+            points, offset = self._ask("scroll", functools.partial(page, limit=min(256, limit - len(chunks))))
             chunks += [_chunk_of(p.payload) for p in points if p.payload]
             if offset is None or not points:
                 break
         return chunks
 
-    def chunks_by_id(self, chunk_ids: Sequence[str]) -> list[Chunk]:
-        try:
-            points = self._client.retrieve(self.collection, ids=[point_id(c) for c in chunk_ids], with_payload=True)
-        except Exception as exc:
-            if not isinstance(exc, _unreachable_errors()):
-                raise
-            log.warning("Qdrant retrieve failed: %s: %s", type(exc).__name__, exc)
-            raise Unavailable(f"the Qdrant index is unavailable ({type(exc).__name__})") from exc
+    def chunks_by_id(self, chunk_ids: Sequence[str], flt: Filter | None = None) -> list[Chunk]:
+        from qdrant_client import models
+
+        ids = [point_id(c) for c in chunk_ids]
+        if not ids:
+            return []
+        if flt is None:
+            points = self._ask("retrieve", lambda: self._client.retrieve(self.collection, ids=ids, with_payload=True))
+        else:
+            # Qdrant checks the filter on its payload index and returns only the points that pass:
+            # one outside it is never sent, as one that does not exist.
+            only = models.Filter(must=[models.HasIdCondition(has_id=ids), qdrant_filter(flt, self.fields)])
+            points, _ = self._ask(
+                "scroll",
+                lambda: self._client.scroll(self.collection, scroll_filter=only, limit=len(ids), with_payload=True),
+            )
         found = {chunk.chunk_id: chunk for chunk in (_chunk_of(p.payload) for p in points if p.payload)}
         return [found[c] for c in chunk_ids if c in found]
 
     def count_matching(self, flt: Filter | None) -> int:
         if flt is None:
             return self.count
-        try:
-            return int(
-                self._client.count(self.collection, count_filter=qdrant_filter(flt, self.fields), exact=True).count
-            )
-        except Exception as exc:
-            if not isinstance(exc, _unreachable_errors()):
-                raise
-            log.warning("Qdrant count failed: %s: %s", type(exc).__name__, exc)
-            raise Unavailable(f"the Qdrant index is unavailable ({type(exc).__name__})") from exc
+        only = qdrant_filter(flt, self.fields)
+        return int(self._ask("count", lambda: self._client.count(self.collection, count_filter=only, exact=True)).count)
 
     def search(self, query_vector: np.ndarray, k: int, ef: int, flt: Filter | None = None) -> list[ScoredChunk]:
         from qdrant_client import models

@@ -50,9 +50,12 @@ MOST_CHUNKS_A_DOCUMENT = 256
 def readable_chunks(index: SearchIndex, chunk_id: str, doc_id: str, grant: Filter | None) -> list[Chunk]:
     """The chunk `chunk_id`, or the chunks of `doc_id` in order, that `grant` may read: a chunk
     outside the grant and one that does not exist are both simply absent, so a caller cannot tell
-    them apart. Blocking (a Qdrant index asks its server): run it off the event loop."""
+    them apart, in what is returned and in the time it takes: the index checks the grant before it
+    reads a chunk, so an ungranted id costs what an unknown one does (a lookup, nothing decoded).
+    Blocking (a Qdrant index asks its server): run it off the event loop."""
     wanted = [chunk_id] if chunk_id else [f"{doc_id}#{n}" for n in range(MOST_CHUNKS_A_DOCUMENT)]
-    found = index.chunks_by_id(wanted)
+    found = index.chunks_by_id(wanted, grant)
     if doc_id:
         found = [chunk for chunk in found if chunk.doc_id == doc_id]
+    # Checked again on what was read (only granted chunks are): the grant holds whatever the index.
     return [chunk for chunk in found if matches(grant, chunk.metadata, index.fields)]

@@ -22,7 +22,7 @@ def test_chunks_are_found_by_id_from_the_document_records(sample_index: Path) ->
     wanted = _some_ids(index)
     found = index.chunks_by_id([*wanted, "no-such-document#0"])
     assert [c.chunk_id for c in found] == wanted
-    assert len(index._rows_by_id or {}) == index.count
+    assert len(index._chunk_rows._rows or {}) == index.count and not index._chunk_rows._decoded
 
 
 def test_records_that_do_not_hold_fall_back_to_the_chunks(sample_index: Path, tmp_path: Path) -> None:
