@@ -7,8 +7,9 @@ every request for that long. Loaded in a helper process, the load holds that pro
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -21,8 +22,10 @@ from ragserve.index.hnsw_file import check_hnsw_file
 
 
 class Graph(Protocol):
-    """Nearest rows to a vector. Thread-safe. hnswlib raises RuntimeError when a filtered search
-    finds fewer than k that pass; every implementation raises it then too."""
+    """Nearest rows to a vector. Thread-safe. hnswlib raises RuntimeError when a walk filtered by
+    `allowed` finds fewer than k that pass; every implementation raises it then too (its caller
+    scans instead). A version's bound to its own rows is no such filter: a short walk there is an
+    answer."""
 
     @property
     def count(self) -> int: ...
@@ -58,12 +61,56 @@ class GraphFile:
     vectors: Path | None = None  # the version's vectors, row i = label i (what is appended)
 
 
+class _Turns:
+    """Searches, or one append: never both (hnswlib: add_items beside knn_query is unsafe). An
+    append waits while searches run or wait, so a search waits for one batch of appends at most;
+    in the helper searches come one at a time, so appends find gaps."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._searching = 0
+        self._waiting = 0
+        self._appending = False
+
+    @contextlib.contextmanager
+    def search(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            self._cond.wait_for(lambda: not self._appending)
+            self._waiting -= 1
+            self._searching += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._searching -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def append(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not (self._searching or self._waiting or self._appending))
+            self._appending = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._appending = False
+                self._cond.notify_all()
+
+
+# Rows one append adds between searches: a search beside a growing graph waits for this many
+# insertions at most (about 1 ms each at a million rows).
+_APPEND_BATCH = 8
+
+
 class LoadedGraph:
     """An hnswlib index in this process."""
 
     def __init__(self, index: hnswlib.Index) -> None:
         self._index = index
         self._lock = threading.Lock()
+        self._turns = _Turns()
 
     @property
     def count(self) -> int:
@@ -82,20 +129,42 @@ class LoadedGraph:
         self, vector: np.ndarray, k: int, ef: int, allowed: np.ndarray | None = None, rows: int | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """`rows`: only labels below it (a version served from a graph grown since, or growing:
-        graph_process.py)."""
-        if rows is not None and allowed is None:
-            # Most of the nearest are the version's own: ask for more, unfiltered, and drop the
-            # rest. A Python filter is called at every node the walk visits.
-            wanted = min(2 * k + 8, max(self.count, 1))
+        graph_process.py); then fewer than k only when the walk finds fewer."""
+        with self._turns.search():
+            if rows is not None and allowed is None:
+                return self._own_rows(vector, k, ef, rows)
+            return self._query(vector, k, ef, _keep(allowed, rows))
+
+    def _own_rows(self, vector: np.ndarray, k: int, ef: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        # Most of the nearest are the version's own: ask for more, unfiltered, and drop the
+        # rest. A Python filter is called at every node the walk visits.
+        k = min(k, rows)
+        wanted = min(2 * k + 8, max(self.count, 1))
+        with contextlib.suppress(RuntimeError):
+            labels, distances = self._query(vector, wanted, max(ef, wanted), None)
+            own = labels < rows
+            if int(np.count_nonzero(own)) >= k:
+                return labels[own][:k], distances[own][:k]
+        return self._most_found(vector, k, max(2 * ef, k), _keep(None, rows))
+
+    def _most_found(
+        self, vector: np.ndarray, k: int, ef: int, keep: Callable[[int], bool] | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The best k the walk finds, or all it finds when fewer (hnswlib raises then). A walk
+        `ef` >= k wide finds the same rows whatever k, so all it found is the most k that answers."""
+        try:
+            return self._query(vector, k, ef, keep)
+        except RuntimeError:
+            pass
+        found = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.float32)
+        answers, short = 0, k
+        while short - answers > 1:
+            middle = (answers + short) // 2
             try:
-                labels, distances = self._query(vector, wanted, max(ef, wanted), None)
-                own = labels < rows
-                if int(np.count_nonzero(own)) >= k:
-                    return labels[own][:k], distances[own][:k]
-            except RuntimeError:  # a walk beside rows being appended can come back short
-                pass
-            return self._query(vector, k, max(2 * ef, k), _keep(None, rows))
-        return self._query(vector, k, ef, _keep(allowed, rows))
+                found, answers = self._query(vector, middle, ef, keep), middle
+            except RuntimeError:
+                short = middle
+        return found
 
     def _query(
         self, vector: np.ndarray, k: int, ef: int, keep: Callable[[int], bool] | None
@@ -108,19 +177,23 @@ class LoadedGraph:
         return labels[0], distances[0]
 
     def items(self, rows: np.ndarray) -> np.ndarray:
-        return np.asarray(self._index.get_items(rows), dtype=np.float32)
+        with self._turns.search():
+            return np.asarray(self._index.get_items(rows), dtype=np.float32)
 
     def make_room(self, count: int) -> None:
-        """Room for `count` vectors. Not while anything searches or adds (hnswlib reallocates)."""
-        with self._lock:
+        """Room for `count` vectors (hnswlib reallocates: nothing searches or adds meanwhile)."""
+        with self._turns.append():
             if count > self._index.get_max_elements():
                 self._index.resize_index(count)
 
     def append(self, vectors: np.ndarray, first: int) -> None:
         """Adds `vectors` as labels first.. on one thread (so the graph comes out as the indexer's
-        one-thread extension does, vector for vector); searches may run meanwhile (hnswlib locks
-        per element), and releases the GIL while it works."""
-        self._index.add_items(vectors, np.arange(first, first + len(vectors)), num_threads=1)
+        one-thread extension does, vector for vector), a batch at a time between searches;
+        releases the GIL while it works."""
+        for start in range(0, len(vectors), _APPEND_BATCH):
+            batch = vectors[start : start + _APPEND_BATCH]
+            with self._turns.append():
+                self._index.add_items(batch, np.arange(first + start, first + start + len(batch)), num_threads=1)
 
     def close(self) -> None:
         """Nothing to release early: the index goes with its last reference."""

@@ -122,20 +122,37 @@ class _Helpers:
     version's graph was grown from another's), and its replacements."""
 
     def __init__(self, file: GraphFile, ready_timeout_s: float) -> None:
-        self.file = file  # what a replacement loads: the newest version grown into the graph
         self.ready_timeout_s = ready_timeout_s
         # Re-entrant: a view's finalizer may run (the collector) while this thread holds it.
         self.lock = threading.RLock()
         self.running = [start_helper(file.path, file.dim, file.count, file.beside_requests, ready_timeout_s)]
-        self.views = 0
+        self.views: dict[int, GraphFile] = {}  # each open view's version's file
+        self.files = [file]  # the graph as loaded and as grown since: what a replacement may load
         self.restarts = 0
 
-    def release(self) -> None:
+    def add_view(self, file: GraphFile) -> int:
+        with self.lock:
+            token = max(self.views, default=0) + 1
+            self.views[token] = file
+            return token
+
+    def release(self, token: int) -> None:
         """A view is closed or gone; the last one stops the helper."""
         with self.lock:
-            self.views -= 1
-            if self.views == 0:
+            del self.views[token]
+            if not self.views:
                 _stop_all(self.running)
+            rows = max((file.count for file in self.views.values()), default=0)
+            self.files = [file for file in self.files if file.count >= rows]
+
+    def _candidates(self) -> list[GraphFile]:
+        """What a replacement loads: the open views' files, most rows first (a version grown but
+        refused is let go, so the served one's), then the files the graph was grown to since,
+        which hold the same rows and more (the served one's folder may have been pruned)."""
+        first: dict[Path, GraphFile] = {}
+        for file in sorted(self.views.values(), key=lambda f: -f.count) + sorted(self.files, key=lambda f: -f.count):
+            first.setdefault(file.path, file)
+        return list(first.values())
 
     def call(self, request: tuple[Any, ...]) -> Any:
         with self.lock:
@@ -156,20 +173,23 @@ class _Helpers:
         """A new helper in place of the last (raises IndexLoadError when it cannot load: the next
         search tries again)."""
         reason = f"{type(why).__name__}: {why}" if str(why) else type(why).__name__
-        path = self.file.path
-        log.error("the helper process serving %s is gone (%s); loading the graph again", path, reason)
+        log.error("the helper process serving a graph is gone (%s); loading the graph again", reason)
         if self.running:
             gone = self.running.pop()
             gone.proc.kill()  # dead already, or hung: either way it answers no more
             gone.stop()
-        try:
-            self.running.append(start_helper(path, self.file.dim, self.file.count, True, self.ready_timeout_s))
-        except IndexLoadError as exc:
-            log.error("the graph of %s could not be loaded again: %s", path, exc)
-            # The caller hears why without the server's paths; the log has them.
-            raise IndexLoadError("the index's graph is unavailable: its helper process did not start again") from None
-        self.restarts += 1
-        metrics.INDEX_GRAPH_HELPER_RESTARTS.inc()
+        for file in self._candidates():
+            try:
+                self.running.append(start_helper(file.path, file.dim, file.count, True, self.ready_timeout_s))
+            except IndexLoadError as exc:
+                log.error("the graph of %s could not be loaded again: %s", file.path, exc)
+                continue
+            log.info("the graph of %s (%d rows) loaded again", file.path, file.count)
+            self.restarts += 1
+            metrics.INDEX_GRAPH_HELPER_RESTARTS.inc()
+            return
+        # The caller hears why without the server's paths; the log has them.
+        raise IndexLoadError("the index's graph is unavailable: its helper process did not start again")
 
     def grow(self, file: GraphFile, rows: int) -> None:
         """Adds `file`'s vectors from row `rows` on to the helper's graph (which must hold `rows`),
@@ -187,7 +207,7 @@ class _Helpers:
         with self.lock:
             if state != "done" or not self.running or self.running[-1] is not grower:
                 raise IndexLoadError(f"its graph did not grow: {state}")
-            self.file = file
+            self.files.append(file)
 
 
 class GraphProcess:
@@ -200,15 +220,15 @@ class GraphProcess:
         self, path: Path, dim: int, count: int, beside_requests: bool = False, ready_timeout_s: float = READY_TIMEOUT_S
     ) -> None:
         """`beside_requests`: requests are being served while it loads (a hot reload)."""
-        self._attach(_Helpers(GraphFile(path, dim, count, beside_requests), ready_timeout_s), count)
+        file = GraphFile(path, dim, count, beside_requests)
+        self._attach(_Helpers(file, ready_timeout_s), file)
 
-    def _attach(self, helpers: _Helpers, count: int) -> None:
+    def _attach(self, helpers: _Helpers, file: GraphFile) -> None:
         self._helpers = helpers
-        self._count = count
-        with helpers.lock:
-            helpers.views += 1
-        # Closed explicitly, or when the version holding it is garbage-collected after a reload.
-        self._finalizer = weakref.finalize(self, helpers.release)
+        self._count = file.count
+        # Closed explicitly, or when the version holding it is garbage-collected after a reload
+        # or refused.
+        self._finalizer = weakref.finalize(self, helpers.release, helpers.add_view(file))
 
     @classmethod
     def open(cls, file: GraphFile, ready_timeout_s: float = READY_TIMEOUT_S) -> GraphProcess:
@@ -278,7 +298,7 @@ def _grown(file: GraphFile) -> GraphProcess | None:
         return None
     log.info("graph of version %s grown in place from %d to %d rows", identity, rows, file.count)
     graph = GraphProcess.__new__(GraphProcess)
-    graph._attach(helpers, file.count)
+    graph._attach(helpers, file)
     return graph
 
 
@@ -290,6 +310,8 @@ def _answer(graph: LoadedGraph, growth: _Growth, request: tuple[Any, ...]) -> tu
         if request[0] == "knn":
             _, vector, k, ef, packed, rows = request
             allowed = None if packed is None else np.unpackbits(packed, count=rows).view(bool)
+            if rows > graph.capacity:  # loaded again from a smaller version's file
+                return "error", f"the graph holds {graph.capacity} rows, not {rows}"
             # A graph with room for more rows than the view's may be growing: keep to the view's.
             return "ok", graph.knn(vector, k, ef, allowed, rows if rows < graph.capacity else None)
         if request[0] == "items":

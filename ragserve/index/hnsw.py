@@ -209,8 +209,26 @@ class HnswIndex:
         # The opener checks the file before hnswlib reads it (graph.py `load_graph`).
         graph = open_graph(_graph_file(folder, manifest, identity, reloading))
         laps(f"graph checked and loaded ({type(graph).__name__})")
-        if graph.count != manifest.count:
+        try:
+            return cls._around(folder, manifest, identity, graph, chunks, exact_scan_max, laps)
+        except BaseException:
+            # Now, not when collected: a helper's restart loads the files of the versions still open.
             graph.close()
+            raise
+
+    @classmethod
+    def _around(
+        cls,
+        folder: Path,
+        manifest: Manifest,
+        identity: str,
+        graph: Graph,
+        chunks: ChunkStore,
+        exact_scan_max: int,
+        laps: _Laps,
+    ) -> HnswIndex:
+        """The version around its opened graph: the rest of its files, checked."""
+        if graph.count != manifest.count:
             raise IndexLoadError(f"index at {folder}: HNSW holds {graph.count} vectors, manifest says {manifest.count}")
         bm25 = Bm25Index.load(folder, manifest.count) if manifest.bm25 else None
         # The graph and BM25's arrays now live in memory (here or in a helper): their files' pages

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
+import shutil
 import signal
-import threading
 from pathlib import Path
 
 import grpc
@@ -21,10 +22,11 @@ from indexer.build import build_index
 from indexer.chunking import ChunkingConfig
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import IndexLoadError
+from ragserve.index.bm25 import Bm25Index
 from ragserve.index.format import HNSW_FILE, Manifest, resolve_current
 from ragserve.index.graph_process import GraphProcess, _answer, _Growth, _Helpers
 from ragserve.index.hnsw import HnswIndex
-from ragserve.index.reload import FolderWatch
+from ragserve.index.reload import FolderWatch, IndexReloader
 from ragserve.server.app import RagServer
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
@@ -217,7 +219,8 @@ def _graph_helpers() -> list[int]:
 
 
 def test_searches_while_rows_are_appended_keep_to_the_rows_asked_for(tmp_path: Path) -> None:
-    """In the helper, the old version's searches run while the growth thread appends rows."""
+    """In the helper, the old version's searches run between the growth's appends (the threads
+    themselves: tests/index/test_graph_turns.py)."""
     import hnswlib
 
     from ragserve.index.graph import LoadedGraph
@@ -236,13 +239,92 @@ def test_searches_while_rows_are_appended_keep_to_the_rows_asked_for(tmp_path: P
     assert _answer(graph, _Growth(), ("knn", vectors[0], 5, 64, None, 2000))[0] == "ok"
     assert asked == [2000]
     graph.knn = real_knn  # type: ignore[method-assign]
-    grower = threading.Thread(target=lambda: [graph.append(vectors[i : i + 50], i) for i in range(2000, 3000, 50)])
-    grower.start()
-    seen = 0
-    while grower.is_alive() or seen == 0:
-        labels, _ = graph.knn(vectors[2500 + seen % 500], 10, 64, rows=2000)
-        assert labels.max() < 2000
-        seen += 1
-    grower.join()
+    for first in range(2000, 3000, 50):
+        graph.append(vectors[first : first + 50], first)
+        for query in vectors[first : first + 50 : 5]:  # beside the rows just added
+            labels, _ = graph.knn(query, 10, 64, rows=2000)
+            assert len(labels) == 10 and labels.max() < 2000
     assert graph.count == 3000
     assert graph.knn(vectors[2999], 1, 64)[0][0] == 2999  # the new view finds the new rows
+
+
+class _Refusing:
+    """The served side of a reload that refuses the new version at its swap (its models do not
+    load, say): after its graph was grown in place."""
+
+    def __init__(self, index: HnswIndex) -> None:
+        self.index = index
+
+    def swap_index(self, index: object) -> None:
+        raise IndexLoadError("its reranker does not load")
+
+    def refused(self, reason: str) -> None:
+        pass
+
+
+def _served_then_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> tuple[HnswIndex, Path, list]:
+    """(the served version, the root, its hits before) after a version grown from it was refused."""
+    caplog.set_level(logging.INFO, "ragserve.index.graph_process")
+    source, root = tmp_path / "docs", tmp_path / "index"
+    _publish(source, root, range(60))
+    old = HnswIndex.load(root, open_graph=GraphProcess.open)
+    before = [_hits(old, query) for query in _queries(10)]
+    _publish(source, root, range(60, 75))
+    reloader = IndexReloader(FolderWatch(root, open_graph=GraphProcess.open), _Refusing(old))
+    assert not reloader.check_once() and reloader.refused == 1
+    assert "grown in place" in caplog.text
+    gc.collect()
+    return old, root, before
+
+
+def test_a_version_grown_then_refused_leaves_the_served_search_working_after_a_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The refused version's folder goes (removed, or pruned by later builds), then the helper dies:
+    its replacement loads the served version's file."""
+    old, root, before = _served_then_refused(tmp_path, caplog)
+    shutil.rmtree(resolve_current(root))
+    pid = old._graph.pid  # type: ignore[attr-defined]
+    os.kill(pid, signal.SIGKILL)
+    assert _gone(pid)
+    assert [_hits(old, query) for query in _queries(10)] == before
+    assert old._graph.restarts == 1  # type: ignore[attr-defined]
+    old._graph.close()  # type: ignore[attr-defined]
+
+
+def test_with_the_served_folder_pruned_a_restart_loads_the_graph_grown_from_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two more builds prune the served version's own folder: the refused version's file holds its
+    graph grown, which serves it as well."""
+    old, root, _ = _served_then_refused(tmp_path, caplog)
+    _publish(tmp_path / "docs", root, range(75, 80))
+    assert not (root / old.source).exists()
+    pid = old._graph.pid  # type: ignore[attr-defined]
+    os.kill(pid, signal.SIGKILL)
+    assert _gone(pid)
+    ids = _old_ids(old)
+    for query in _queries(10):
+        hits = _hits(old, query)
+        assert len(hits) == 10 and all(chunk_id in ids for chunk_id, _ in hits)
+    old._graph.close()  # type: ignore[attr-defined]
+
+
+def test_a_version_refused_by_its_own_checks_lets_its_grown_graph_go_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "ragserve.index.graph_process")
+    source, root = tmp_path / "docs", tmp_path / "index"
+    _publish(source, root, range(30))
+    old = HnswIndex.load(root, open_graph=GraphProcess.open)
+    _publish(source, root, range(30, 40))
+
+    def broken(folder: Path, count: int) -> None:
+        raise IndexLoadError("bm25 unreadable")
+
+    monkeypatch.setattr(Bm25Index, "load", broken)
+    with pytest.raises(IndexLoadError, match="bm25 unreadable"):
+        FolderWatch(root, open_graph=GraphProcess.open).load()
+    assert "grown in place" in caplog.text
+    assert list(old._graph._helpers.views.values()) == [old._graph._helpers.files[0]]  # type: ignore[attr-defined]
+    old._graph.close()  # type: ignore[attr-defined]
