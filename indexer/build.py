@@ -26,7 +26,7 @@ from indexer.chunking import ChunkingConfig
 from indexer.embedding import GROUP_CHUNKS, IndexingEmbedder, RowStream
 from indexer.loaders import LoadLimits, Skipped
 from indexer.previous import Previous, chunking_dict, load_previous
-from indexer.progress import EmbedProgress
+from indexer.progress import EmbedProgress, stage
 from indexer.root_lock import index_root_lock
 from indexer.scan import Scan, read_spill, scan_source
 from indexer.version_writer import VersionWriter
@@ -70,6 +70,8 @@ class BuildReport:
     chunks: int = 0
     skipped: list[Skipped] = field(default_factory=list)
     seconds: float = 0.0
+    # Where the time went: read, chunk, embed (beside reading and chunking), graph, bm25, checks.
+    stage_seconds: dict[str, float] = field(default_factory=dict)
     embed_seconds: float = 0.0
     chunks_embedded: int = 0  # chunks embedded in this run (not reused, not resumed)
 
@@ -136,7 +138,9 @@ def _build_locked(
     report = BuildReport()
     build = new_build_dir(out)
     try:
-        scan = scan_source(source, build / _SPILL, on_skip, limits, declared_fields or {})
+        with stage(f"reading {source}", progress):
+            scan = scan_source(source, build / _SPILL, on_skip, limits, declared_fields or {})
+        report.stage_seconds["read"] = time.perf_counter() - started
         report.skipped, report.fields_left_out = scan.skipped, scan.fields_left_out
         previous = load_previous(out, embedder.model_id, chunking) if incremental else None
         todo = _diff_documents(scan, previous, report)
@@ -150,7 +154,7 @@ def _build_locked(
         checkpoints = Checkpoints(out, _embedding_settings(embedder, chunking, embedder_backend), embedder.dim)
         job = _RowsJob(scan, previous, base, todo, build, report)
         embedding = _Embedding(embedder, chunking, batch_size, checkpoints, progress, group_chunks)
-        names, ef_search = _write_version(job, embedding)
+        names, ef_search = _write_version(job, embedding, progress)
     except BaseException:
         shutil.rmtree(build, ignore_errors=True)
         raise
@@ -160,7 +164,10 @@ def _build_locked(
     version = latest_version(out) + 1
     manifest = _manifest(version, build, names, report, embedder, chunking, embedder_backend, fields, ef_search)
     manifest = replace(manifest, graph_base=graph_base)
-    report.folder = _publish_verified(out, build, manifest)
+    checking = time.perf_counter()
+    with stage(f"publishing version {version} and checking it as a server loads it", progress):
+        report.folder = _publish_verified(out, build, manifest)
+    report.stage_seconds["checks"] = time.perf_counter() - checking
     clear_checkpoints(out)
     report.version = version
     report.published = True
@@ -190,7 +197,7 @@ class _Embedding:
     group_chunks: int
 
 
-def _write_version(job: _RowsJob, embedding: _Embedding) -> tuple[list[str], int]:
+def _write_version(job: _RowsJob, embedding: _Embedding, progress: bool) -> tuple[list[str], int]:
     """The version's rows, then its graph and BM25: the file names and the graph's search breadth."""
     writer = _write_rows(job, embedding)
     # The graph is the biggest thing a build holds: the documents' records must not sit beside it.
@@ -198,7 +205,11 @@ def _write_version(job: _RowsJob, embedding: _Embedding) -> tuple[list[str], int
     job.todo.clear()
     if job.previous is not None:
         job.previous.documents.clear()
-    return writer.finish(job.base)
+    what = "extending the graph" if job.base is not None else "building the graph"
+    with stage(f"{what} over {writer.rows:,} chunks, then BM25", progress):
+        finished = writer.finish(job.base)
+    job.report.stage_seconds.update(writer.seconds)
+    return finished
 
 
 def _write_rows(job: _RowsJob, embedding: _Embedding) -> VersionWriter:
@@ -230,13 +241,15 @@ def _write_rows(job: _RowsJob, embedding: _Embedding) -> VersionWriter:
             elif base is None and previous is not None:  # with a base, its rows are written above
                 lines, vectors = previous.rows(doc.doc_id)
                 stream.add_kept(rows, lines, vectors, relabel=kept.meta_hash != rows.meta_hash)
-        stream.flush()
+        stream.finish()
     finally:
+        stream.close()
         bar.close()
         if previous is not None:
             previous.close()
     (job.build / _SPILL).unlink()
     report.embed_seconds, report.chunks_embedded = stream.embed_seconds, stream.chunks_embedded
+    report.stage_seconds.update(chunk=stream.chunk_seconds, embed=stream.embed_seconds)
     report.resumed = stream.resumed
     report.embedded -= stream.resumed
     report.chunks = writer.rows

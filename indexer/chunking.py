@@ -6,10 +6,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from tokenizers import Tokenizer
 
 from indexer.loaders import Document
 from ragserve.types import Chunk
+
+# Characters one tokenizer call may hold (about 40 MiB of encodings).
+CALL_CHARS = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,28 +56,68 @@ class Chunker:
         self._backend.no_padding()
 
     def __call__(self, docs: Sequence[Document]) -> list[list[Chunk]]:
-        if not docs:
-            return []
+        """Each tokenizer call gets at most CALL_CHARS characters: its encodings take about 40
+        bytes a character (a 1.2M-character document: ~50 MiB), so a call is bounded by the text
+        it holds, not by how many documents it holds; a longer document is tokenized in pieces cut
+        at whitespace (word-piece tokens never cross it)."""
         bodies = [doc.text if doc.text.strip() else doc.title for doc in docs]
-        if self._backend is not None:
-            offsets = [encoding.offsets for encoding in self._backend.encode_batch(bodies, add_special_tokens=False)]
-        else:
-            options = {"add_special_tokens": False, "return_offsets_mapping": True, "verbose": False}
-            offsets = self._tokenizer(bodies, **options)["offset_mapping"]
+        spans: list[list[np.ndarray]] = [[] for _ in docs]
+        batch: list[tuple[int, int, str]] = []  # (document, its piece's first character, text)
+        held = 0
+        for index, body in enumerate(bodies):
+            for first, piece in _pieces(body, CALL_CHARS):
+                if batch and held + len(piece) > CALL_CHARS:
+                    self._tokenize(batch, spans)
+                    batch, held = [], 0
+                batch.append((index, first, piece))
+                held += len(piece)
+        if batch:
+            self._tokenize(batch, spans)
         return [
-            _windows(doc, body, spans, self._config) for doc, body, spans in zip(docs, bodies, offsets, strict=True)
+            _windows(doc, body, _joined(parts), self._config)
+            for doc, body, parts in zip(docs, bodies, spans, strict=True)
         ]
 
+    def _tokenize(self, batch: list[tuple[int, int, str]], spans: list[list[np.ndarray]]) -> None:
+        """One tokenizer call; each piece's token offsets, shifted to its document's characters."""
+        texts = [text for _, _, text in batch]
+        if self._backend is not None:
+            offsets = [encoding.offsets for encoding in self._backend.encode_batch(texts, add_special_tokens=False)]
+        else:
+            options = {"add_special_tokens": False, "return_offsets_mapping": True, "verbose": False}
+            offsets = self._tokenizer(texts, **options)["offset_mapping"]
+        for (index, first, _), piece in zip(batch, offsets, strict=True):
+            spans[index].append(np.asarray(piece, dtype=np.int64).reshape(-1, 2) + first)
 
-def _windows(doc: Document, body: str, offsets: Sequence[tuple[int, int]], config: ChunkingConfig) -> list[Chunk]:
-    if not offsets:
+
+def _pieces(body: str, most: int) -> list[tuple[int, str]]:
+    """`body` in pieces of at most `most` characters, each cut just before whitespace when it can be."""
+    pieces: list[tuple[int, str]] = []
+    start = 0
+    while len(body) - start > most:
+        cut = max(body.rfind(" ", start + 1, start + most), body.rfind("\n", start + 1, start + most))
+        cut = cut if cut > start else start + most
+        pieces.append((start, body[start:cut]))
+        start = cut
+    pieces.append((start, body[start:]))
+    return pieces
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.zeros((0, 2), dtype=np.int64)
+
+
+def _windows(doc: Document, body: str, offsets: np.ndarray, config: ChunkingConfig) -> list[Chunk]:
+    if not len(offsets):
         return []
     chunks: list[Chunk] = []
     step = config.size_tokens - config.overlap_tokens
     start_tok = 0
     while True:
-        window = offsets[start_tok : start_tok + config.size_tokens]
-        start, end = window[0][0], window[-1][1]
+        last = min(start_tok + config.size_tokens, len(offsets)) - 1
+        start, end = int(offsets[start_tok, 0]), int(offsets[last, 1])
         chunks.append(
             Chunk(
                 chunk_id=f"{doc.doc_id}#{len(chunks)}",

@@ -12,7 +12,7 @@ import typer
 from indexer import host_share
 from indexer.build import BuildReport, build_index
 from indexer.chunking import ChunkingConfig
-from indexer.embedding import IndexingEmbedder, LazyEmbedder, load_embedder
+from indexer.embedding import BEST_BATCH, IndexingEmbedder, LazyEmbedder, load_embedder
 from indexer.loaders import (
     DEFAULT_MAX_FILE_MB,
     DEFAULT_MAX_TEXT_CHARS,
@@ -40,20 +40,27 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Build ragser
 @app.callback()
 def _root(
     nice: Annotated[
-        int,
+        int | None,
         typer.Option(
-            min=0, max=19, envvar="RAGSERVE_INDEXER_NICE", help="Lower CPU priority by this much (0: unchanged)"
+            min=0,
+            max=19,
+            envvar="RAGSERVE_INDEXER_NICE",
+            help="Lower CPU priority by this much (default: measured; 0 on an idle host, 10 beside other work)",
+            show_default=False,
         ),
-    ] = host_share.DEFAULT_NICE,
+    ] = None,
     threads: Annotated[
         int,
         typer.Option(
-            min=0, envvar="RAGSERVE_INDEXER_THREADS", help="Compute threads (0: every CPU but one, at least one)"
+            min=0,
+            envvar="RAGSERVE_INDEXER_THREADS",
+            help="Compute threads (0: measured; every usable CPU on an idle host, fewer beside other work)",
         ),
     ] = 0,
 ) -> None:
-    """Build ragserve indexes. Runs beside a serving sidecar: at a lower CPU priority and on fewer
-    threads than CPUs by default (--nice 0 --threads N for a machine of its own)."""
+    """Build ragserve indexes. Uses the host as it finds it: every CPU at the normal priority when
+    nothing else keeps them busy, fewer threads at a lower priority beside a server or other work,
+    re-read while a build runs (--threads and --nice pin either)."""
     host_share.share_host(nice, threads)
 
 
@@ -96,10 +103,12 @@ _LogFileOption = Annotated[
 def build(
     source: Annotated[Path, typer.Argument(help="A folder of .txt/.md/.html/.pdf files, or a BEIR corpus.jsonl")],
     out: Annotated[Path | None, typer.Option(help="Index root (default: RAGSERVE_INDEX_PATH)")] = None,
-    # The server's defaults (EmbedderSettings), but torch: the indexer's documented backend.
+    # The server's defaults (EmbedderSettings): documents embedded as questions are.
     embedder: Annotated[str, typer.Option(help="Embedder HF id or local path")] = default_of(EmbedderSettings, "model"),
     device: Annotated[str, typer.Option(help="cpu or cuda (torch backend)")] = default_of(EmbedderSettings, "device"),
-    backend: Annotated[str, typer.Option(help="Embedding backend: torch or onnx")] = "torch",
+    backend: Annotated[
+        str, typer.Option(help="Embedding backend: onnx or torch (default: the server's, onnx; torch on cuda)")
+    ] = "",
     int8: Annotated[bool, typer.Option(help="ONNX backend: int8 dynamic quantization")] = default_of(
         EmbedderSettings, "onnx_int8"
     ),
@@ -111,8 +120,7 @@ def build(
     qdrant_api_key: Annotated[str, typer.Option(envvar="RAGSERVE_QDRANT_API_KEY", help="Qdrant API key")] = "",
     chunk_tokens: Annotated[int, typer.Option(help="Chunk size in tokenizer tokens")] = 200,
     overlap_tokens: Annotated[int, typer.Option(help="Overlap between chunks in tokens")] = 40,
-    # Measured faster than larger batches on SciFact (BENCHMARKS.md, "Indexing").
-    batch_size: Annotated[int, typer.Option(min=1, help="Embedding batch size")] = 16,
+    batch_size: Annotated[int, typer.Option(min=0, help="Embedding batch size (0: the backend's measured best)")] = 0,
     progress: Annotated[bool, typer.Option(help="Show a progress bar")] = True,
     max_file_mb: _MaxFileMbOption = DEFAULT_MAX_FILE_MB,
     max_text_chars: _MaxTextCharsOption = DEFAULT_MAX_TEXT_CHARS,
@@ -132,6 +140,7 @@ def build(
 ) -> None:
     """Index SOURCE and publish a new version atomically (incremental over the published one)."""
     setup_cli_logging(verbose, log_file, own_default="WARNING")
+    backend = backend or ("torch" if device == "cuda" else default_of(EmbedderSettings, "backend"))
     _check_build_flags(backend, encoding)
     job = _BuildJob(
         source=source,
@@ -143,7 +152,7 @@ def build(
         incremental=not full,
         chunk_tokens=chunk_tokens,
         overlap_tokens=overlap_tokens,
-        batch_size=batch_size,
+        batch_size=batch_size or BEST_BATCH[backend],
         progress=progress,
         limits=LoadLimits(int(max_file_mb * 1024 * 1024), max_text_chars, parse_timeout_s, encoding, parse_memory_mb),
         fields=tuple(field or ()),
@@ -217,23 +226,28 @@ def _run_build(job: _BuildJob, qdrant: _QdrantTarget) -> tuple[BuildReport, str]
         # Loaded once there is something to embed: no documents, or none changed, costs no model.
         model = LazyEmbedder(reported_model_id(job.embedder), lambda: _quiet_embedder(job))
         _warn_if_the_embedder_changes(job.target, model.model_id)
-        report = build_index(
-            job.source,
-            job.target,
-            model,
-            chunking,
-            job.batch_size,
-            job.progress,
-            on_skip=_warn_skipped,
-            incremental=job.incremental,
-            embedder_backend=job.embedder_backend,
-            limits=job.limits,
-            declared_fields=parse_declared(list(job.fields)),
-        )
+        with host_share.watching():  # others' load re-read while it runs: threads and priority follow
+            report = _build(job, model, chunking)
         qdrant_line = ""
         if qdrant.url:
             qdrant_line = _publish_to_qdrant(qdrant.url, qdrant.collection, qdrant.api_key, job.target)
     return report, qdrant_line
+
+
+def _build(job: _BuildJob, model: IndexingEmbedder, chunking: ChunkingConfig) -> BuildReport:
+    return build_index(
+        job.source,
+        job.target,
+        model,
+        chunking,
+        job.batch_size,
+        job.progress,
+        on_skip=_warn_skipped,
+        incremental=job.incremental,
+        embedder_backend=job.embedder_backend,
+        limits=job.limits,
+        declared_fields=parse_declared(list(job.fields)),
+    )
 
 
 def _quiet_embedder(job: _BuildJob) -> IndexingEmbedder:
@@ -280,7 +294,20 @@ def _summary(report: BuildReport) -> str:
         f"{sum(s.ignored for s in report.skipped)} ignored{_ignored_names(report.skipped)}, "
         f"{report.seconds:.1f} s ({report.docs_per_second:.1f} documents/s"
         + (f"; embedding {report.chunks_per_second:.1f} chunks/s)" if report.chunks_embedded else ")")
+        + _where_the_time_went(report)
     ) + left_out
+
+
+_STAGES = {"read": "reading", "chunk": "chunking", "embed": "embedding", "graph": "graph", "bm25": "BM25"}
+
+
+def _where_the_time_went(report: BuildReport) -> str:
+    """Seconds per stage; embedding runs beside reading and chunking, so they add up past the total."""
+    spent = report.stage_seconds
+    if not spent:
+        return ""
+    parts = [f"{name} {spent[key]:.1f} s" for key, name in {**_STAGES, "checks": "checks"}.items() if key in spent]
+    return "; time: " + ", ".join(parts) + (" (embedding beside reading and chunking)" if spent.get("embed") else "")
 
 
 def _ignored_names(skipped: list[Skipped], shown: int = 5) -> str:

@@ -1,13 +1,22 @@
-"""The indexer and tuners run beside a serving sidecar: lower CPU priority and fewer threads by
-default, so a rebuild slows the server's answers in proportion to the CPU it takes, not at every
-OpenMP barrier of the engine (BENCHMARKS.md, "A busy neighbour")."""
+"""The indexer's share of the host, decided by measurement: every usable CPU at the normal priority
+when nothing else keeps them busy (a machine of its own, CI, a Kubernetes Job), fewer threads and a
+lower priority when a server or other work runs beside it (BENCHMARKS.md, "A busy neighbour").
+Others' load is read as the server's host share reads it (ragserve/generate/host_share.py: the
+CPUs' counters less this process's own time), once at start and then while the build runs.
+--threads and --nice pin either choice."""
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from ragserve.generate.host import read_cpu_quota
+from ragserve.generate.host_share import CpuCounters, EngineThreads, NeighbourLoad
 
 log = logging.getLogger(__name__)
 
@@ -16,7 +25,24 @@ log = logging.getLogger(__name__)
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS")
 
 threads = 0  # the count chosen by `share_host` (0: not called; each library's own default)
-DEFAULT_NICE = 10  # the indexer's default (--nice)
+DEFAULT_NICE = 10  # the priority beside other work (--nice pins one)
+# Others busy on this share of a CPU or more: something runs beside the build (a server answering,
+# a test run), so the build steps back to DEFAULT_NICE. Below it: noise (an idle sidecar, a shell).
+BESIDE_FROM_CPUS = 0.25
+MEASURE_S = 0.3  # the reading at start: long enough for the kernel's tick counters to move
+WATCH_EVERY_S = 1.0
+
+_state: _Share | None = None
+
+
+class _Share:
+    """What `share_host` chose, and what the watch changes while a build runs."""
+
+    def __init__(self, cpus: int, threads: EngineThreads, nice: int, nice_pinned: bool) -> None:
+        self.cpus = cpus
+        self.threads = threads
+        self.nice = nice
+        self.nice_pinned = nice_pinned
 
 
 def usable_cpus() -> int:
@@ -26,16 +52,113 @@ def usable_cpus() -> int:
     return min(cpus, quota) if quota else cpus
 
 
-def share_host(nice: int, thread_cap: int) -> int:
-    """Raise this process's niceness by `nice` (0: unchanged) and cap its compute threads at
-    `thread_cap` (0: every usable CPU but one, at least one). Before any model library loads."""
-    global threads
-    if nice > 0:
+def _neighbour_load() -> NeighbourLoad:
+    cpus = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
+    return NeighbourLoad(CpuCounters(cpus))
+
+
+def measure_neighbour(window_s: float = MEASURE_S) -> float | None:
+    """CPUs' worth of others' work on this process's CPUs over `window_s`; None when unreadable."""
+    load = _neighbour_load()
+    load.sample()
+    time.sleep(window_s)
+    return load.sample()
+
+
+def decide(cpus: int, neighbour: float | None, nice: int | None, thread_cap: int) -> tuple[int, int]:
+    """(niceness to add, threads): the flags when given; else every CPU at nice 0 on an idle host,
+    one thread fewer per core others keep busy (the engine's rule) and DEFAULT_NICE beside them.
+    Unreadable load (no /proc/stat): the old default, as if a server ran beside it."""
+    if neighbour is None:
+        return (DEFAULT_NICE if nice is None else nice), thread_cap or max(1, cpus - 1)
+    chosen_nice = nice if nice is not None else (DEFAULT_NICE if neighbour >= BESIDE_FROM_CPUS else 0)
+    return chosen_nice, thread_cap or EngineThreads(cpus).update(neighbour)
+
+
+def share_host(nice: int | None, thread_cap: int, neighbour: float | None = None, measure: bool = True) -> int:
+    """Choose this process's priority and thread count (see `decide`; `nice`/`thread_cap` None/0:
+    measured) and apply them before any model library loads; returns the thread count."""
+    global threads, _state
+    cpus = usable_cpus()
+    if neighbour is None and measure and (nice is None or not thread_cap):
+        neighbour = measure_neighbour()
+    chosen_nice, threads = decide(cpus, neighbour, nice, thread_cap)
+    if chosen_nice > 0:
         try:
-            os.nice(nice)
+            os.nice(chosen_nice)
         except OSError as exc:  # a container may forbid it: go on at the inherited priority
-            log.warning("could not lower the indexer's CPU priority (--nice %d): %s", nice, exc)
-    threads = thread_cap or max(1, usable_cpus() - 1)
+            log.warning("could not lower the indexer's CPU priority (--nice %d): %s", chosen_nice, exc)
+    counts = EngineThreads(cpus, thread_cap)
+    counts.wanted = threads
+    _state = _Share(cpus, counts, chosen_nice, nice is not None)
     for name in _THREAD_VARIABLES:
         os.environ.setdefault(name, str(threads))  # an explicit variable still wins
+    log.info("indexer: %d of %d CPUs at nice +%d (others busy: %s CPUs)", threads, cpus, chosen_nice, neighbour)
     return threads
+
+
+def wanted_threads() -> int:
+    """Threads the build may use now (the watch lowers it while others are busy); 0 before `share_host`."""
+    return _state.threads.wanted if _state is not None else threads
+
+
+def most_threads() -> int:
+    """The most threads the watch may give the build: every usable CPU, or --threads."""
+    if _state is None:
+        return threads
+    return _state.threads.fixed or _state.cpus
+
+
+def step(share: _Share, neighbour: float) -> None:
+    """One reading while the build runs: threads follow others' load as the engine's do (fewer at
+    once, more after agreeing samples); the first neighbour lowers the priority (never raised back:
+    an unprivileged process cannot)."""
+    before = share.threads.wanted
+    share.threads.update(neighbour)
+    if share.threads.wanted != before:
+        log.info("indexer threads %d -> %d: others keep %.1f CPUs busy", before, share.threads.wanted, neighbour)
+    if not share.nice_pinned and share.nice < DEFAULT_NICE and neighbour >= BESIDE_FROM_CPUS:
+        _lower_every_thread(DEFAULT_NICE - share.nice)
+        share.nice = DEFAULT_NICE
+        log.info("indexer priority lowered to nice +%d: others keep %.1f CPUs busy", DEFAULT_NICE, neighbour)
+
+
+def _lower_every_thread(by: int) -> None:
+    """Linux keeps a nice value per thread: each running one is lowered (threads started later
+    inherit their starter's)."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
+        except OSError:
+            continue  # ended meanwhile
+
+
+@contextmanager
+def watching(every_s: float = WATCH_EVERY_S) -> Iterator[None]:
+    """Re-reads others' load on a daemon thread while the block runs (nothing to watch when both
+    flags pinned the share, or before `share_host`)."""
+    share = _state
+    if share is None or (share.threads.fixed and share.nice_pinned) or not Path("/proc/stat").exists():
+        yield
+        return
+    stop = threading.Event()
+    load = _neighbour_load()
+
+    def run() -> None:
+        load.sample()
+        while not stop.wait(every_s):
+            neighbour = load.sample()
+            if neighbour is not None:
+                step(share, neighbour)
+
+    watch = threading.Thread(target=run, name="indexer-host-share", daemon=True)
+    watch.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watch.join()

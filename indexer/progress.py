@@ -1,12 +1,14 @@
-"""Progress of the embedding, the long part of a build: a bar on a terminal, else a plain line now
-and then (a log file or a job's captured output gets lines, not carriage returns)."""
+"""Progress of a build: the embedding, its long part, as a bar on a terminal (else a plain line now
+and then: a log file or a job's captured output gets lines, not carriage returns); the other
+stages as a line when each starts and ends."""
 
 from __future__ import annotations
 
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -73,3 +75,14 @@ class EmbedProgress:
             self._bar.close()
         elif self._say is not None and self.total:
             self._say(self.line())
+
+
+@contextmanager
+def stage(name: str, show: bool) -> Iterator[None]:
+    """`name...` as it starts and `name: N s` as it ends, on stderr when showing progress, else to
+    the log; the summary line adds every stage's time up."""
+    say: Callable[[str], None] = (lambda line: print(line, file=sys.stderr, flush=True)) if show else log.info
+    say(f"{name}...")
+    started = time.perf_counter()
+    yield
+    say(f"{name}: {time.perf_counter() - started:.1f} s")

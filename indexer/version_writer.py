@@ -6,6 +6,7 @@ builds the graph and BM25 from those files."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ class VersionWriter:
         self._bm25_texts: list[str] = []
         # (first row, chunks, metadata) per document, for the columns: a document's chunks share it.
         self._metadata: list[tuple[int, int, dict[str, Any]]] = []
+        self.seconds = {"graph": 0.0, "bm25": 0.0}  # where `finish` (and BM25's spill) spent its time
 
     def add_new(self, doc: DocumentRows, chunks: list[Chunk], vectors: np.ndarray) -> None:
         """A document chunked and embedded in this build (or taken from a checkpoint)."""
@@ -88,24 +90,32 @@ class VersionWriter:
         self.rows += len(lines)
         self._bm25_texts.extend(texts)
         if len(self._bm25_texts) >= _BM25_BATCH:
+            started = time.perf_counter()
             self._bm25.add(self._bm25_texts)
             self._bm25_texts = []
+            self.seconds["bm25"] += time.perf_counter() - started
 
     def finish(self, base: Previous | None) -> tuple[list[str], int]:
         """Closes the appended files, then writes the graph (`base`'s extended, or a new one), BM25
         and the columns; returns the file names and the search breadth the graph needs."""
+        started = time.perf_counter()
         self._bm25.add(self._bm25_texts)
         self._bm25_texts = []
         for handle in (self._docstore, self._documents):
             handle.close()
         self._vectors.close()
-        threads = host_share.threads or -1  # the indexer's thread cap (--threads), as the embedder's
+        # The threads the host share allows now (--threads pins them), as the embedder's.
+        threads = host_share.wanted_threads() or -1
+        graph_started = time.perf_counter()
         with VectorFile(self.build / VECTORS_FILE) as vectors:
             if base is not None:
                 ef_search = extend_graph(base, vectors, self.build / HNSW_FILE, threads)
             else:
                 ef_search = build_hnsw(vectors, self.build / HNSW_FILE, threads=threads)
+        bm25_started = time.perf_counter()
+        self.seconds["graph"] = bm25_started - graph_started
         names = [HNSW_FILE, CHUNKS_FILE, VECTORS_FILE, DOCUMENTS_FILE, *self._bm25.finish(self.build)]
+        self.seconds["bm25"] += time.perf_counter() - bm25_started + graph_started - started
         if self._fields.schema:
             FieldColumns.of_metadata(self._row_metadata(), self._fields.schema).write(self.build / FIELDS_FILE)
             names.append(FIELDS_FILE)

@@ -11,7 +11,8 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,13 @@ class OnnxEmbedder(NamedEmbedder):
         # `threads` is 1): no barrier between cores inside an operator, so a core taken by another
         # process stalls one batch, not every operator of every batch.
         self._workers = max(1, workers)
+        self._gate: _Gate | None = None
+
+    def follow_workers(self, wanted: Callable[[], int], most: int) -> None:
+        """Indexing on a shared host: up to `most` batches side by side, at any moment no more than
+        `wanted()` (read before each batch starts, so a busy neighbour is felt within a batch)."""
+        self._workers = max(1, most)
+        self._gate = _Gate(wanted)
 
     @classmethod
     def from_export(cls, onnx_path: Path, model_dir: Path, model_id: str, *, threads: int, spin: bool) -> OnnxEmbedder:
@@ -121,6 +129,7 @@ class OnnxEmbedder(NamedEmbedder):
         embedder._set_identity(model_id, int(json.loads((model_dir / "config.json").read_text())["hidden_size"]))
         embedder.quantized = True
         embedder._workers = 1
+        embedder._gate = None
         return embedder
 
     def _open(self, onnx_path: Path, model_dir: Path, threads: int, spin: bool) -> None:
@@ -140,6 +149,11 @@ class OnnxEmbedder(NamedEmbedder):
         self._tokenizer = AutoTokenizer.from_pretrained(str(model_dir), **load_options(model_dir))
         self._max_len = _max_seq_length(model_dir)
         self.onnx_path = onnx_path
+
+    @property
+    def backend(self) -> str:
+        """How its vectors are made, as an index manifest records it (`embedder_backend`)."""
+        return "onnx-int8" if self.quantized else "onnx"
 
     @property
     def max_seq_length(self) -> int:
@@ -201,7 +215,11 @@ class OnnxEmbedder(NamedEmbedder):
         out = np.empty((len(texts), self._dim), dtype=np.float32)
 
         def run(rows: list[int]) -> None:
-            out[rows] = self._run_ids([ids[i] for i in rows])[0]
+            if self._gate is None:
+                out[rows] = self._run_ids([ids[i] for i in rows])[0]
+                return
+            with self._gate:
+                out[rows] = self._run_ids([ids[i] for i in rows])[0]
 
         if self._workers > 1 and len(batches) > 1:
             with ThreadPoolExecutor(self._workers, thread_name_prefix="embed") as pool:
@@ -221,3 +239,24 @@ class OnnxEmbedder(NamedEmbedder):
 
     def embed_documents(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         return self._encode(texts, batch_size=batch_size)
+
+
+class _Gate:
+    """At most `limit()` holders at once (at least one); the limit is read as each one enters."""
+
+    def __init__(self, limit: Callable[[], int]) -> None:
+        self._limit = limit
+        self._active = 0
+        self._changed = threading.Condition()
+
+    def __enter__(self) -> None:
+        with self._changed:
+            # Re-read now and then: the limit may rise while every holder is busy.
+            while self._active >= max(1, self._limit()):
+                self._changed.wait(0.2)
+            self._active += 1
+
+    def __exit__(self, *_: object) -> None:
+        with self._changed:
+            self._active -= 1
+            self._changed.notify()

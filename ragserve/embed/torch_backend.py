@@ -1,4 +1,4 @@
-"""The torch backend: sentence-transformers (CPU or CUDA); the indexer's default."""
+"""The torch backend: sentence-transformers (CPU or CUDA; the indexer's on a GPU)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,11 @@ class SentenceTransformerEmbedder(NamedEmbedder):
         if dim is None:
             raise ConfigError(f"embedder {model!r} does not report an embedding dimension")
         self._set_identity(model, int(dim))
+
+    @property
+    def backend(self) -> str:
+        """How its vectors are made, as an index manifest records it (`embedder_backend`)."""
+        return "torch"
 
     @property
     def tokenizer(self) -> Any:

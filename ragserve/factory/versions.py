@@ -71,6 +71,21 @@ def check_compatible(embedder: Embedder, index: SearchIndex) -> None:
         )
 
 
+def warn_if_backend_differs(embedder: Embedder, manifest: Manifest, version: str) -> bool:
+    """Documents embedded by another backend than the questions (torch fp32 against ONNX int8: the
+    same model, cosines within about 0.02) still serve, with a warning: refusing them would stop
+    every server on an index built before the indexer defaulted to the server's backend."""
+    own = str(getattr(embedder, "backend", ""))
+    if not own or not manifest.embedder_backend or own == manifest.embedder_backend:
+        return False
+    log.warning(
+        "index version %s: documents were embedded with %s, questions are embedded with %s (same model, "
+        "slightly different vectors); rebuild with `ragserve-index build --backend %s%s` to match",
+        version, manifest.embedder_backend, own, own.split("-")[0], " --no-int8" if own == "onnx" else "",
+    )  # fmt: skip
+    return True
+
+
 class VersionBuilder:
     """What an index version serves with: the index files, plus the tuned query embedder, tuned
     cross-encoder and fitted fusion weight a folder version may ship (a Qdrant version ships none).
@@ -117,6 +132,8 @@ class VersionBuilder:
             tuned_reranker = load_tuned_reranker(folder, manifest, self._reranker_threads, self._reranker_cpus)
             options = options.for_version(fitted_weight(folder, manifest), measured_ef(manifest.hnsw, index.version))
         check_compatible(embedder, index)
+        if isinstance(index, HnswIndex):
+            warn_if_backend_differs(embedder, index.manifest, index.version)
         if embedder is not self._configured:
             log.info(
                 "index version %s ships its own tuned query embedder %s: queries use it",
