@@ -98,7 +98,7 @@ async def main() -> None:
     ap.add_argument("--modes", default="dense,bm25,rrf,weighted")
     ap.add_argument("--dense-weight", type=float, default=0.5)
     ap.add_argument("--tune-weight", action="store_true")
-    ap.add_argument("--embedder-backend", default="torch", choices=["torch", "onnx"])
+    ap.add_argument("--embedder-backend", default="onnx", choices=["torch", "onnx"], help="the server's (default onnx)")
     ap.add_argument("--top-k", type=int, default=100)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--limit", type=int, default=0, help="only the first N queries (smoke runs)")
