@@ -72,7 +72,7 @@ def build_one(corpus: Path, index: Path, vectors: Path) -> None:
     from indexer.cli import load_embedder
     from ragserve.index.vector_file import VectorFile
 
-    host_share.share_host(host_share.DEFAULT_NICE, 0)  # as `ragserve-index build` runs by default
+    host_share.share_host(None, 0)  # as `ragserve-index build` runs by default (measured)
     real = load_embedder(default_of(EmbedderSettings, "model"), "onnx", "cpu", True)
     # Rows read as looked up: a mapped matrix's pages would count in the build's peak RSS.
     fake = RecombinedVectors(real.tokenizer, real.model_id, corpus_texts(corpus), VectorFile(vectors))
