@@ -67,21 +67,23 @@ print(json.dumps({"peak_mib": peak, "seconds": time.perf_counter() - started, "c
 """
 
 
-def write_corpus(target: Path, docs: int, chars: int) -> None:
-    """`docs` documents of `chars` characters of word-like text (a vocabulary of 20,000 words)."""
-    rng = random.Random(7)
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    vocabulary = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 11))) for _ in range(20_000)]
+def write_corpus(target: Path, docs: int, chars: int, prose: Path) -> None:
+    """`docs` documents of `chars` characters: SciFact's abstracts run together from a different
+    place for each document (random words where that corpus is missing: slower to tokenize)."""
+    if prose.is_file():
+        with prose.open() as src:
+            text = " ".join(json.loads(line)["text"] for line in src)
+    else:
+        rng = random.Random(7)
+        words = [
+            "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 11))) for _ in range(20_000)
+        ]
+        text = " ".join(rng.choice(words) for _ in range(400_000))
     with target.open("w") as out:
         for i in range(docs):
-            words: list[str] = []
-            size = 0
-            while size < chars:
-                word = rng.choice(vocabulary)
-                words.append(word)
-                size += len(word) + 1
-            text = " ".join(words)[:chars]
-            out.write(json.dumps({"_id": f"d{i}", "title": f"Document {i}", "text": text}) + "\n")
+            start = (i * 7919) % len(text)
+            body = (text[start:] + " " + text) * (chars // len(text) + 1)
+            out.write(json.dumps({"_id": f"d{i}", "title": f"Document {i}", "text": body[:chars]}) + "\n")
 
 
 def main() -> None:
@@ -90,12 +92,13 @@ def main() -> None:
     ap.add_argument("--chars", type=int, default=1_000_000)
     ap.add_argument("--chunk-tokens", type=int, default=200)
     ap.add_argument("--call-chars", type=int, default=-1, help="-1: the indexer's bound; 0: unbounded (as before)")
+    ap.add_argument("--prose", type=Path, default=Path("/work/shared/data/scifact/corpus.jsonl"))
     args = ap.parse_args()
     print(f"CPU: {cpu_name()}; load before: {load_avg()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-chunk-memory-") as tmp:
         corpus = Path(tmp) / "corpus.jsonl"
         started = time.perf_counter()
-        write_corpus(corpus, args.docs, args.chars)
+        write_corpus(corpus, args.docs, args.chars, args.prose)
         print(f"corpus: {args.docs} documents of {args.chars:,} characters ({time.perf_counter() - started:.0f} s)")
         command = [sys.executable, "-c", CHILD, str(corpus), str(Path(tmp) / "index")]
         done = subprocess.run(

@@ -14,6 +14,9 @@ from ragserve.types import Chunk
 
 # Characters one tokenizer call may hold (about 40 MiB of encodings).
 CALL_CHARS = 1_000_000
+# A longer document is cut into pieces of this many characters at most, tokenized in one call on
+# the tokenizer's threads (one piece would run on one).
+PIECE_CHARS = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,13 +62,13 @@ class Chunker:
         """Each tokenizer call gets at most CALL_CHARS characters: its encodings take about 40
         bytes a character (a 1.2M-character document: ~50 MiB), so a call is bounded by the text
         it holds, not by how many documents it holds; a longer document is tokenized in pieces cut
-        at whitespace (word-piece tokens never cross it)."""
+        at whitespace (word-piece tokens never cross it), side by side on the tokenizer's threads."""
         bodies = [doc.text if doc.text.strip() else doc.title for doc in docs]
         spans: list[list[np.ndarray]] = [[] for _ in docs]
         batch: list[tuple[int, int, str]] = []  # (document, its piece's first character, text)
         held = 0
         for index, body in enumerate(bodies):
-            for first, piece in _pieces(body, CALL_CHARS):
+            for first, piece in _pieces(body, min(PIECE_CHARS, CALL_CHARS)):
                 if batch and held + len(piece) > CALL_CHARS:
                     self._tokenize(batch, spans)
                     batch, held = [], 0
