@@ -2,7 +2,7 @@
 each group is one call to the embedder (which sorts its chunks by token count, so a batch pads
 little) and one checkpoint (indexer/checkpoint.py) as soon as it is done; then its rows are
 written (indexer/version_writer.py). A group is embedded on a thread of its own while the next
-one is read and chunked, so the cores never wait for the reading (at most two groups held)."""
+one is read and chunked, so the cores never wait for the reading (at most three groups held)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from ragserve.types import Chunk
 # about 3%); a group is also what an interrupted build can lose, tens of seconds on two cores.
 GROUP_CHUNKS = 1024
 # New documents chunked together: at most this many, and at most CALL_CHARS characters (a
-# document's tokens take ~40 bytes a character: 256 documents of 1M characters would take 10 GB).
+# document's tokens take ~45 bytes a character: 256 documents of 1M characters took ~11 GB).
 _CHUNKED_TOGETHER = 256
 # Each backend's batch measured fastest on two cores (BENCHMARKS.md, "Indexing at the host's speed").
 BEST_BATCH = {"onnx": 32, "torch": 16}
@@ -163,8 +163,8 @@ class RowStream:
             self.flush()
 
     def flush(self) -> None:
-        """Hands what waits to the embedding thread (one group, one checkpoint) once the group
-        before it is written; its rows are written in order when it is done."""
+        """Hands what waits to the embedding thread (one group, one checkpoint), queued behind the
+        group before it, whose rows are written here meanwhile (in order, once it is done)."""
         if self._unchunked:
             self._chunk_waiting()  # holds them, which may flush
             if not self._pending:
