@@ -249,6 +249,8 @@ def _dockerfile(name: str) -> dict[str, Stage]:
             continue
         word, _, rest = line.partition(" ")
         word = word.upper()
+        if word == "ARG" and stage is None:  # a build argument FROM lines may use (the base image)
+            continue
         if word == "FROM":
             parts = rest.split()
             stage = Stage(name=parts[2] if len(parts) > 2 else str(len(stages)))
@@ -260,7 +262,7 @@ def _dockerfile(name: str) -> dict[str, Stage]:
         elif word == "WORKDIR":
             stage.workdir = str(PurePosixPath(stage.workdir, rest.strip()))
         elif word == "COPY":
-            *sources, dest = rest.split()
+            *sources, dest = (word for word in rest.split() if not word.startswith("--"))  # --from=STAGE
             for source in sources:
                 target = str(PurePosixPath(stage.workdir, dest))
                 if len(sources) > 1 or dest.endswith("/"):
@@ -297,12 +299,22 @@ class Container:
         return None
 
 
+# An init the image runs as PID 1 in front of its command: `tini -- ragserve ...` runs ragserve.
+INITS = (["tini", "--"],)
+
+
 def _argv(stage: Stage | None, entrypoint: list[str] | None, command: list[str] | None) -> list[str]:
-    """What runs: an entrypoint given in the file drops the image's CMD (Docker and Kubernetes alike)."""
+    """What runs: an entrypoint given in the file drops the image's CMD (Docker and Kubernetes alike);
+    an init in front of it is left out."""
     if entrypoint is not None:
-        return [*entrypoint, *(command or [])]
-    base = stage.entrypoint if stage else []
-    return [*base, *(command if command is not None else (stage.cmd if stage else []))]
+        argv = [*entrypoint, *(command or [])]
+    else:
+        base = stage.entrypoint if stage else []
+        argv = [*base, *(command if command is not None else (stage.cmd if stage else []))]
+    for init in INITS:
+        if argv[: len(init)] == init:
+            return argv[len(init) :]
+    return argv
 
 
 def _compose_containers(file: str) -> list[Container]:
@@ -633,6 +645,9 @@ def test_the_sidecar_cannot_change_its_image_or_weights(manifest: str) -> None:
     assert stage.env["XDG_CACHE_HOME"].startswith("/opt/ragserve/") and "/opt/ragserve" not in owned
     assert all(not path.startswith("/opt/") for path in owned if path.startswith("/")), owned
     assert stage.env["VLLM_CACHE_ROOT"].startswith("/var/cache/ragserve/") and "/var/cache/ragserve" in owned
+    # ... and readable by the service user: prepare-models writes the weights 0600 (the pod found them so).
+    prepared = next(run for run in stage.runs if "ragserve prepare-models" in run)
+    assert 'chmod -R a+rX "$XDG_CACHE_HOME"' in prepared
 
 
 @pytest.mark.parametrize("file", DEPLOY_FILES)
@@ -705,3 +720,72 @@ def test_setup_never_runs_uv_without_the_sources_pip_uses() -> None:
     text = (REPO / "deploy" / "local" / "setup.sh").read_text()
     assert 'sources="$(python deploy/local/uv_env.py)" &&' in text  # a failed helper: pip installs
     assert re.search(r'UV_VERSION="\d+\.\d+\.\d+"', text) and '"uv==${UV_VERSION}"' in text
+
+
+# --- The container lane's helpers (deploy/container/): what it plays and what the build is given ---
+
+
+def _container_helper(name: str) -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, DEPLOY / "container" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_podman_plays_the_sidecar_manifest_with_only_the_documented_changes() -> None:
+    """What `podman kube play` runs (tests/container) is the manifest but for the changes podman 4.3
+    needs: the native sidecar among the containers, the app's placeholder image replaced by ours
+    idling, local images only, the CronJob's pod template played once as a Pod."""
+    kube = _container_helper("podman_kube")
+    documents = list(yaml.safe_load_all((DEPLOY / "k8s" / "ragserve-sidecar.yaml").read_text()))
+    image = "ghcr.io/example/ragserve:cpu-0.1.0"
+    [played] = kube.app_documents(documents, image)
+    original = _deployment("ragserve-sidecar.yaml")["spec"]["template"]["spec"]
+    spec = played["spec"]["template"]["spec"]
+    assert "initContainers" not in spec and spec["volumes"] == original["volumes"]
+    assert spec["securityContext"] == original["securityContext"]
+    sidecar, app = spec["containers"]
+    expected = {k: v for k, v in original["initContainers"][0].items() if k != "restartPolicy"}
+    assert sidecar == {**expected, "imagePullPolicy": "Never"}
+    for key in ("env", "volumeMounts", "resources", "name"):
+        assert app[key] == original["containers"][0][key]
+    assert app["image"] == image and app["command"][:2] == ["tini", "--"] and app["imagePullPolicy"] == "Never"
+    claim, pod = kube.index_documents(documents)
+    assert claim["kind"] == "PersistentVolumeClaim" and claim["metadata"]["name"] == "ragserve-index"
+    cronjob = next(d for d in documents if d["kind"] == "CronJob")
+    template = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert pod["kind"] == "Pod" and pod["spec"]["restartPolicy"] == "Never"
+    assert [{**c, "imagePullPolicy": "Never"} for c in template["containers"]] == pod["spec"]["containers"]
+    assert pod["spec"]["securityContext"] == template["securityContext"]
+
+
+def test_the_image_build_gets_the_package_sources_pip_has_here() -> None:
+    """deploy/container/build.sh hands the build pip's sources as build arguments, and mounts each
+    local one (a file:// index from the folder above `simple`, a wheel folder) read-only."""
+    sources = _container_helper("pip_sources")
+    listed = "\n".join(
+        [
+            "global.extra-index-url='file:///srv/pypi/simple https://mirror.example/simple'",
+            "global.find-links='/srv/one'",
+            f":env:.find-links='{DEPLOY}'",  # a PIP_* variable overrides the file
+            "global.cert='/etc/ssl/certs/ca-certificates.crt'",
+            "global.timeout='60'",  # nothing the build needs
+        ]
+    )
+    flags = sources.flags(sources.chosen(listed), "")
+    assert flags[:3] == [
+        "--build-arg=PIP_EXTRA_INDEX_URL=file:///srv/pypi/simple https://mirror.example/simple",
+        f"--build-arg=PIP_FIND_LINKS={DEPLOY}",
+        "--build-arg=PIP_CERT=/etc/ssl/certs/ca-certificates.crt",
+    ]
+    assert f"--volume={DEPLOY}:{DEPLOY}:ro" in flags and flags[-1] == "--build-arg=TORCH_INDEX_URL="
+    assert sources.local_path("file:///srv/pypi/simple/") == "/srv/pypi"
+    assert sources.local_path("https://mirror.example/simple") is None
+    # The Dockerfile declares every argument the helper may pass.
+    dockerfile = (DEPLOY / "docker" / "Dockerfile.cpu").read_text()
+    for option in sources._OPTIONS:
+        assert f"ARG PIP_{option.upper().replace('-', '_')}\n" in dockerfile
+    assert "ARG TORCH_INDEX_URL=" in dockerfile

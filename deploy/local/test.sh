@@ -13,6 +13,11 @@ mypy ragserve indexer
 #   e2e      the rest of tests/e2e (tests/e2e/float32 shares the float32 server; the others start their own)
 #   unit     everything outside tests/e2e but the tests marked slow (the quick suite)
 #   slow     the tests marked slow outside tests/e2e
+#   container  tests/container (marker `container`): the CPU image built with podman and the sidecar
+#            pod played from the Kubernetes manifest (deploy/container/). Its image is built beside
+#            the four lanes at the lowest CPU priority (mostly downloads and unpacking); the pod is
+#            played once they have ended, on an idle host. Without podman and without root to
+#            install it the test skips, except in CI (CI=true), where it fails.
 # A test marked `alone` (a tight timing, the host's load) runs while the other lanes wait
 # (tests/conftest.py). Each lane's report is printed when all have ended; --durations: the slowest
 # tests, to keep CI within its time. Arguments, when given, go to one plain pytest instead.
@@ -32,20 +37,41 @@ lane() {
     echo "lane $name: exit $code in $((SECONDS - started)) s"
     return $code
 }
+# The container lane's image, built while the others run (a base made here: no image registry is
+# assumed; BASE_IMAGE names another). The lane builds it again if this failed, and says why.
+image=
+if [ "$(id -u)" = "0" ] || command -v podman >/dev/null 2>&1; then
+    base_args=()
+    [ -n "${BASE_IMAGE:-}" ] || base_args=(--local-base)
+    (
+        started=$SECONDS code=0
+        nice -n 19 bash deploy/container/build.sh "${base_args[@]}" >"$TEST_LANE_LOCKS/image.log" 2>&1 || code=$?
+        echo "image for the container lane (beside the lanes, nice 19): exit $code in $((SECONDS - started)) s"
+    ) &
+    image=$!
+fi
 lane shared tests/e2e/shared &
 shared=$!
 lane e2e tests/e2e --ignore=tests/e2e/shared &
 e2e=$!
-lane unit tests --ignore=tests/e2e -m "not slow" &
+lane unit tests --ignore=tests/e2e --ignore=tests/container -m "not slow" &
 unit=$!
-lane slow tests --ignore=tests/e2e -m slow &
+lane slow tests --ignore=tests/e2e --ignore=tests/container -m slow &
 slow=$!
 failed=0
 for pid in $shared $e2e $unit $slow; do
     wait "$pid" || failed=1
 done
-for name in unit slow e2e shared; do
+if [ -n "$image" ]; then
+    wait "$image" || true
+fi
+lane container tests/container || failed=1
+for name in unit slow e2e shared container; do
     echo "==================== lane $name ===================="
     cat "$TEST_LANE_LOCKS/$name.log"
 done
+if [ -f "$TEST_LANE_LOCKS/image.log" ]; then
+    echo "==================== the container lane's image (the end of its build log) ===================="
+    tail -n 40 "$TEST_LANE_LOCKS/image.log"
+fi
 exit $failed
