@@ -84,6 +84,11 @@ class Passage:
     rank: int = 0
     # Set per request (never cached: it depends on the question's words).
     highlight: Highlight | None = None
+    # Its raw scores before fusion (cosine, BM25; not among a list's candidates: that list's last
+    # score, a bound; None: that list was not searched): the decline reads them, since a fused
+    # score is only relative to the other candidates.
+    dense: float | None = None
+    lexical: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +303,16 @@ class GenerationChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class DeclineEvidence:
+    """What led the server to decline before the generator: the decision's score (the fitted
+    chance that the documents do not cover the question), the threshold it reached, its signals."""
+
+    score: float
+    threshold: float
+    signals: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class FinalSummary:
     usage: Usage
     timings: StageTimings
@@ -311,6 +326,8 @@ class FinalSummary:
     request_class: RequestClass = RequestClass.INTERACTIVE
     # The answer is the decline sentence: the generator's own, or the server's abstention.
     declined: bool = False
+    # Why the server declined before the generator (request/decline.py); None otherwise.
+    decline_evidence: DeclineEvidence | None = None
 
 
 @dataclass(frozen=True, slots=True)

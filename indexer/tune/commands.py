@@ -1,4 +1,4 @@
-"""The tuners' CLI commands, `tune`, `tune-reranker`, `tune-reader` and `tune-generator`, registered
+"""The tuners' CLI commands, `tune`, `tune-reranker`, `tune-reader`, `tune-generator` and `tune-decline`, registered
 on the indexer's app (`indexer/cli.py` calls `register`). The tuners themselves are imported when a command runs, so
 `--help` and `build` do not load them."""
 
@@ -40,11 +40,36 @@ _LogFileOption = Annotated[
 
 
 def register(app: typer.Typer) -> None:
-    """Add `tune`, `tune-reranker`, `tune-reader` and `tune-generator` to `app`."""
+    """Add `tune`, `tune-reranker`, `tune-reader`, `tune-generator` and `tune-decline` to `app`."""
     app.command()(tune)
     app.command("tune-reranker")(tune_reranker)
     app.command("tune-reader")(tune_reader)
     app.command("tune-generator")(tune_generator)
+    app.command("tune-decline")(tune_decline)
+
+
+def tune_decline(
+    train: Annotated[Path, typer.Argument(help="A SQuAD-format folder: corpus.jsonl and questions.jsonl")],
+    out: Annotated[Path, typer.Option(help="The model's JSON (the server's: ragserve/request/decline_model.json)")],
+    covered: Annotated[int, typer.Option(min=10, help="Covered questions asked per served article and fold")] = 60,
+    signals: Annotated[str, typer.Option(help="The signals it weighs, comma-separated")] = "",
+    work: Annotated[Path | None, typer.Option(help="Index and rows folder (default: a temporary one)")] = None,
+    verbose: _VerboseOption = False,
+    log_file: _LogFileOption = None,
+) -> None:
+    """Fit the decline before the generator: each article of TRAIN left out of the served corpus in
+    turn, its questions "absent", the served articles' answerable ones "covered"."""
+    from indexer.tune.decline import DEFAULT_SIGNALS, cross_validate, fit, write_model
+    from indexer.tune.decline_data import leave_one_out_in
+
+    setup_cli_logging(verbose, log_file, own_default="WARNING")
+    names = tuple(n.strip() for n in signals.split(",") if n.strip()) or DEFAULT_SIGNALS
+    rows = _run_tuner(lambda: leave_one_out_in(train, covered, work))
+    model = _run_tuner(lambda: fit(rows, names))
+    write_model(model, out)
+    typer.echo(f"wrote {out}: {json.dumps(model['fitted_on'])}")
+    for rate, held in cross_validate(rows, names, (0.02, 0.025, 0.03, 0.035, 0.04, 0.05)).items():
+        typer.echo(f"false rate {rate}, each article left out of the fit: {json.dumps(held)}")
 
 
 def tune(

@@ -9,6 +9,7 @@ import orjson
 
 from ragserve.cache.base import CachedAnswer, CachedRetrieval, RejectedEntry
 from ragserve.cache.keys import KEY_SCHEMA
+from ragserve.index.chunk_store import location_of, location_record
 from ragserve.json_bytes import kept_json
 from ragserve.types import Chunk, Passage, Usage
 
@@ -31,6 +32,9 @@ def _passage_rows(passages: tuple[Passage, ...]) -> list[list[Any]]:
             p.score,
             p.rank,
             p.chunk.metadata,
+            p.dense,
+            p.lexical,
+            None if p.chunk.location is None else location_record(p.chunk.location),
         ]
         for p in passages
     ]
@@ -64,7 +68,8 @@ def _passages(rows: Any, top_k: int) -> tuple[Passage, ...]:
     passages = []
     for rank, row in enumerate(rows, start=1):
         _typed(row, list, "passage")
-        if len(row) != 10:
+        # 10: written before the raw scores were kept; 12: before the chunk's location
+        if len(row) not in (10, 12, 13):
             raise ValueError("malformed passage")
         cid, doc, text, title, source = (_typed(f, str, "passage field") for f in row[:5])
         start, end = _typed(row[5], int, "chunk start"), _typed(row[6], int, "chunk end")
@@ -75,9 +80,19 @@ def _passages(rows: Any, top_k: int) -> tuple[Passage, ...]:
             raise RejectedEntry("out_of_bounds", "passage ranks are not 1..n")
         if not 0 <= start <= end:
             raise RejectedEntry("out_of_bounds", "chunk offsets out of order")
-        chunk = Chunk(cid, doc, text, title, source, start, end, _metadata(row[9]))
-        passages.append(Passage(chunk, float(score), rank))
+        location = location_of(row[12]) if len(row) == 13 else None
+        chunk = Chunk(cid, doc, text, title, source, start, end, _metadata(row[9]), location=location)
+        dense, lexical = (_raw_score(v) for v in row[10:12]) if len(row) >= 12 else (None, None)
+        passages.append(Passage(chunk, float(score), rank, dense=dense, lexical=lexical))
     return tuple(passages)
+
+
+def _raw_score(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError("passage raw score is not a finite number")
+    return float(value)
 
 
 _SCALARS = (str, int, float, bool)

@@ -47,6 +47,10 @@ def print_final(f: Any, client_seconds: float) -> None:
     print()
     if f.declined:
         print("declined: the retrieved documents do not contain the answer")
+    if f.HasField("decline_evidence"):
+        e = f.decline_evidence
+        signals = ", ".join(f"{name} {value:.3f}" for name, value in sorted(e.signals.items()))
+        print(f"decline: score {e.score:.3f} >= threshold {e.threshold:.3f} ({signals})")
     print(
         f"-- ttft {t.ttft_ms:.0f} ms, {t.time_per_output_token_ms:.1f} ms/token, "
         f"total {t.total_ms:.0f} ms (client saw {1000 * client_seconds:.0f} ms); "

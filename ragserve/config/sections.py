@@ -332,6 +332,11 @@ class AnswerSettings(BaseSettings):
     # true: a Query with low support is answered "The documents do not contain the answer."
     # without calling the generator (off by default: docs/evidence.md has its precision and recall).
     abstain_on_low_support: bool = False
+    # The share of questions the documents do cover that the server may decline before calling the
+    # generator, judging from retrieval's raw scores and the question's words that the passages
+    # hold (request/decline.py; chosen on SQuAD 2.0 with articles left out: docs/evidence.md);
+    # 0 turns the decision off.
+    decline_false_rate: float = Field(default=0.035, ge=0.0, le=0.3)
     # Retrieval-only mode: no generator is loaded and Query answers FAILED_PRECONDITION.
     generation_enabled: bool = True
 

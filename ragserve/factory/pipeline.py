@@ -35,6 +35,7 @@ from ragserve.index.base import SearchIndex
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.read.base import Reader
 from ragserve.request.caches import PipelineCaches, cache_scope
+from ragserve.request.decline import Decline, DeclineModel
 from ragserve.request.hot import HotPassages
 from ragserve.request.model_threads import ClassedExecutor, ModelThreads
 from ragserve.request.pipeline import RagPipeline
@@ -68,7 +69,18 @@ def answer_policy(settings: Settings) -> AnswerPolicy:
         warming.warm_kv_share,
         warming.warm_whole_corpus,
         reader_lead=settings.reader.enabled and settings.reader.lead,
+        decline=make_decline(settings),
     )
+
+
+def make_decline(settings: Settings) -> Decline | None:
+    """The shipped decline model at the configured false rate; off for an embedder whose cosines
+    it was not fitted on."""
+    model = DeclineModel.load()
+    if model.embedder and model.embedder != settings.embedder.model:
+        log.warning("the decline is off: fitted on %s's cosines, serving %s", model.embedder, settings.embedder.model)
+        return None
+    return Decline.at(model, settings.answer.decline_false_rate)
 
 
 def make_pipeline(settings: Settings, with_generator: bool = True) -> RagPipeline:

@@ -16,6 +16,9 @@ from ragserve.types import Chunk
 class ScoredChunk:
     chunk: Chunk
     score: float
+    # After fusion: the chunk's raw cosine and BM25 score (None: that list was not searched).
+    dense: float | None = None
+    lexical: float | None = None
 
 
 @runtime_checkable

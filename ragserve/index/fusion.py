@@ -151,9 +151,9 @@ def hybrid_search(
     (see `effective_mode`). `flt` narrows both lists before fusion, so a selective filter still
     fills top_k when enough chunks pass it."""
     if mode == "dense":
-        hits = index.search(query_vector, breadth.depth, breadth.ef, flt)
+        hits = [replace(h, dense=h.score) for h in index.search(query_vector, breadth.depth, breadth.ef, flt)]
     elif mode == "bm25":
-        hits = index.search_lexical(query, breadth.depth, flt)
+        hits = [replace(h, lexical=h.score) for h in index.search_lexical(query, breadth.depth, flt)]
     else:
         dense = index.search(query_vector, breadth.candidates, breadth.ef, flt)
         bm25 = index.search_lexical(query, breadth.candidates, flt)
@@ -161,6 +161,23 @@ def hybrid_search(
             hits = rrf([dense, bm25], options.rrf_k)
         else:
             hits = weighted(dense, bm25, options.dense_weight)
+        hits = with_raw_scores(hits, dense, bm25)
     if dedupe:
         hits = dedupe_documents(hits)
     return list(hits[: breadth.k])
+
+
+def with_raw_scores(
+    fused: Sequence[ScoredChunk], dense: Sequence[ScoredChunk], lexical: Sequence[ScoredChunk]
+) -> list[ScoredChunk]:
+    """Each fused hit with its raw cosine and BM25 score (a fused score only ranks; the decline
+    needs to know how close the best chunk really is). A hit missing from a list gets that list's
+    last score, a bound its own cannot exceed (0 for BM25 when no chunk shares a term)."""
+    cosine = {h.chunk.chunk_id: h.score for h in dense}
+    bm25 = {h.chunk.chunk_id: h.score for h in lexical}
+    dense_floor = min(cosine.values(), default=None)
+    lexical_floor = min(bm25.values(), default=0.0)
+    return [
+        replace(h, dense=cosine.get(h.chunk.chunk_id, dense_floor), lexical=bm25.get(h.chunk.chunk_id, lexical_floor))
+        for h in fused
+    ]

@@ -32,6 +32,7 @@ from ragserve.request.answer import AnswerStream
 from ragserve.request.batch_share import BatchShare
 from ragserve.request.caches import PipelineCaches
 from ragserve.request.conversation import search_embedding
+from ragserve.request.decline import judge
 from ragserve.request.evidence import with_answer, with_evidence
 from ragserve.request.hot import HotPassages
 from ragserve.request.model_threads import CURRENT_CLASS
@@ -296,8 +297,9 @@ class RagPipeline:
         retrieval, key, table = await self._retrieve(params, request, self.serving, "own" if reader_first else "none")
         self._count_top(retrieval)
         timings = request.timings  # the retrieval event has its own copy
-        if self._declines(retrieval):
-            for event in declined(retrieval, timings, generator.model_id, deadline.elapsed_ms):
+        judged = judge(self.policy.decline, retrieval, table)  # no model call: microseconds
+        if judged is not None or self._declines(retrieval):
+            for event in declined(retrieval, timings, generator.model_id, deadline.elapsed_ms, judged):
                 yield event
             return
         answer_key = self.caches.answer_key(key, gen)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from ragserve.config import AnswerSettings, WarmingSettings, default_of
 from ragserve.prompt import DECLINE_SENTENCE
+from ragserve.request.decline import Decline
 
 # The answer the system prompt asks the model to give when the passages do not hold one; the
 # server gives the same words when it abstains itself.
@@ -25,6 +26,8 @@ class AnswerPolicy:
     warm_whole_corpus: bool = default_of(WarmingSettings, "warm_whole_corpus")
     # The reader's sentence quoted before the question (RAGSERVE_READER_LEAD).
     reader_lead: bool = False
+    # The decline before the generator (request/decline.py; None: off).
+    decline: Decline | None = None
 
     @property
     def whole_first_max_tokens(self) -> int:

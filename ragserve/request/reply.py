@@ -21,6 +21,7 @@ from ragserve.request.policy import ABSTAIN_ANSWER
 from ragserve.request.summary import Outcome
 from ragserve.types import (
     AnswerSpan,
+    DeclineEvidence,
     FinalSummary,
     LateAnswer,
     QueryEvent,
@@ -212,13 +213,16 @@ async def _span_of(retrieval: RetrievalResult, reading: Reading | None, deadline
 
 
 def declined(
-    retrieval: RetrievalResult, timings: StageTimings, model_id: str, elapsed_ms: Callable[[], float]
+    retrieval: RetrievalResult,
+    timings: StageTimings,
+    model_id: str,
+    elapsed_ms: Callable[[], float],
+    evidence: DeclineEvidence | None = None,
 ) -> list[QueryEvent]:
-    """The documents do not answer the question (low support, or the reader found no answer): say so
-    without calling the engine."""
+    """The documents do not answer the question (the decline's model, low support, or the reader
+    found no answer): say so without calling the engine. `evidence`: the decline's, when it decided."""
     timings.ttft_ms = timings.total_ms = elapsed_ms()
-    return [
-        retrieval,
-        TokenDelta(ABSTAIN_ANSWER),
-        FinalSummary(Usage(0, 0, 0), timings, retrieval.degraded, "abstained", model_id, declined=True),
-    ]
+    final = FinalSummary(
+        Usage(0, 0, 0), timings, retrieval.degraded, "abstained", model_id, declined=True, decline_evidence=evidence
+    )
+    return [retrieval, TokenDelta(ABSTAIN_ANSWER), final]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -81,11 +81,13 @@ class SearchStage:
                 ),
                 deadline,
             )
-        outcome = RerankOutcome(stable_order([Passage(hit.chunk, hit.score) for hit in hits]))
+        outcome = RerankOutcome(
+            stable_order([Passage(hit.chunk, hit.score, dense=hit.dense, lexical=hit.lexical) for hit in hits])
+        )
         if reranker is not None:
             with request.stage("rerank"):
                 outcome = await self._rerank(reranker, params.search_text, outcome.passages, deadline)
-        top = [Passage(p.chunk, p.score, rank) for rank, p in enumerate(outcome.passages[: params.top_k], start=1)]
+        top = [replace(p, rank=rank) for rank, p in enumerate(outcome.passages[: params.top_k], start=1)]
         degraded = Degraded.of_search(
             breadth_cut=breadth.cut,
             lexical_missing=mode != self.options.mode,

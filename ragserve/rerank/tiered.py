@@ -13,7 +13,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from ragserve.budget import Deadline
@@ -223,7 +223,7 @@ class TieredReranker:
                 break
             scores = scored[0] if tier.ce_weight is None else _blended(scored[0], fused, tier.ce_weight)
             order = _order(scores, len(items))
-            items = [Passage(items[i].chunk, scores[i], items[i].rank) if i in scores else items[i] for i in order]
+            items = [replace(items[i], score=scores[i]) if i in scores else items[i] for i in order]
             fused = [fused[i] for i in order]
             if not self._combine(out, tier, scored, want):
                 break

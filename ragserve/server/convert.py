@@ -7,6 +7,7 @@ from typing import TypeVar
 from ragserve.reports import EngineChoice, HostShareState, PipelineInfo, WarmState
 from ragserve.types import (
     AnswerSpan,
+    DeclineEvidence,
     Degraded,
     Highlight,
     LateAnswer,
@@ -140,8 +141,15 @@ def query_event_pb(event: QueryEvent) -> pb.QueryEvent:
             generator_model=event.generator_model,
             answer_cache_hit=event.answer_cache_hit,
             declined=event.declined,
+            decline_evidence=decline_evidence_pb(event.decline_evidence),
         )
     )
+
+
+def decline_evidence_pb(evidence: DeclineEvidence | None) -> pb.DeclineEvidence | None:
+    if evidence is None:
+        return None
+    return pb.DeclineEvidence(score=evidence.score, threshold=evidence.threshold, signals=evidence.signals)
 
 
 def engine_setting_pb(choice: EngineChoice) -> pb.EngineSetting:

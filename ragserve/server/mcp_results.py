@@ -62,6 +62,7 @@ def answer_result(events: Sequence[QueryEvent]) -> CallToolResult:
     structured = {
         "answer": text.strip(),
         "declined": bool(final.declined) if final is not None else False,
+        "decline_evidence": _decline_evidence(final),
         "citations": citations,
         "reader_span": span.text if span is not None else "",
         "passages": [passage_of(p) for p in shown],
@@ -69,6 +70,14 @@ def answer_result(events: Sequence[QueryEvent]) -> CallToolResult:
     }
     sources = "\n".join(f"[{c['n']}] {c['title'] or c['doc_id']}: {c['quote']}" for c in citations)
     return _result(structured, text.strip() + (f"\n\nSources:\n{sources}" if sources else ""))
+
+
+def _decline_evidence(final: FinalSummary | None) -> dict[str, Any] | None:
+    """Why the server declined before the generator (None: it did not)."""
+    evidence = final.decline_evidence if final is not None else None
+    if evidence is None:
+        return None
+    return {"score": evidence.score, "threshold": evidence.threshold, "signals": dict(evidence.signals)}
 
 
 def _citation_of(passage: Passage) -> dict[str, Any]:

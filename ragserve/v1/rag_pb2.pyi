@@ -298,7 +298,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., context_tokens: _Optional[int] = ..., context_tokens_full: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class FinalEvent(_message.Message):
-    __slots__ = ("usage", "timings", "degraded", "finish_reason", "generator_model", "answer_cache_hit", "request_class", "declined")
+    __slots__ = ("usage", "timings", "degraded", "finish_reason", "generator_model", "answer_cache_hit", "request_class", "declined", "decline_evidence")
     USAGE_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
@@ -307,6 +307,7 @@ class FinalEvent(_message.Message):
     ANSWER_CACHE_HIT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_CLASS_FIELD_NUMBER: _ClassVar[int]
     DECLINED_FIELD_NUMBER: _ClassVar[int]
+    DECLINE_EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     usage: Usage
     timings: StageTimings
     degraded: DegradedFlags
@@ -315,7 +316,25 @@ class FinalEvent(_message.Message):
     answer_cache_hit: bool
     request_class: RequestClass
     declined: bool
-    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., finish_reason: _Optional[str] = ..., generator_model: _Optional[str] = ..., answer_cache_hit: _Optional[bool] = ..., request_class: _Optional[_Union[RequestClass, str]] = ..., declined: _Optional[bool] = ...) -> None: ...
+    decline_evidence: DeclineEvidence
+    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., finish_reason: _Optional[str] = ..., generator_model: _Optional[str] = ..., answer_cache_hit: _Optional[bool] = ..., request_class: _Optional[_Union[RequestClass, str]] = ..., declined: _Optional[bool] = ..., decline_evidence: _Optional[_Union[DeclineEvidence, _Mapping]] = ...) -> None: ...
+
+class DeclineEvidence(_message.Message):
+    __slots__ = ("score", "threshold", "signals")
+    class SignalsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    SIGNALS_FIELD_NUMBER: _ClassVar[int]
+    score: float
+    threshold: float
+    signals: _containers.ScalarMap[str, float]
+    def __init__(self, score: _Optional[float] = ..., threshold: _Optional[float] = ..., signals: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class QueryEvent(_message.Message):
     __slots__ = ("retrieval", "token", "final", "answer")

@@ -92,6 +92,7 @@ PLANTED = {
         _valid_row(p=[["c", "d", "t", "n", "s", 0, 3, 0.5, 1, {"f": {"x": 1}}]]),
         "malformed",
     ),
+    "raw cosine a string": (_valid_row(p=[["c", "d", "t", "n", "s", 0, 3, 0.5, 1, {}, "0.7", None]]), "malformed"),
     "degraded not a bool": (_valid_row(d="yes"), "malformed"),
     "passages an object": (_valid_row(p={"a": 1}), "malformed"),
     "tiers not strings": (_valid_row(t=[1, 2]), "malformed"),
@@ -273,3 +274,18 @@ def test_with_a_key_an_unsigned_answer_is_refused(settings) -> None:
         await answers.close()
 
     run(body())
+
+
+def test_a_passages_raw_scores_survive_the_cache_and_older_entries_still_read() -> None:
+    """The decline reads each passage's raw cosine and BM25 score, so a cache hit keeps them; an
+    entry written before they were kept (10 fields a passage) reads with none."""
+    import dataclasses
+
+    from ragserve.cache.codec import decode_entry
+
+    passages = tuple(dataclasses.replace(p, dense=0.5 + i / 10, lexical=None) for i, p in enumerate(_passages(2)))
+    back = decode_entry(encode_entry(CachedRetrieval(passages, "1", (), "q")))
+    assert [(p.dense, p.lexical) for p in back.passages] == [(0.5, None), (0.6, None)]
+    data = orjson.loads(encode_entry(CachedRetrieval(passages, "1", (), "q")))
+    data["p"] = [row[:10] for row in data["p"]]
+    assert all(p.dense is None for p in decode_entry(orjson.dumps(data)).passages)

@@ -42,3 +42,19 @@ def test_breadth_is_planned_once_and_a_cut_is_flagged_only_when_real() -> None:
     assert plan_breadth(hybrid, "dense", 30, 64, dedupe=True) == SearchBreadth(30, 90, 90, 90)
     assert plan_breadth(hybrid, "dense", 30, 64, dedupe=True, narrow=True).cut is False
     assert plan_breadth(hybrid, "hybrid", 50, 64, dedupe=True) == SearchBreadth(50, 150, 150, 150)
+
+
+def test_fused_hits_keep_their_raw_cosine_and_bm25_score() -> None:
+    from ragserve.index.base import ScoredChunk
+    from ragserve.index.fusion import weighted, with_raw_scores
+    from ragserve.types import Chunk
+
+    a, b, c = (Chunk(cid, cid, cid) for cid in "abc")
+    dense = [ScoredChunk(a, 0.8), ScoredChunk(b, 0.6)]
+    lexical = [ScoredChunk(b, 9.0), ScoredChunk(c, 3.0)]
+    hits = {h.chunk.chunk_id: h for h in with_raw_scores(weighted(dense, lexical, 0.5), dense, lexical)}
+    assert (hits["a"].dense, hits["a"].lexical) == (0.8, 3.0)  # not in BM25's list: at most its last
+    assert (hits["b"].dense, hits["b"].lexical) == (0.6, 9.0)
+    assert (hits["c"].dense, hits["c"].lexical) == (0.6, 3.0)
+    alone = with_raw_scores(weighted(dense, [], 0.5), dense, [])
+    assert [h.lexical for h in alone] == [0.0, 0.0]  # no chunk shares a term with the question

@@ -213,6 +213,32 @@ def test_low_support_is_answered_without_the_engine_when_asked(pipeline_factory)
     assert not events[-1].declined
 
 
+def test_the_decline_answers_before_the_engine_with_its_evidence_in_the_final_event(pipeline_factory) -> None:
+    """A model over `found` (the share of the question's words the passages hold): a question about
+    nothing in the sample documents is declined at once; one they cover reaches the engine."""
+    from ragserve.request.decline import Decline, DeclineModel
+
+    model = DeclineModel.from_json(
+        {"names": ["found"], "mean": [0.2], "std": [0.25], "weights": [-4.0], "bias": 0.0, "calibration": [[0.02, 0.5]]}
+    )
+
+    async def ask(question: str) -> tuple[list[object], FakeGenerator]:
+        fake = FakeGenerator()
+        pipeline = pipeline_factory(fake, policy=AnswerPolicy(decline=Decline(model, 0.5)))
+        params = RetrieveParams(question, top_k=3, budget_ms=10_000)
+        context = RequestContext(Deadline(10_000), "r1")
+        return [e async for e in pipeline.query(params, GenerateParams(16, 0.0), context)], fake
+
+    events, fake = asyncio.run(ask("Which quarterback won the 1987 Heisman trophy?"))
+    assert fake.calls == 0 and isinstance(events[1], TokenDelta) and events[1].text == ABSTAIN_ANSWER
+    final = events[-1]
+    assert isinstance(final, FinalSummary) and final.declined and final.finish_reason == "abstained"
+    assert final.decline_evidence is not None and final.decline_evidence.score >= 0.5
+    assert final.decline_evidence.signals["found"] < 0.2
+    events, fake = asyncio.run(ask("Who discovered penicillin?"))
+    assert fake.calls == 1 and isinstance(events[-1], FinalSummary) and events[-1].decline_evidence is None
+
+
 @pytest.mark.parametrize(
     ("words", "declined"),
     [

@@ -242,3 +242,28 @@ def test_info_counts_only_the_chunks_the_callers_grant_reads() -> None:
     grant = Filter(must=(Match("groups", ("public",), any=True),))
     assert info_response_pb(pipeline.info(grant), 70, 0).index_chunks == 7
     assert info_response_pb(pipeline.info(), 70, 0).index_chunks == 111
+
+
+def test_a_decline_carries_its_evidence_through_every_door() -> None:
+    """gRPC's final event, the OpenAI door's `ragserve` extension and MCP's answer result all carry
+    why the server declined before the generator; an answer without one carries none."""
+    import dataclasses
+
+    from ragserve.server.mcp_results import answer_result
+    from ragserve.server.openai_wire import Reply
+    from ragserve.types import DeclineEvidence
+
+    evidence = DeclineEvidence(0.93, 0.61, {"top_dense": 0.18, "found": 0.25})
+    summary = FinalSummary(Usage(0, 0, 0), StageTimings(), Degraded(), "abstained", "gen", declined=True)
+    declined = dataclasses.replace(summary, decline_evidence=evidence)
+    final = query_event_pb(declined).final
+    assert final.declined and final.HasField("decline_evidence")
+    assert final.decline_evidence.score == pytest.approx(0.93)
+    assert final.decline_evidence.threshold == pytest.approx(0.61)
+    assert dict(final.decline_evidence.signals) == pytest.approx({"top_dense": 0.18, "found": 0.25})
+    assert not query_event_pb(summary).final.HasField("decline_evidence")
+    chunk = Reply("r1", "gen").chunks(declined)[0]
+    assert chunk["ragserve"]["final"]["decline_evidence"]["signals"]["found"] == pytest.approx(0.25)
+    content = answer_result([_result(), TokenDelta("The documents do not contain the answer."), declined])
+    assert content.structured_content is not None
+    assert content.structured_content["decline_evidence"]["score"] == pytest.approx(0.93)

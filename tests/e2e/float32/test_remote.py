@@ -112,6 +112,8 @@ def _remote_env(urls: list[str], **extra: str) -> dict[str, str]:
         "RAGSERVE_GENERATOR_REMOTE_URLS": ",".join(urls),
         "RAGSERVE_CACHE_ANSWERS": "false",
         "RAGSERVE_HEALTH_PROBE_INTERVAL_S": "0.5",
+        # Off: with no server up, an off-corpus question must reach the generator to fail.
+        "RAGSERVE_DECLINE_FALSE_RATE": "0",
         **BASE_MODEL_ENV,
         **extra,
     }

@@ -241,3 +241,16 @@ def test_info_reports_what_is_served(live_server: LiveServer) -> None:
     assert info.embedder_model == "sentence-transformers/all-MiniLM-L6-v2"
     assert "SmolLM2" in info.generator_model
     assert info.retrieval_budget_ms == 70
+
+
+def test_a_question_the_documents_do_not_cover_is_declined_at_once_with_its_evidence(live_server: LiveServer) -> None:
+    """The decline before the generator (on by default): the decline sentence, then a final event
+    that says why; a question the sample documents cover goes to the engine."""
+    events = [e for _, e in asyncio.run(_timed_query(live_server.target, "What is the capital of Mongolia?"))]
+    assert [e.WhichOneof("event") for e in events] == ["retrieval", "token", "final"]
+    final = events[-1].final
+    assert final.declined and final.finish_reason == "abstained" and final.usage.completion_tokens == 0
+    evidence = final.decline_evidence
+    assert evidence.score >= evidence.threshold > 0 and {"top_dense", "found"} <= set(evidence.signals)
+    covered = [e for _, e in asyncio.run(_timed_query(live_server.target, "Who discovered penicillin?", max_tokens=8))]
+    assert not covered[-1].final.HasField("decline_evidence") and covered[-1].final.finish_reason != "abstained"

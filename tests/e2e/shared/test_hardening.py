@@ -181,6 +181,8 @@ def own_servers(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) ->
         # engine on a server thread, tests/generate covers a failing engine).
         "process-layout": {
             "RAGSERVE_HEALTH_PROBE_INTERVAL_S": "0.5",
+            # Off: the engine-failure test needs an off-corpus question to reach the dead engine.
+            "RAGSERVE_DECLINE_FALSE_RATE": "0",
             "RAGSERVE_GENERATOR_ENGINE_LAYOUT": "process",
             "RAGSERVE_GENERATOR_SPECULATIVE": "off",
         },
