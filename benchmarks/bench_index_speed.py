@@ -79,8 +79,7 @@ def chunk_texts(root: Path) -> list[str]:
     from ragserve.index.format import CHUNKS_FILE
 
     folder = (root / "CURRENT").resolve()
-    count = json.loads((folder / "manifest.json").read_text())["count"]
-    return [embedding_text(c) for c in read_chunks(folder / CHUNKS_FILE, count)]
+    return [embedding_text(c) for c in read_chunks(folder / CHUNKS_FILE)]
 
 
 def plain_encode(texts: list[str], scratch: Path, prefix: list[str]) -> float:
