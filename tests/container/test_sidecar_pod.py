@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.container
+# A cold image build (a fresh machine) takes longer than pytest's default bound (pyproject.toml).
+pytestmark = [pytest.mark.container, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
 POD_SH = REPO / "deploy" / "container" / "pod.sh"
