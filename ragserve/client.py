@@ -276,6 +276,16 @@ class RagClient:
         finally:
             call.cancel()  # a consumer that stops early frees the server's generation at once
 
+    async def source(
+        self, chunk_id: str, start: int | None = None, end: int | None = None, context_chars: int | None = None
+    ) -> pb.SourceResponse:
+        """The document text around a citation's quote (its chunk_id, quote_start, quote_end)."""
+        request = pb.SourceRequest(chunk_id=chunk_id, start=start, end=end, context_chars=context_chars)
+        response: pb.SourceResponse = await self._stub.Source(
+            request, timeout=self.default_timeout_s, metadata=self._metadata
+        )
+        return response
+
     async def info(self) -> pb.InfoResponse:
         response: pb.InfoResponse = await self._stub.Info(
             pb.InfoRequest(), timeout=self.default_timeout_s, metadata=self._metadata

@@ -328,6 +328,28 @@ class FinalSummary:
     declined: bool = False
     # Why the server declined before the generator (request/decline.py); None otherwise.
     decline_evidence: DeclineEvidence | None = None
+    # Every citation of the answer, as streamed; `unsupported`: some of the answer's content is held
+    # by no passage (request/citations.py).
+    citations: tuple[Citation, ...] = ()
+    unsupported: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Citation:
+    """A marker `[n]` the answer wrote, located (request/citations.py): the answer text it
+    supports (code points of the answer so far), the passage it names, the passage sentence it
+    quotes by its characters in the source document's text, and whether that passage holds the
+    supported text's content words (a lexical check, not a proof)."""
+
+    marker: int  # n of [n]: the passage's rank
+    answer_start: int
+    answer_end: int
+    passage: int  # index into the request's passages
+    chunk: Chunk
+    quote: str
+    quote_start: int  # in the document's extracted text: chunk.start + the sentence's offset
+    quote_end: int
+    supported: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,7 +360,7 @@ class LateAnswer:
     reader_ms: float
 
 
-QueryEvent = RetrievalResult | TokenDelta | FinalSummary | LateAnswer
+QueryEvent = RetrievalResult | TokenDelta | FinalSummary | LateAnswer | Citation
 
 
 @dataclass(frozen=True, slots=True)

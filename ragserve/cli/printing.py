@@ -51,6 +51,7 @@ def print_final(f: Any, client_seconds: float) -> None:
         e = f.decline_evidence
         signals = ", ".join(f"{name} {value:.3f}" for name, value in sorted(e.signals.items()))
         print(f"decline: score {e.score:.3f} >= threshold {e.threshold:.3f} ({signals})")
+    print_citations(f)
     print(
         f"-- ttft {t.ttft_ms:.0f} ms, {t.time_per_output_token_ms:.1f} ms/token, "
         f"total {t.total_ms:.0f} ms (client saw {1000 * client_seconds:.0f} ms); "
@@ -60,3 +61,24 @@ def print_final(f: Any, client_seconds: float) -> None:
         f"{f.usage.completion_tokens} completion; finish: {f.finish_reason}"
         + ("; from the answer cache" if f.answer_cache_hit else "")
     )
+
+
+def where_of(location: Any) -> str:
+    """A source location in words: the document, its page, its section path, the characters."""
+    parts = [location.locator]
+    if location.page:
+        parts.append(f"page {location.page}")
+    if location.section:
+        parts.append(" > ".join(location.section))
+    return ", ".join(parts)
+
+
+def print_citations(f: Any) -> None:
+    """Each citation, located in its source, and whether its passage holds what it supports."""
+    for c in f.citations:
+        where = where_of(c.location) if c.HasField("location") else f"{c.doc_id} (no location: an older index)"
+        verdict = "" if c.supported else "  (NOT supported by this passage)"
+        print(f"cited [{c.marker}] {where}, chars {c.quote_start}-{c.quote_end}{verdict}")
+        print(f"  {snippet(c.quote, 160)}")
+    if f.unsupported:
+        print("unsupported: some of this answer is not found in the retrieved passages")

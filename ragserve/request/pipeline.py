@@ -31,6 +31,7 @@ from ragserve.reports import PipelineInfo, WarmState
 from ragserve.request.answer import AnswerStream
 from ragserve.request.batch_share import BatchShare
 from ragserve.request.caches import PipelineCaches
+from ragserve.request.citations import with_citations
 from ragserve.request.conversation import search_embedding
 from ragserve.request.decline import judge
 from ragserve.request.evidence import with_answer, with_evidence
@@ -281,7 +282,7 @@ class RagPipeline:
     ) -> AsyncGenerator[QueryEvent, None]:
         """`_query`'s events; while an interactive one runs, warming waits (and paces itself beside batch ones)."""
         with self._traffic.running(request.interactive):
-            async with contextlib.aclosing(self._query(params, gen, request)) as events:
+            async with contextlib.aclosing(with_citations(self._query(params, gen, request))) as events:
                 async for event in events:
                     yield event
 

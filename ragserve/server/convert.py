@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import TypeVar
 
 from ragserve.reports import EngineChoice, HostShareState, PipelineInfo, WarmState
+from ragserve.request.source_view import SourceView
 from ragserve.types import (
     AnswerSpan,
+    Chunk,
+    Citation,
     DeclineEvidence,
     Degraded,
     Highlight,
@@ -38,6 +41,37 @@ def passage_pb(passage: Passage) -> pb.Passage:
         title=chunk.title,
         rank=passage.rank,
         highlight=highlight_pb(passage.highlight),
+        location=location_pb(chunk),
+    )
+
+
+def location_pb(chunk: Chunk) -> pb.SourceLocation | None:
+    where = chunk.location
+    if where is None:
+        return None
+    return pb.SourceLocation(
+        locator=where.locator,
+        page=where.page,
+        page_start=where.page_start,
+        section=where.section,
+        start=chunk.start,
+        end=chunk.end,
+    )
+
+
+def citation_pb(citation: Citation) -> pb.Citation:
+    return pb.Citation(
+        marker=citation.marker,
+        answer_start=citation.answer_start,
+        answer_end=citation.answer_end,
+        passage=citation.passage,
+        doc_id=citation.chunk.doc_id,
+        chunk_id=citation.chunk.chunk_id,
+        location=location_pb(citation.chunk),
+        quote=citation.quote,
+        quote_start=citation.quote_start,
+        quote_end=citation.quote_end,
+        supported=citation.supported,
     )
 
 
@@ -123,6 +157,8 @@ def query_event_pb(event: QueryEvent) -> pb.QueryEvent:
         return pb.QueryEvent(answer=pb.AnswerEvent(answer=answer_span_pb(event.answer), reader_ms=event.reader_ms))
     if isinstance(event, RetrievalResult):
         return pb.QueryEvent(retrieval=retrieval_pb(event, pb.RetrievalEvent))
+    if isinstance(event, Citation):
+        return pb.QueryEvent(citation=citation_pb(event))
     return pb.QueryEvent(
         final=pb.FinalEvent(
             usage=pb.Usage(
@@ -142,7 +178,26 @@ def query_event_pb(event: QueryEvent) -> pb.QueryEvent:
             answer_cache_hit=event.answer_cache_hit,
             declined=event.declined,
             decline_evidence=decline_evidence_pb(event.decline_evidence),
+            citations=[citation_pb(c) for c in event.citations],
+            unsupported=event.unsupported,
         )
+    )
+
+
+def source_response_pb(view: SourceView | None, version: str) -> pb.SourceResponse:
+    if view is None:
+        return pb.SourceResponse(found=False, index_version=version)
+    chunk = view.chunk
+    return pb.SourceResponse(
+        found=True,
+        doc_id=chunk.doc_id,
+        title=chunk.title,
+        location=location_pb(chunk),
+        text=view.text,
+        text_start=view.text_start,
+        quote_start=view.quote_start,
+        quote_end=view.quote_end,
+        index_version=version,
     )
 
 

@@ -29,6 +29,7 @@ from ragserve.filters import FieldSchema
 from ragserve.reports import PipelineInfo, WarmState
 from ragserve.request.pipeline import RagPipeline
 from ragserve.request.readable import readable_chunks
+from ragserve.request.source_view import SourceView, neighbourhood, source_view
 from ragserve.server.gate import Call, CallGate, Door
 from ragserve.server.identity import Identity
 from ragserve.server.observability import observe_final, observe_request, observe_retrieval
@@ -181,6 +182,18 @@ class Front:
         index = self.ready().index
         grant = self._narrowing.access.grant_for(names)
         return await asyncio.to_thread(readable_chunks, index, chunk_id, doc_id, grant), index.version
+
+    async def source(
+        self, chunk_id: str, start: int | None, end: int | None, context_chars: int, names: set[str]
+    ) -> tuple[SourceView | None, str]:
+        """The document text around a quote of `chunk_id` (a citation's quote_start/quote_end),
+        within this caller's grant, and the index version; None for an ungranted or unknown chunk."""
+        if not chunk_id or len(chunk_id) > MAX_ID_CHARS or "\x00" in chunk_id:
+            raise InvalidArgument("chunk_id", f"must be 1..{MAX_ID_CHARS} characters, without NUL")
+        index = self.ready().index
+        grant = self._narrowing.access.grant_for(names)
+        chunks = await asyncio.to_thread(neighbourhood, index, chunk_id, grant, context_chars)
+        return (source_view(chunks, start, end, context_chars) if chunks else None), index.version
 
     def fields(self) -> FieldSchema:
         """The filterable fields of the serving version and their types (docs/filters.md)."""

@@ -26,9 +26,10 @@ from starlette.types import Receive, Scope, Send
 
 from ragserve.config import Settings
 from ragserve.errors import InvalidArgument, RagError
+from ragserve.request.source_view import DEFAULT_CONTEXT_CHARS
 from ragserve.server.front import Ask, Front
 from ragserve.server.gate import Call, Door, request_id_from
-from ragserve.server.mcp_results import answer_result, fetch_result, fields_result, search_result
+from ragserve.server.mcp_results import answer_result, fetch_result, fields_result, search_result, source_result
 from ragserve.server.openai_wire import http_error, json_response
 from ragserve.types import RequestClass
 
@@ -174,9 +175,16 @@ class McpDoor:
         ctx: Context,
         chunk_id: Annotated[str, Field(description="A passage's chunk_id, as search returns it")] = "",
         doc_id: Annotated[str, Field(description="Or a document's doc_id: all its passages, in order")] = "",
+        quote_start: Annotated[int, Field(description="A citation's quote_start: the source around it")] = -1,
+        quote_end: Annotated[int, Field(description="The citation's quote_end")] = -1,
     ) -> CallToolResult:
-        """A passage's (or a whole document's) text and metadata, when this caller may read it."""
+        """A passage's (or a whole document's) text and metadata, when this caller may read it; with
+        a citation's quote_start and quote_end, the document's text around that quote, marked."""
         async with self._call("fetch", ctx, None) as (_call, names):
+            if quote_start >= 0 or quote_end >= 0:
+                start, end = max(quote_start, 0), max(quote_end, quote_start, 0)
+                view, version = await self._front.source(chunk_id, start, end, DEFAULT_CONTEXT_CHARS, names)
+                return source_result(view, version)
             chunks, version = await self._front.fetch(chunk_id, doc_id, names)
         return fetch_result(chunks, version)
 

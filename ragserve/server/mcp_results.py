@@ -4,15 +4,23 @@ rendering of the same (for clients that read only text)."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mcp.types import CallToolResult, TextContent
 
-from ragserve.types import Chunk, FinalSummary, LateAnswer, Passage, QueryEvent, RetrievalResult, TokenDelta
-
-_CITATION = re.compile(r"\[(\d{1,3})\]")
+from ragserve.request.source_view import SourceView
+from ragserve.types import (
+    Chunk,
+    Citation,
+    FinalSummary,
+    LateAnswer,
+    Passage,
+    QueryEvent,
+    RetrievalResult,
+    SourceLocation,
+    TokenDelta,
+)
 
 
 def _result(structured: dict[str, Any], text: str) -> CallToolResult:
@@ -57,19 +65,31 @@ def answer_result(events: Sequence[QueryEvent]) -> CallToolResult:
     shown = list(retrieval.passages) if retrieval is not None else []
     late = next((e.answer for e in events if isinstance(e, LateAnswer) and e.answer is not None), None)
     span = late or (retrieval.answer if retrieval is not None else None)
-    cited = sorted({int(n) for n in _CITATION.findall(text) if 1 <= int(n) <= len(shown)})
-    citations = [{"n": n, **_citation_of(shown[n - 1])} for n in cited]
+    lead = len(text) - len(text.lstrip())  # the answer is given stripped: its offsets shift
+    citations = [_citation_of(e, lead) for e in events if isinstance(e, Citation)]
     structured = {
         "answer": text.strip(),
         "declined": bool(final.declined) if final is not None else False,
         "decline_evidence": _decline_evidence(final),
         "citations": citations,
+        "unsupported": bool(final.unsupported) if final is not None else False,
         "reader_span": span.text if span is not None else "",
         "passages": [passage_of(p) for p in shown],
         "index_version": retrieval.index_version if retrieval is not None else "",
     }
     sources = "\n".join(f"[{c['n']}] {c['title'] or c['doc_id']}: {c['quote']}" for c in citations)
+    if structured["unsupported"]:
+        sources += "\nNote: some of this answer is not found in the passages it cites."
     return _result(structured, text.strip() + (f"\n\nSources:\n{sources}" if sources else ""))
+
+
+def _location_of(where: SourceLocation) -> dict[str, Any]:
+    return {
+        "locator": where.locator,
+        "page": where.page,
+        "page_start": where.page_start,
+        "section": list(where.section),
+    }
 
 
 def _decline_evidence(final: FinalSummary | None) -> dict[str, Any] | None:
@@ -80,9 +100,22 @@ def _decline_evidence(final: FinalSummary | None) -> dict[str, Any] | None:
     return {"score": evidence.score, "threshold": evidence.threshold, "signals": dict(evidence.signals)}
 
 
-def _citation_of(passage: Passage) -> dict[str, Any]:
-    chunk = passage.chunk
-    return {"doc_id": chunk.doc_id, "chunk_id": chunk.chunk_id, "title": chunk.title, "quote": _highlight(passage)}
+def _citation_of(citation: Citation, lead: int) -> dict[str, Any]:
+    """One citation as streamed: the answer span it supports, where its quote is in the source."""
+    chunk, where = citation.chunk, citation.chunk.location
+    return {
+        "n": citation.marker,
+        "doc_id": chunk.doc_id,
+        "chunk_id": chunk.chunk_id,
+        "title": chunk.title,
+        "quote": citation.quote,
+        "quote_start": citation.quote_start,
+        "quote_end": citation.quote_end,
+        "answer_start": max(citation.answer_start - lead, 0),
+        "answer_end": max(citation.answer_end - lead, 0),
+        "location": _location_of(where) if where is not None else None,
+        "supported": citation.supported,
+    }
 
 
 def fetch_result(chunks: Sequence[Chunk], version: str) -> CallToolResult:
@@ -92,6 +125,27 @@ def fetch_result(chunks: Sequence[Chunk], version: str) -> CallToolResult:
     ]
     text = "\n\n".join(f"{c['title'] or c['doc_id']} ({c['chunk_id']})\n{c['text']}" for c in found)
     return _result({"found": bool(found), "chunks": found, "index_version": version}, text or "Not found.")
+
+
+def source_result(view: SourceView | None, version: str) -> CallToolResult:
+    """A citation's quote in its document: the text around it, the quote marked >>> <<<."""
+    if view is None:
+        return _result({"found": False, "index_version": version}, "Not found.")
+    before, quote, after = view.marked
+    where = view.chunk.location
+    structured = {
+        "found": True,
+        "doc_id": view.chunk.doc_id,
+        "chunk_id": view.chunk.chunk_id,
+        "title": view.chunk.title,
+        "location": _location_of(where) if where is not None else None,
+        "text": view.text,
+        "text_start": view.text_start,
+        "quote_start": view.quote_start,
+        "quote_end": view.quote_end,
+        "index_version": version,
+    }
+    return _result(structured, f"{before}>>> {quote} <<<{after}")
 
 
 def fields_result(schema: Mapping[str, str]) -> CallToolResult:

@@ -23,7 +23,7 @@ from starlette.responses import Response
 from ragserve.errors import ErrorKind, InvalidArgument, Overloaded, RagError
 from ragserve.server.convert import query_event_pb
 from ragserve.server.front import Ask
-from ragserve.types import FinalSummary, LateAnswer, QueryEvent, RetrievalResult
+from ragserve.types import Citation, FinalSummary, LateAnswer, QueryEvent, RetrievalResult, TokenDelta
 
 # Dropped, not refused: clients (LangChain, LlamaIndex) send a system prompt by default.
 _SILENT_ROLES = ("system", "developer")
@@ -215,6 +215,19 @@ def extra_of(event: QueryEvent) -> dict[str, Any]:
     return dict(MessageToDict(query_event_pb(event), preserving_proto_field_name=True))
 
 
+def annotation_of(citation: Citation) -> dict[str, Any]:
+    """A citation in OpenAI's annotation shape: the answer span it supports and its source (the
+    `ragserve` field carries the whole citation: quote, its place in the source, support)."""
+    where = citation.chunk.location
+    cited = {
+        "start_index": citation.answer_start,
+        "end_index": citation.answer_end,
+        "title": citation.chunk.title or citation.chunk.doc_id,
+        "url": where.locator if where is not None else citation.chunk.doc_id,
+    }
+    return {"type": "url_citation", "url_citation": cited}
+
+
 _FINISH = {"length": "length"}  # every other finish (stop, abstained, reader) ends the text: "stop"
 
 
@@ -241,7 +254,7 @@ class Reply:
         self.created = int(time.time())
         self.include_usage = include_usage
 
-    def _chunk(self, delta: dict[str, str], finish: str | None, extra: dict[str, Any] | None) -> dict[str, Any]:
+    def _chunk(self, delta: dict[str, Any], finish: str | None, extra: dict[str, Any] | None) -> dict[str, Any]:
         body: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion.chunk",
@@ -259,6 +272,8 @@ class Reply:
             return [self._chunk({"role": "assistant", "content": ""}, None, extra_of(event))]
         if isinstance(event, LateAnswer):
             return [self._chunk({}, None, extra_of(event))]
+        if isinstance(event, Citation):
+            return [self._chunk({"annotations": [annotation_of(event)]}, None, extra_of(event))]
         if isinstance(event, FinalSummary):
             out = [self._chunk({}, finish_reason(event), extra_of(event))]
             if self.include_usage:
@@ -269,19 +284,24 @@ class Reply:
 
     def completion(self, events: list[QueryEvent]) -> dict[str, Any]:
         """A whole (not streamed) completion from every event of the Query."""
-        text = "".join(e.text for e in events if not isinstance(e, RetrievalResult | FinalSummary | LateAnswer))
+        text = "".join(e.text for e in events if isinstance(e, TokenDelta))
         extra: dict[str, Any] = {}
+        annotations: list[dict[str, Any]] = []
         body: dict[str, Any] = {"id": self.id, "object": "chat.completion", "created": self.created}
         body["model"] = self.model
         finish = "stop"
         for event in events:
             if isinstance(event, RetrievalResult | LateAnswer):
                 extra.update(extra_of(event))
+            elif isinstance(event, Citation):
+                annotations.append(annotation_of(event))
             elif isinstance(event, FinalSummary):
                 extra.update(extra_of(event))
                 finish = finish_reason(event)
                 body["usage"] = usage_of(event)
-        message = {"role": "assistant", "content": text}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if annotations:
+            message["annotations"] = annotations
         body["choices"] = [{"index": 0, "message": message, "finish_reason": finish}]
         body["ragserve"] = extra
         return body

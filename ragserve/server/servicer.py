@@ -12,8 +12,9 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 
 from ragserve.errors import RagError
+from ragserve.request.source_view import DEFAULT_CONTEXT_CHARS
 from ragserve.server.auth import client_ids, metadata_value
-from ragserve.server.convert import info_response_pb, query_event_pb, retrieve_response_pb
+from ragserve.server.convert import info_response_pb, query_event_pb, retrieve_response_pb, source_response_pb
 from ragserve.server.front import Ask, Front
 from ragserve.server.gate import Call, Door, request_id_from
 from ragserve.server.status import to_status
@@ -89,6 +90,15 @@ class RagServicer(pb_grpc.RagServiceServicer):  # type: ignore[misc]
         async with contextlib.aclosing(answer) as events:
             async for event in events:
                 await context.write(query_event_pb(event))
+
+    async def Source(self, request: pb.SourceRequest, context: grpc.aio.ServicerContext) -> pb.SourceResponse:
+        start = request.start if request.HasField("start") else None
+        end = request.end if request.HasField("end") else None
+        context_chars = request.context_chars if request.HasField("context_chars") else DEFAULT_CONTEXT_CHARS
+        async with self._call("Source", context) as (_call, names):
+            view, version = await self.front.source(request.chunk_id, start, end, context_chars, names)
+            return source_response_pb(view, version)
+        raise AssertionError("the front returned without a response")  # pragma: no cover (it aborts instead)
 
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
         async with self._call("Info", context) as (_call, names):

@@ -80,7 +80,7 @@ class Range(_message.Message):
     def __init__(self, gt: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., gte: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., lt: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., lte: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
 
 class Passage(_message.Message):
-    __slots__ = ("doc_id", "chunk_id", "text", "score", "title", "rank", "highlight")
+    __slots__ = ("doc_id", "chunk_id", "text", "score", "title", "rank", "highlight", "location")
     DOC_ID_FIELD_NUMBER: _ClassVar[int]
     CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,7 @@ class Passage(_message.Message):
     TITLE_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     HIGHLIGHT_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
     doc_id: str
     chunk_id: str
     text: str
@@ -95,7 +96,24 @@ class Passage(_message.Message):
     title: str
     rank: int
     highlight: Highlight
-    def __init__(self, doc_id: _Optional[str] = ..., chunk_id: _Optional[str] = ..., text: _Optional[str] = ..., score: _Optional[float] = ..., title: _Optional[str] = ..., rank: _Optional[int] = ..., highlight: _Optional[_Union[Highlight, _Mapping]] = ...) -> None: ...
+    location: SourceLocation
+    def __init__(self, doc_id: _Optional[str] = ..., chunk_id: _Optional[str] = ..., text: _Optional[str] = ..., score: _Optional[float] = ..., title: _Optional[str] = ..., rank: _Optional[int] = ..., highlight: _Optional[_Union[Highlight, _Mapping]] = ..., location: _Optional[_Union[SourceLocation, _Mapping]] = ...) -> None: ...
+
+class SourceLocation(_message.Message):
+    __slots__ = ("locator", "page", "page_start", "section", "start", "end")
+    LOCATOR_FIELD_NUMBER: _ClassVar[int]
+    PAGE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_START_FIELD_NUMBER: _ClassVar[int]
+    SECTION_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    locator: str
+    page: int
+    page_start: int
+    section: _containers.RepeatedScalarFieldContainer[str]
+    start: int
+    end: int
+    def __init__(self, locator: _Optional[str] = ..., page: _Optional[int] = ..., page_start: _Optional[int] = ..., section: _Optional[_Iterable[str]] = ..., start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class Highlight(_message.Message):
     __slots__ = ("start", "end", "coverage")
@@ -298,7 +316,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., context_tokens: _Optional[int] = ..., context_tokens_full: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class FinalEvent(_message.Message):
-    __slots__ = ("usage", "timings", "degraded", "finish_reason", "generator_model", "answer_cache_hit", "request_class", "declined", "decline_evidence")
+    __slots__ = ("usage", "timings", "degraded", "finish_reason", "generator_model", "answer_cache_hit", "request_class", "declined", "decline_evidence", "citations", "unsupported")
     USAGE_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
@@ -308,6 +326,8 @@ class FinalEvent(_message.Message):
     REQUEST_CLASS_FIELD_NUMBER: _ClassVar[int]
     DECLINED_FIELD_NUMBER: _ClassVar[int]
     DECLINE_EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    CITATIONS_FIELD_NUMBER: _ClassVar[int]
+    UNSUPPORTED_FIELD_NUMBER: _ClassVar[int]
     usage: Usage
     timings: StageTimings
     degraded: DegradedFlags
@@ -317,7 +337,35 @@ class FinalEvent(_message.Message):
     request_class: RequestClass
     declined: bool
     decline_evidence: DeclineEvidence
-    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., finish_reason: _Optional[str] = ..., generator_model: _Optional[str] = ..., answer_cache_hit: _Optional[bool] = ..., request_class: _Optional[_Union[RequestClass, str]] = ..., declined: _Optional[bool] = ..., decline_evidence: _Optional[_Union[DeclineEvidence, _Mapping]] = ...) -> None: ...
+    citations: _containers.RepeatedCompositeFieldContainer[Citation]
+    unsupported: bool
+    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., timings: _Optional[_Union[StageTimings, _Mapping]] = ..., degraded: _Optional[_Union[DegradedFlags, _Mapping]] = ..., finish_reason: _Optional[str] = ..., generator_model: _Optional[str] = ..., answer_cache_hit: _Optional[bool] = ..., request_class: _Optional[_Union[RequestClass, str]] = ..., declined: _Optional[bool] = ..., decline_evidence: _Optional[_Union[DeclineEvidence, _Mapping]] = ..., citations: _Optional[_Iterable[_Union[Citation, _Mapping]]] = ..., unsupported: _Optional[bool] = ...) -> None: ...
+
+class Citation(_message.Message):
+    __slots__ = ("marker", "answer_start", "answer_end", "passage", "doc_id", "chunk_id", "location", "quote", "quote_start", "quote_end", "supported")
+    MARKER_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_START_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_END_FIELD_NUMBER: _ClassVar[int]
+    PASSAGE_FIELD_NUMBER: _ClassVar[int]
+    DOC_ID_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    QUOTE_FIELD_NUMBER: _ClassVar[int]
+    QUOTE_START_FIELD_NUMBER: _ClassVar[int]
+    QUOTE_END_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTED_FIELD_NUMBER: _ClassVar[int]
+    marker: int
+    answer_start: int
+    answer_end: int
+    passage: int
+    doc_id: str
+    chunk_id: str
+    location: SourceLocation
+    quote: str
+    quote_start: int
+    quote_end: int
+    supported: bool
+    def __init__(self, marker: _Optional[int] = ..., answer_start: _Optional[int] = ..., answer_end: _Optional[int] = ..., passage: _Optional[int] = ..., doc_id: _Optional[str] = ..., chunk_id: _Optional[str] = ..., location: _Optional[_Union[SourceLocation, _Mapping]] = ..., quote: _Optional[str] = ..., quote_start: _Optional[int] = ..., quote_end: _Optional[int] = ..., supported: _Optional[bool] = ...) -> None: ...
 
 class DeclineEvidence(_message.Message):
     __slots__ = ("score", "threshold", "signals")
@@ -337,16 +385,52 @@ class DeclineEvidence(_message.Message):
     def __init__(self, score: _Optional[float] = ..., threshold: _Optional[float] = ..., signals: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class QueryEvent(_message.Message):
-    __slots__ = ("retrieval", "token", "final", "answer")
+    __slots__ = ("retrieval", "token", "final", "answer", "citation")
     RETRIEVAL_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
     ANSWER_FIELD_NUMBER: _ClassVar[int]
+    CITATION_FIELD_NUMBER: _ClassVar[int]
     retrieval: RetrievalEvent
     token: TokenEvent
     final: FinalEvent
     answer: AnswerEvent
-    def __init__(self, retrieval: _Optional[_Union[RetrievalEvent, _Mapping]] = ..., token: _Optional[_Union[TokenEvent, _Mapping]] = ..., final: _Optional[_Union[FinalEvent, _Mapping]] = ..., answer: _Optional[_Union[AnswerEvent, _Mapping]] = ...) -> None: ...
+    citation: Citation
+    def __init__(self, retrieval: _Optional[_Union[RetrievalEvent, _Mapping]] = ..., token: _Optional[_Union[TokenEvent, _Mapping]] = ..., final: _Optional[_Union[FinalEvent, _Mapping]] = ..., answer: _Optional[_Union[AnswerEvent, _Mapping]] = ..., citation: _Optional[_Union[Citation, _Mapping]] = ...) -> None: ...
+
+class SourceRequest(_message.Message):
+    __slots__ = ("chunk_id", "start", "end", "context_chars")
+    CHUNK_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_CHARS_FIELD_NUMBER: _ClassVar[int]
+    chunk_id: str
+    start: int
+    end: int
+    context_chars: int
+    def __init__(self, chunk_id: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., context_chars: _Optional[int] = ...) -> None: ...
+
+class SourceResponse(_message.Message):
+    __slots__ = ("found", "doc_id", "title", "location", "text", "text_start", "quote_start", "quote_end", "index_version")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    DOC_ID_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_START_FIELD_NUMBER: _ClassVar[int]
+    QUOTE_START_FIELD_NUMBER: _ClassVar[int]
+    QUOTE_END_FIELD_NUMBER: _ClassVar[int]
+    INDEX_VERSION_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    doc_id: str
+    title: str
+    location: SourceLocation
+    text: str
+    text_start: int
+    quote_start: int
+    quote_end: int
+    index_version: str
+    def __init__(self, found: _Optional[bool] = ..., doc_id: _Optional[str] = ..., title: _Optional[str] = ..., location: _Optional[_Union[SourceLocation, _Mapping]] = ..., text: _Optional[str] = ..., text_start: _Optional[int] = ..., quote_start: _Optional[int] = ..., quote_end: _Optional[int] = ..., index_version: _Optional[str] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

@@ -49,6 +49,11 @@ class RagServiceStub:
                 request_serializer=ragserve_dot_v1_dot_rag__pb2.InfoRequest.SerializeToString,
                 response_deserializer=ragserve_dot_v1_dot_rag__pb2.InfoResponse.FromString,
                 _registered_method=True)
+        self.Source = channel.unary_unary(
+                '/ragserve.v1.RagService/Source',
+                request_serializer=ragserve_dot_v1_dot_rag__pb2.SourceRequest.SerializeToString,
+                response_deserializer=ragserve_dot_v1_dot_rag__pb2.SourceResponse.FromString,
+                _registered_method=True)
 
 
 class RagServiceServicer:
@@ -75,6 +80,13 @@ class RagServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Source(self, request, context):
+        """Click to source: a document's text around a citation's quote, within the caller's grant.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RagServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +104,11 @@ def add_RagServiceServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=ragserve_dot_v1_dot_rag__pb2.InfoRequest.FromString,
                     response_serializer=ragserve_dot_v1_dot_rag__pb2.InfoResponse.SerializeToString,
+            ),
+            'Source': grpc.unary_unary_rpc_method_handler(
+                    servicer.Source,
+                    request_deserializer=ragserve_dot_v1_dot_rag__pb2.SourceRequest.FromString,
+                    response_serializer=ragserve_dot_v1_dot_rag__pb2.SourceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +192,33 @@ class RagService:
             '/ragserve.v1.RagService/Info',
             ragserve_dot_v1_dot_rag__pb2.InfoRequest.SerializeToString,
             ragserve_dot_v1_dot_rag__pb2.InfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Source(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ragserve.v1.RagService/Source',
+            ragserve_dot_v1_dot_rag__pb2.SourceRequest.SerializeToString,
+            ragserve_dot_v1_dot_rag__pb2.SourceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -92,7 +92,12 @@ def test_query_replays_a_cached_answer_over_grpc(embedder, sample_index) -> None
             again = [e async for e in client.query(Q, top_k=3, budget_ms=BUDGET_MS)]
         executor.shutdown()
         assert generator.calls == 1
-        assert [e.WhichOneof("event") for e in again] == ["retrieval", "token", "final"]
+        assert [e.WhichOneof("event") for e in again] == [
+            "retrieval",
+            "token",
+            "citation",
+            "final",
+        ]  # a replay cites too
         text = ["".join(e.token.text for e in events if e.HasField("token")) for events in (first, again)]
         assert text[0] == text[1] and text[0]
         miss, hit = first[-1].final, again[-1].final

@@ -18,6 +18,7 @@ from ragserve.index.hnsw import HnswIndex
 from ragserve.request.pipeline import RagPipeline
 from ragserve.request.policy import ABSTAIN_ANSWER, AnswerPolicy
 from ragserve.types import (
+    Citation,
     FinalSummary,
     GenerateParams,
     RetrievalResult,
@@ -60,7 +61,7 @@ def test_query_yields_retrieval_then_tokens_then_final(pipeline_factory) -> None
     assert isinstance(events[0], RetrievalResult)
     assert events[0].passages[0].chunk.doc_id == "discovery-of-penicillin.txt"
     assert [p.rank for p in events[0].passages] == [1, 2, 3]
-    assert all(isinstance(e, TokenDelta) for e in events[1:-1])
+    assert all(isinstance(e, TokenDelta | Citation) for e in events[1:-1])
     final = events[-1]
     assert isinstance(final, FinalSummary)
     assert final.usage.prefix_cache_hit_tokens == 64

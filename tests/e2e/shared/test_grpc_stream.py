@@ -33,7 +33,15 @@ def test_query_streams_retrieval_then_tokens_then_final(live_server: LiveServer)
     kinds = [e.WhichOneof("event") for _, e in events]
     assert kinds[0] == "retrieval"
     assert kinds[-1] == "final"
-    assert set(kinds[1:-1]) <= {"token", "answer"} and kinds.count("answer") <= 1
+    assert set(kinds[1:-1]) <= {"token", "answer", "citation"} and kinds.count("answer") <= 1
+    # Each citation comes right after the token that closes its marker, with its quote located.
+    so_far = ""
+    for _, event in events:
+        so_far += event.token.text if event.HasField("token") else ""
+        if event.HasField("citation"):
+            citation = event.citation
+            assert f"[{citation.marker}]" in so_far[-12:], so_far  # the token closing it may hold more
+            assert citation.quote and citation.location.locator == citation.doc_id
     token_times = [t for t, e in events if e.WhichOneof("event") == "token"]
     assert len(token_times) >= 5, kinds
     # Tokens arrive over time as the engine makes them, not in one burst at the end.
