@@ -12,7 +12,10 @@ questions arrive at a steady rate (`--interval`), one at a time, through `Query`
   neighbour (2 threads)         a 2-thread torch job beside the server (what `ragserve-index` was)
   neighbour (nice 10 1 thread)  the same job at nice 10 on one thread (the indexer's default)
   alone again                   nothing else, once more (the first phase also warms the server)
-  compile (nice 19)             two g++ compiles at a time at nice 19 beside it (a CI agent's build)
+  compile (nice 19)             two g++ compiles at a time at nice 19 beside it, in a session of their
+                                own (setsid: a CI agent's build, another terminal's)
+  cpu jobs (nice 19, same session)     two pure-Python CPU loops at nice 19, in the server's session
+  memory jobs (nice 19, same session)  two numpy jobs streaming 256 MB arrays, the same way
   alone during warming          right after SERVING, while warming pre-fills the corpus (not by default:
   batch flood during warming    put them first, with RAGSERVE_WARM_WHOLE_CORPUS=true in --config)
   compile during warming        the compiles right after SERVING
@@ -44,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.harness import ensure_index, load_avg, percentile, plot_ttft, start_server, stop_server, write_results  # noqa: E402
-from benchmarks.neighbours import cxx_build  # noqa: E402
+from benchmarks.neighbours import cxx_build, niced_jobs  # noqa: E402
 from benchmarks.workloads import load_questions  # noqa: E402
 from ragserve.client import RagClient, RequestClassName  # noqa: E402
 from ragserve.generate.host import read_host_cpu  # noqa: E402
@@ -59,8 +62,11 @@ while True:
 """
 
 
-# name -> (class of the batch flood or None, (nice, threads) of a torch neighbour, COMPILE, or None)
+# name -> (class of the batch flood or None, (nice, threads) of a torch neighbour, COMPILE,
+# NICED_CPU / NICED_MEMORY, or None)
 COMPILE = "compile"
+NICED_CPU = "niced cpu"
+NICED_MEMORY = "niced memory"
 PHASES: dict[str, tuple[RequestClassName | None, tuple[int, int] | str | None]] = {
     "alone": (None, None),
     "batch flood (classes on)": ("batch", None),
@@ -68,6 +74,8 @@ PHASES: dict[str, tuple[RequestClassName | None, tuple[int, int] | str | None]] 
     "neighbour (2 threads)": (None, (0, 2)),
     "neighbour (nice 10 1 thread)": (None, (10, 1)),
     "compile (nice 19)": (None, COMPILE),
+    "cpu jobs (nice 19, same session)": (None, NICED_CPU),
+    "memory jobs (nice 19, same session)": (None, NICED_MEMORY),
     "alone again": (None, None),
     # Right after SERVING, while warming pre-fills the corpus (run these first, on a server with
     # RAGSERVE_WARM_WHOLE_CORPUS=true so warming lasts): warming must yield to both classes.
@@ -75,7 +83,7 @@ PHASES: dict[str, tuple[RequestClassName | None, tuple[int, int] | str | None]] 
     "batch flood during warming": ("batch", None),
     "compile during warming": (None, COMPILE),
 }
-USUAL_PHASES = ",".join(name for name in PHASES if "warming" not in name)
+USUAL_PHASES = ",".join(name for name in PHASES if "warming" not in name and "same session" not in name)
 
 
 async def interactive(client: RagClient, questions: list[str], interval_s: float) -> list[dict[str, Any]]:
@@ -200,6 +208,11 @@ def beside(neighbour: tuple[int, int] | str | None) -> Iterator[None]:
     """The phase's neighbour, running for the whole phase (none: nothing)."""
     if neighbour == COMPILE:
         with cxx_build(jobs=2, nice=19):
+            time.sleep(3.0)
+            yield
+        return
+    if neighbour in (NICED_CPU, NICED_MEMORY):
+        with niced_jobs("cpu" if neighbour == NICED_CPU else "memory", jobs=2, nice=19):
             time.sleep(3.0)
             yield
         return

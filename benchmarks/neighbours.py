@@ -1,5 +1,6 @@
 """What runs beside a server under measurement: a C++ build at the lowest priority (the neighbour a
-CI agent or a backup is), so a benchmark can show what a shared host costs."""
+CI agent or a backup is), niced jobs of the server's own session, so a benchmark can show what a
+shared host costs."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,3 +59,30 @@ def cxx_build(jobs: int, nice: int = 19) -> Iterator[None]:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(build.pid, signal.SIGKILL)
                 build.wait()
+
+
+# Jobs that keep a core busy forever: pure Python (the interpreter's loop, little memory traffic),
+# or numpy streaming arrays far larger than the caches through memory.
+NICED_JOBS = {
+    "cpu": "while True:\n    sum(i * i for i in range(10_000))",
+    "memory": (
+        "import numpy as np\na = np.ones(32 << 20)\nb = np.empty_like(a)\n"
+        "while True:\n    np.multiply(a, 1.0001, out=b)\n    a, b = b, a"
+    ),
+}
+
+
+@contextlib.contextmanager
+def niced_jobs(kind: str, jobs: int = 2, nice: int = 19) -> Iterator[None]:
+    """`jobs` of NICED_JOBS[kind] at `nice`, in this process's session (and so the autogroup of a
+    server this process started): what `nice -n 19 job &` in the server's own shell is."""
+    started = [
+        subprocess.Popen([sys.executable, "-c", NICED_JOBS[kind]], preexec_fn=lambda: os.nice(nice))
+        for _ in range(jobs)
+    ]
+    try:
+        yield
+    finally:
+        for job in started:
+            job.kill()
+            job.wait()

@@ -11,11 +11,14 @@ thread that is not running, and answers slow in proportion to the CPU taken.
 The neighbour's share is read from the kernel's per-CPU counters (/proc/stat) for the CPUs this
 process may run on, minus the CPU time of this process and the processes it started (a big
 version's graph helper, an engine's own processes): steal time (another VM on the same cores)
-counts as a neighbour too, and so does the time of niced processes: nice orders processes only
-within one scheduling group, and a niced job started from another session (autogroups: a CI agent,
-a build in another terminal, cron) or run as another service (its own cgroup) takes its full share
-beside the server. A C++ build at nice 19 in its own session took first tokens to seconds while
-the engine kept both threads (BENCHMARKS.md, "The retrieval budget beside the engine").
+counts as a neighbour too. Niced processes count where the scheduler would not put them behind the
+server (generate/sched_groups.py): nice orders processes only within one scheduling group, so a
+niced job started from another session (autogroups: a CI agent, a build in another terminal, cron)
+or run as another service (its own cgroup) takes its full share beside the server, while one in
+the server's own group yields at once. A C++ build at nice 19 in its own session took first tokens
+to seconds while the engine kept both threads; counting every niced job cost first tokens 1.4-1.5x
+at p95 beside two nice-19 jobs of the server's own session, which give their cores back anyway
+(BENCHMARKS.md, "A C++ build at nice 19 beside the server", "Niced jobs in the server's own group").
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pathlib import Path
 
 from ragserve import metrics
 from ragserve.generate.base import Generator
+from ragserve.generate.sched_groups import NicedTime
 from ragserve.prompt import build_prompt
 from ragserve.reports import HostShareState
 from ragserve.types import GenerateParams
@@ -45,10 +49,14 @@ SAMPLE_EVERY_S = 0.5
 # Consecutive samples that must agree before the engine gets a thread back (it gives one up at once:
 # a late step costs far more than a slow one).
 SAMPLES_TO_GROW = 3
+# Niced user time (the nice column, seconds per sample) below which no process is looked at: the
+# per-process scan is left out while no niced process runs.
+NICED_FROM_S = 0.01
 
 
 class CpuCounters:
-    """Busy seconds of a set of CPUs (every process, niced ones too) and of this process, read together."""
+    """Busy seconds of a set of CPUs (every process, niced ones too), of this process, and the niced
+    processes' user time on those CPUs, read together."""
 
     def __init__(
         self,
@@ -61,19 +69,21 @@ class CpuCounters:
         self._own_seconds = own_seconds or own_cpu_seconds
         self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
-    def read(self) -> tuple[float, float] | None:
-        """(busy seconds of the CPUs, this process's CPU seconds); None where /proc/stat is missing."""
+    def read(self) -> tuple[float, float, float] | None:
+        """(busy seconds of the CPUs, this process's CPU seconds, niced user seconds of the CPUs);
+        None where /proc/stat is missing."""
         try:
             lines = self._stat_path.read_text().splitlines()
         except OSError:
             return None
-        busy = 0
+        busy = niced = 0
         for line in lines:
             name, _, rest = line.partition(" ")
             if name in self._names:
                 columns = rest.split()
                 busy += sum(int(columns[i]) for i in _BUSY_COLUMNS if i < len(columns))
-        return busy / self._tick, self._own_seconds()
+                niced += int(columns[1]) if len(columns) > 1 else 0
+        return busy / self._tick, self._own_seconds(), niced / self._tick
 
 
 def own_cpu_seconds() -> float:
@@ -102,12 +112,21 @@ def _running_children_seconds() -> float:
 
 
 class NeighbourLoad:
-    """CPUs' worth of time others used on this process's CPUs between two samples."""
+    """CPUs' worth of time others used on this process's CPUs between two samples. `niced`: how
+    niced processes the scheduler puts behind this one are told apart (None: every niced process
+    counts, as it does for a reader that cannot tell)."""
 
-    def __init__(self, counters: CpuCounters, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        counters: CpuCounters,
+        clock: Callable[[], float] = time.monotonic,
+        niced: NicedTime | None = None,
+    ) -> None:
         self._counters = counters
         self._clock = clock
-        self._last: tuple[float, float, float] | None = None
+        self._niced = niced
+        self._last: tuple[float, float, float, float] | None = None
+        self.yielding_cpus = 0.0  # niced processes' CPUs left out of the last sample: they yield
 
     def sample(self) -> float | None:
         """Others' busy CPUs since the previous sample (None on the first, or unreadable)."""
@@ -117,10 +136,17 @@ class NeighbourLoad:
         now = self._clock()
         last, self._last = self._last, (now, *reading)
         if last is None or now <= last[0]:
+            if self._niced is not None:
+                self._niced.read()  # the baseline of every process's time
             return None
         busy = reading[0] - last[1]
         own = reading[1] - last[2]
-        return max(0.0, (busy - own) / (now - last[0]))
+        yielding = 0.0
+        if self._niced is not None and reading[2] - last[3] >= NICED_FROM_S:
+            yielding = self._niced.read()
+        others = max(0.0, busy - own)
+        self.yielding_cpus = min(yielding, others) / (now - last[0])
+        return max(0.0, others - yielding) / (now - last[0])
 
 
 class EngineThreads:
@@ -195,8 +221,9 @@ class HostShareWatch:
             metrics.GENERATOR_THREADS.set(wanted)
             if wanted != before:
                 log.info(
-                    "engine threads %d -> %d: other processes keep %.1f of this server's %d CPUs busy",
-                    before, wanted, neighbour, self.threads.cpus,
+                    "engine threads %d -> %d: other processes keep %.1f of this server's %d CPUs busy "
+                    "(not counted: %.1f of niced processes in its own scheduling group, which yield to it)",
+                    before, wanted, neighbour, self.threads.cpus, self._load.yielding_cpus,
                 )  # fmt: skip
 
     def stop(self) -> None:

@@ -32,6 +32,7 @@ from ragserve.generate.host import (
 from ragserve.generate.host_share import CpuCounters, EngineThreads, HostShareWatch, NeighbourLoad
 from ragserve.generate.identity import answer_identity
 from ragserve.generate.rendering import ChatRenderer
+from ragserve.generate.sched_groups import NicedTime
 from ragserve.generate.step_size import PrefillSpeed, chunk_tokens
 from ragserve.prompt import SYSTEM_PREFIX, Prompt, build_prompt
 from ragserve.reports import EngineChoice, GeneratorStatus
@@ -109,7 +110,8 @@ class VllmGenerator:
         self._host_share: HostShareWatch | None = None
         if self._resolved.engine_layout == "thread" and settings.device == "cpu":
             threads = EngineThreads(self._host.usable, settings.threads)
-            self._host_share = HostShareWatch(NeighbourLoad(CpuCounters(self._host.cpus)), threads)
+            load = NeighbourLoad(CpuCounters(self._host.cpus), niced=NicedTime())
+            self._host_share = HostShareWatch(load, threads)
 
     @property
     def model_id(self) -> str:
