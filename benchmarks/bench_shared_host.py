@@ -14,8 +14,8 @@ questions arrive at a steady rate (`--interval`), one at a time, through `Query`
   alone again                   nothing else, once more (the first phase also warms the server)
   compile (nice 19)             two g++ compiles at a time at nice 19 beside it, in a session of their
                                 own (setsid: a CI agent's build, another terminal's)
-  cpu jobs (nice 19, same session)     two pure-Python CPU loops at nice 19, in the server's session
-  memory jobs (nice 19, same session)  two numpy jobs streaming 256 MB arrays, the same way
+  nice 19 cpu jobs (same session)     two pure-Python CPU loops at nice 19, in the server's session
+  nice 19 memory jobs (same session)  two numpy jobs streaming 256 MB arrays, the same way
   alone during warming          right after SERVING, while warming pre-fills the corpus (not by default:
   batch flood during warming    put them first, with RAGSERVE_WARM_WHOLE_CORPUS=true in --config)
   compile during warming        the compiles right after SERVING
@@ -74,8 +74,8 @@ PHASES: dict[str, tuple[RequestClassName | None, tuple[int, int] | str | None]] 
     "neighbour (2 threads)": (None, (0, 2)),
     "neighbour (nice 10 1 thread)": (None, (10, 1)),
     "compile (nice 19)": (None, COMPILE),
-    "cpu jobs (nice 19, same session)": (None, NICED_CPU),
-    "memory jobs (nice 19, same session)": (None, NICED_MEMORY),
+    "nice 19 cpu jobs (same session)": (None, NICED_CPU),
+    "nice 19 memory jobs (same session)": (None, NICED_MEMORY),
     "alone again": (None, None),
     # Right after SERVING, while warming pre-fills the corpus (run these first, on a server with
     # RAGSERVE_WARM_WHOLE_CORPUS=true so warming lasts): warming must yield to both classes.
