@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,13 +75,15 @@ def _podman(*args: str, check: bool = True, stdin: str | None = None) -> subproc
     return result
 
 
-def _report(line: str) -> None:
+def _report(config: pytest.Config, line: str) -> None:
     """A measured figure on the lane's report (pytest captures the test's own output)."""
-    sys.__stderr__.write(f"\ncontainer: {line}\n")  # type: ignore[union-attr]
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"container: {line}")
 
 
 @pytest.fixture(scope="module")
-def pod() -> Iterator[float]:
+def pod(pytestconfig: pytest.Config) -> Iterator[float]:
     """The pod up and SERVING; yields the seconds from `kube play` to SERVING. Removed afterwards."""
     reason = _unavailable()
     if reason is not None:
@@ -95,11 +96,13 @@ def pod() -> Iterator[float]:
     try:
         assert up.returncode == 0, up.stdout[-6000:] + up.stderr[-6000:]
         built = re.search(r"^build: .* in (\d+) s, (\d+) MB$", up.stdout, re.MULTILINE)
+        index = re.search(r"^pod: index built in (\d+) s$", up.stdout, re.MULTILINE)
         serving = re.search(r"^pod: \S+ SERVING (\d+) s after kube play$", up.stdout, re.MULTILINE)
-        assert built and serving, up.stdout[-3000:]
+        assert built and index and serving, up.stdout[-3000:]
         _report(
-            f"image build {built.group(1)} s, {built.group(2)} MB; pod SERVING {serving.group(1)} s after "
-            f"kube play; up in {time.monotonic() - started:.0f} s"
+            pytestconfig,
+            f"image build {built.group(1)} s, {built.group(2)} MB; first index {index.group(1)} s; "
+            f"pod SERVING {serving.group(1)} s after kube play; up in {time.monotonic() - started:.0f} s",
         )
         yield float(serving.group(1))
     finally:
@@ -122,7 +125,7 @@ def test_the_sidecar_runs_as_a_non_root_user_on_a_read_only_root(pod: float) -> 
     assert _podman("exec", SIDECAR, "touch", "/var/lib/ragserve/index/w", check=False).returncode != 0
 
 
-def test_the_app_container_gets_a_streamed_answer_over_the_socket(pod: float) -> None:
+def test_the_app_container_gets_a_streamed_answer_over_the_socket(pod: float, pytestconfig: pytest.Config) -> None:
     # The socket lives in the volume the two containers share, and only the service user may open it.
     _podman("exec", APP, "test", "-S", SOCKET)
     assert _podman("exec", APP, "stat", "-c", "%u %a", SOCKET).stdout.split() == [str(SERVICE_UID), "600"]
@@ -136,14 +139,16 @@ def test_the_app_container_gets_a_streamed_answer_over_the_socket(pod: float) ->
     # Streamed: the tokens arrived one by one, not all at once with the final event.
     assert tokens[-1]["at"] - tokens[0]["at"] > 0.005, tokens
     assert events[-1]["finish"] in {"stop", "length"}, events[-1]
-    _report(f"the client's answer: {len(tokens)} token events over {tokens[-1]['at'] - tokens[0]['at']:.2f} s")
+    _report(
+        pytestconfig, f"the client's answer: {len(tokens)} token events over {tokens[-1]['at'] - tokens[0]['at']:.2f} s"
+    )
 
     # The CLI the README shows, in the app container, over the socket.
     asked = _podman("exec", APP, "ragserve", "ask", "--uds", SOCKET, QUESTION)
     assert "answer:" in asked.stdout and "ttft" in asked.stdout and "finish:" in asked.stdout, asked.stdout
 
 
-def test_stopping_the_pod_drains_the_sidecar_and_it_exits_0(pod: float) -> None:
+def test_stopping_the_pod_drains_the_sidecar_and_it_exits_0(pod: float, pytestconfig: pytest.Config) -> None:
     started = time.monotonic()
     _podman("pod", "stop", "--time", "30", POD)
     stopped_s = time.monotonic() - started
@@ -159,4 +164,4 @@ def test_stopping_the_pod_drains_the_sidecar_and_it_exits_0(pod: float) -> None:
     assert any(m.startswith("shutting down (grace") for m in messages), messages[-10:]
     assert messages.count("stopped") >= 1, messages[-10:]
     assert stopped_s < 30, f"the pod took {stopped_s:.1f} s to stop: SIGTERM did not reach ragserve"
-    _report(f"the pod stopped in {stopped_s:.1f} s, the sidecar exited 0")
+    _report(pytestconfig, f"the pod stopped in {stopped_s:.1f} s, the sidecar exited 0")
