@@ -25,6 +25,16 @@ if ! command -v redis-server >/dev/null 2>&1; then
   fi
 fi
 
+# The page's browser tests (tests/browser) drive Debian's Chromium through Playwright, which cannot
+# download a browser of its own here; without root they skip (outside CI).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ]; then
+    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium fonts-dejavu-core
+  else
+    echo "setup: chromium is missing; install it with: sudo apt-get install -y chromium" >&2
+  fi
+fi
+
 PYTHON=${PYTHON:-python3}
 ENGINE=${RAGSERVE_ENGINE:-cpu}
 TORCH_VERSION=2.13.0

@@ -11,7 +11,8 @@ mypy ragserve indexer
 # plain pytest processes side by side on the host's cores, one per folder of shared servers:
 #   shared   tests/e2e/shared: the modules that share the session's full and retrieval-only servers
 #   e2e      the rest of tests/e2e (tests/e2e/float32 shares the float32 server; the others start their own)
-#   unit     everything outside tests/e2e but the tests marked slow (the quick suite)
+#   unit     everything outside tests/e2e but the tests marked slow (the quick suite), and the page
+#            in Debian's Chromium (tests/browser, marker `browser`; screenshots in test-output/page/)
 #   slow     the tests marked slow outside tests/e2e
 #   container  tests/container (marker `container`): the CPU image built with podman and the sidecar
 #            pod played from the Kubernetes manifest (deploy/container/). Its image is built beside

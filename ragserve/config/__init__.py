@@ -17,7 +17,7 @@ from ragserve.config.base import (
     default_of,
     merged_generator_path,
 )
-from ragserve.config.conversation import HistorySettings, McpSettings, OpenAISettings
+from ragserve.config.conversation import HistorySettings, McpSettings, OpenAISettings, PageSettings
 from ragserve.config.filters import FilterSettings, GrantSettings
 from ragserve.config.generator import GeneratorSettings
 from ragserve.config.models import ReaderSettings, RerankSettings
@@ -53,6 +53,7 @@ __all__ = [
     "McpSettings",
     "ObservabilitySettings",
     "OpenAISettings",
+    "PageSettings",
     "QdrantSettings",
     "ReaderSettings",
     "RequestSettings",
@@ -90,6 +91,7 @@ _SECTIONS: dict[str, type[BaseSettings]] = {
     "history": HistorySettings,
     "openai": OpenAISettings,
     "mcp": McpSettings,
+    "page": PageSettings,
 }
 
 
@@ -142,6 +144,7 @@ class Settings(BaseSettings):
     history: HistorySettings = Field(default_factory=HistorySettings)
     openai: OpenAISettings = Field(default_factory=OpenAISettings)
     mcp: McpSettings = Field(default_factory=McpSettings)
+    page: PageSettings = Field(default_factory=PageSettings)
 
     @classmethod
     def settings_customise_sources(
@@ -183,6 +186,8 @@ class Settings(BaseSettings):
     def _mcp_needs_the_http_listener(self) -> Self:
         if self.mcp.enabled and not self.openai.port:
             raise ValueError("RAGSERVE_MCP_ENABLED serves /mcp on the HTTP listener: set RAGSERVE_OPENAI_PORT too")
+        if self.page.enabled and not self.openai.port:
+            raise ValueError("RAGSERVE_PAGE_ENABLED serves /ui/ on the HTTP listener: set RAGSERVE_OPENAI_PORT too")
         return self
 
     @model_validator(mode="after")

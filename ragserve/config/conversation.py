@@ -1,5 +1,5 @@
 """The settings of conversations (history on Query), of the OpenAI-compatible HTTP door and of the
-MCP door beside it."""
+MCP door and the page beside it."""
 
 from __future__ import annotations
 
@@ -86,3 +86,14 @@ class McpSettings(BaseSettings):
     # The class an agent's calls run at unless a call asks (a tool's `request_class` argument or the
     # x-request-class header); at most its caller's own (RAGSERVE_CALLER_LIMITS), as on every door.
     request_class: Literal["interactive", "batch"] = "interactive"
+
+
+class PageSettings(BaseSettings):
+    """The page (docs/page.md): ask, watch the answer stream in, open each citation in its source,
+    at /ui/ on the HTTP listener (RAGSERVE_OPENAI_PORT). Variables use the RAGSERVE_PAGE_ prefix.
+    Off by default."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_PAGE_", extra="forbid", frozen=True)
+
+    # Serve the page at /ui/: its files from the package, its calls with the doors' credential.
+    enabled: bool = False
