@@ -39,8 +39,9 @@ from ragserve.client import RagClient
 from ragserve.config import AnswerSettings, Settings
 from ragserve.embed.base import resolve_embedder_path
 from ragserve.rerank.cross_encoder import RANDOM_HEAD_MARKER
-from ragserve.server.app import build_grpc_server, make_front
-from ragserve.server.servicer import RagServicer
+from ragserve.server.app import make_front
+from ragserve.server.grpc.server import build_grpc_server
+from ragserve.server.grpc.servicer import RagServicer
 
 if TYPE_CHECKING:
     from ragserve.request.pipeline import RagPipeline

@@ -1,5 +1,5 @@
 """Domain errors. Each carries a door-neutral kind (`ErrorKind`); every door maps a kind to its own
-status in one table (server/status.py for gRPC, server/openai_wire.py for HTTP)."""
+status in one table (server/grpc/status.py for gRPC, server/http/errors.py for HTTP)."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ if str(REPO) not in sys.path:
 
 from indexer.cli import app as indexer_app  # noqa: E402
 from ragserve.client import ClientSettings  # noqa: E402
-from ragserve.config import Settings, default_home  # noqa: E402
+from ragserve.config import FORMER_NAMES, Settings, default_home  # noqa: E402
 
 PAGE = REPO / "docs" / "settings.md"
 COMMAND = "python scripts/settings_doc.py > docs/settings.md"
@@ -229,13 +229,19 @@ def table(rows: Iterable[tuple[str, str, str]]) -> list[str]:
 def _field_row(name: str, field: str, cls: type[BaseModel], comments: dict[str, str]) -> tuple[str, str, str]:
     info = cls.model_fields[field]
     default = "empty" if _is_secret(info) else show_value(info.get_default(call_default_factory=True), name)
-    return name, default, meaning(name, field, info, comments)
+    text = meaning(name, field, info, comments)
+    former = sorted(old for old, new in FORMER_NAMES.items() if new == name)
+    if former:
+        text += " Also read under its former name " + ", ".join(f"`{old}`" for old in former) + "."
+    return name, default, text
 
 
 def settings_sections() -> list[tuple[str, str, list[tuple[str, str, str]]]]:
     """(title, intro, rows) per section of Settings, in Settings' field order; its own fields last."""
     by_section: dict[str, list[tuple[str, str]]] = {}
     for name, path in Settings.env_names().items():
+        if name in FORMER_NAMES:
+            continue  # said on its new name's row
         section, _, field = path.rpartition(".")
         by_section.setdefault(section, []).append((name, field))
     sections = []

@@ -271,7 +271,12 @@ def test_the_architecture_page_names_every_protocol_tuning_module_and_pipeline_p
     assert not missing and f"`RagPipeline` takes {words.get(parts, parts)} parts" in page
 
 
-DOOR_NEUTRAL = ("server/front.py", "server/gate.py", "server/identity.py", "server/validation.py", "server/limiter.py")
+DOOR_NEUTRAL = (
+    *("server/front.py", "server/gate.py", "server/identity.py", "server/validation.py", "server/limiter.py"),
+    *("server/tls_files.py", "server/exposure.py"),
+)
+# A folder per door; the HTTP doors stand on server/http/, which knows none of them.
+DOORS = ("grpc", "openai", "mcp", "page")
 
 
 def test_the_front_knows_no_door() -> None:
@@ -287,3 +292,37 @@ def test_the_front_knows_no_door() -> None:
                 names = [node.module]
             found += [f"{relative}: {n}" for n in names if n.split(".")[0] in wires]
     assert not found
+
+
+def test_no_door_imports_another_and_the_http_base_imports_none() -> None:
+    """server/grpc/, server/openai/, server/mcp/ (and the page) each stand alone; the HTTP doors
+    share server/http/ (the listener, its limits, the one HTTP error table, the one app)."""
+    found = []
+    for module, targets in _imports().items():
+        parts = module.split(".")
+        if len(parts) < 3 or parts[1] != "server" or parts[2] not in (*DOORS, "http"):
+            continue
+        for target in targets:
+            other = target.split(".")
+            if len(other) > 2 and other[1] == "server" and other[2] in DOORS and other[2] != parts[2]:
+                found.append(f"{module} -> {target}")
+    assert not found
+
+
+def test_every_error_kind_maps_on_every_doors_table() -> None:
+    """Each door's one table (gRPC's codes, the HTTP doors' statuses) names every kind; the MCP
+    door's refusals before a tool runs use the HTTP table, its tool errors the kind's own name."""
+    from ragserve.errors import ErrorKind
+    from ragserve.server.grpc.status import CODES
+    from ragserve.server.http.errors import STATUS
+
+    for table in (CODES, STATUS):
+        assert set(table) == set(ErrorKind), sorted(kind.name for kind in set(ErrorKind) - set(table))
+    tables = set()
+    for module, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())) if module.startswith("ragserve.server.") else ():
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+                typed = ast.unparse(node.annotation)
+                if typed.startswith("dict[ErrorKind"):
+                    tables.add(f"{module}.{node.target.id}")
+    assert tables == {"ragserve.server.grpc.status.CODES", "ragserve.server.http.errors.STATUS"}, tables

@@ -22,7 +22,7 @@ from ragserve.client import ClientSettings, RagClient, is_local_target
 from ragserve.config import AccessSettings
 from ragserve.errors import ConfigError
 from ragserve.server.app import RETRIEVE_HEALTH_NAME
-from ragserve.server.auth import BearerTokenInterceptor
+from ragserve.server.grpc.auth import BearerTokenInterceptor
 from ragserve.server.identity import Identity
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc

@@ -12,7 +12,7 @@ from ragserve import tracing
 from ragserve.config import AnswerSettings, IndexSettings, Settings
 from ragserve.factory import make_pipeline
 from ragserve.server.app import make_front
-from ragserve.server.servicer import RagServicer
+from ragserve.server.grpc.servicer import RagServicer
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Self
 
-from pydantic import Field, model_validator
+from pydantic import AliasChoices, Field, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -20,6 +20,7 @@ from ragserve.config.base import (
 from ragserve.config.conversation import HistorySettings, McpSettings, OpenAISettings, PageSettings
 from ragserve.config.filters import FilterSettings, GrantSettings
 from ragserve.config.generator import GeneratorSettings
+from ragserve.config.http import HttpSettings
 from ragserve.config.models import ReaderSettings, RerankSettings
 from ragserve.config.sections import (
     AccessSettings,
@@ -40,6 +41,7 @@ from ragserve.config.sections import (
 __all__ = [
     "DEFAULT_EMBEDDER",
     "DEFAULT_GENERATOR_NAME",
+    "FORMER_NAMES",
     "AccessSettings",
     "AnswerSettings",
     "CacheSettings",
@@ -48,6 +50,7 @@ __all__ = [
     "GeneratorSettings",
     "GrantSettings",
     "HistorySettings",
+    "HttpSettings",
     "IndexSettings",
     "LimitsSettings",
     "McpSettings",
@@ -89,6 +92,7 @@ _SECTIONS: dict[str, type[BaseSettings]] = {
     "filters": FilterSettings,
     "grants": GrantSettings,
     "history": HistorySettings,
+    "http": HttpSettings,
     "openai": OpenAISettings,
     "mcp": McpSettings,
     "page": PageSettings,
@@ -99,12 +103,31 @@ def _env_name(section: type[BaseSettings], field: str) -> str:
     return f"{section.model_config.get('env_prefix', '')}{field}".upper()
 
 
+def _env_names_of(section: type[BaseSettings], field: str) -> list[str]:
+    """The variables a field reads, its own name first (then a former one, as HttpSettings keeps)."""
+    alias = section.model_fields[field].validation_alias
+    if isinstance(alias, AliasChoices):
+        return [choice.upper() for choice in alias.choices if isinstance(choice, str)]
+    return [_env_name(section, field)]
+
+
 # Each section's variables -> the field they set ("RAGSERVE_HOST" -> "transport.host").
 _SECTION_ENV = {
-    _env_name(cls, field): f"{name}.{field}" for name, cls in _SECTIONS.items() for field in cls.model_fields
+    env: f"{name}.{field}"
+    for name, cls in _SECTIONS.items()
+    for field in cls.model_fields
+    for env in _env_names_of(cls, field)
+}
+# A variable still read under its former name -> its name now ("RAGSERVE_OPENAI_PORT" -> "RAGSERVE_HTTP_PORT").
+FORMER_NAMES = {
+    former: names[0]
+    for cls in _SECTIONS.values()
+    for field in cls.model_fields
+    for names in [_env_names_of(cls, field)]
+    for former in names[1:]
 }
 # A flat keyword of the old Settings (its variable without the prefix) -> where the field lives now.
-_MOVED = {env.removeprefix("RAGSERVE_").lower(): path for env, path in _SECTION_ENV.items()}
+_MOVED = {env.removeprefix("RAGSERVE_").lower(): path for env, path in _SECTION_ENV.items() if env not in FORMER_NAMES}
 
 
 class _OwnFieldsEnv(EnvSettingsSource):
@@ -142,6 +165,7 @@ class Settings(BaseSettings):
     filters: FilterSettings = Field(default_factory=FilterSettings)
     grants: GrantSettings = Field(default_factory=GrantSettings)
     history: HistorySettings = Field(default_factory=HistorySettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
     openai: OpenAISettings = Field(default_factory=OpenAISettings)
     mcp: McpSettings = Field(default_factory=McpSettings)
     page: PageSettings = Field(default_factory=PageSettings)
@@ -184,10 +208,10 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _mcp_needs_the_http_listener(self) -> Self:
-        if self.mcp.enabled and not self.openai.port:
-            raise ValueError("RAGSERVE_MCP_ENABLED serves /mcp on the HTTP listener: set RAGSERVE_OPENAI_PORT too")
-        if self.page.enabled and not self.openai.port:
-            raise ValueError("RAGSERVE_PAGE_ENABLED serves /ui/ on the HTTP listener: set RAGSERVE_OPENAI_PORT too")
+        if self.mcp.enabled and not self.http.port:
+            raise ValueError("RAGSERVE_MCP_ENABLED serves /mcp on the HTTP listener: set RAGSERVE_HTTP_PORT too")
+        if self.page.enabled and not self.http.port:
+            raise ValueError("RAGSERVE_PAGE_ENABLED serves /ui/ on the HTTP listener: set RAGSERVE_HTTP_PORT too")
         return self
 
     @model_validator(mode="after")

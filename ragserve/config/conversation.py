@@ -33,37 +33,17 @@ class HistorySettings(BaseSettings):
 
 
 class OpenAISettings(BaseSettings):
-    """The OpenAI-compatible HTTP door (POST /v1/chat/completions, GET /v1/models; docs/api.md).
-    Variables use the RAGSERVE_OPENAI_ prefix. Off while `port` is 0."""
+    """The OpenAI-compatible HTTP door (POST /v1/chat/completions, GET /v1/models; docs/api.md), on
+    the HTTP listener (RAGSERVE_HTTP_PORT; its settings are HttpSettings'). Variables use the
+    RAGSERVE_OPENAI_ prefix."""
 
     model_config = SettingsConfigDict(env_prefix="RAGSERVE_OPENAI_", extra="forbid", frozen=True)
 
-    # Its own TCP port (0: off). It serves the same pipeline as the gRPC port, in the same process.
-    port: int = Field(default=0, ge=0, le=65535)
-    # Its address. Off loopback, the same rules as the gRPC port (RAGSERVE_ALLOW_NON_LOOPBACK with
-    # TLS and client certificates or a bearer token); the same TLS files and token apply.
-    host: str = "127.0.0.1"
+    # Serve it on the HTTP listener (when RAGSERVE_HTTP_PORT is set); false leaves the listener to
+    # the other HTTP doors (MCP, the page).
+    enabled: bool = True
     # The model id /v1/models lists and replies carry; a request may name it or any other id.
     model_name: str = "ragserve"
-    # Most bytes in a request body; beyond, 413 (a history at its bounds fits well within it).
-    max_body_bytes: int = Field(default=1_048_576, ge=1024)
-    # Host names a request's Host header may carry besides the listener's own (its address, the
-    # address the connection came in on, and `localhost` on loopback), comma-separated, any port:
-    # a reverse proxy's or a container's name. Any other is refused (421): a web page whose DNS name
-    # was rebound to this address sends its own name, and cannot read answers through the browser.
-    allowed_hosts: str = ""
-    # Connections open at once; one more is answered 503 and closed at once. Sockets are file
-    # descriptors the gRPC port shares: idle or slow clients cannot take them all. Above
-    # RAGSERVE_MAX_IN_FLIGHT (64), for the idle connections clients keep in their pools.
-    max_connections: int = Field(default=128, ge=1)
-    # Seconds a request's headers may take from the connection's start (or the request's first
-    # byte); then 408 and the connection closes: a client trickling bytes (slowloris), or sending
-    # none, holds its socket that long at most.
-    header_timeout_s: float = Field(default=10.0, gt=0)
-    # Seconds a request's body may take after its headers; then 408 and the connection closes.
-    body_timeout_s: float = Field(default=30.0, gt=0)
-    # Seconds a connection may stay idle between requests (uvicorn's keep-alive timeout).
-    keep_alive_s: int = Field(default=5, ge=1)
 
     @model_validator(mode="after")
     def _named(self) -> Self:
@@ -71,14 +51,10 @@ class OpenAISettings(BaseSettings):
             raise ValueError("RAGSERVE_OPENAI_MODEL_NAME must not be empty")
         return self
 
-    @property
-    def allowed_host_names(self) -> frozenset[str]:
-        return frozenset(name.strip().lower() for name in self.allowed_hosts.split(",") if name.strip())
-
 
 class McpSettings(BaseSettings):
     """The MCP door (Model Context Protocol, streamable HTTP) at /mcp on the HTTP listener
-    (RAGSERVE_OPENAI_PORT; docs/api.md). Variables use the RAGSERVE_MCP_ prefix. Off by default."""
+    (RAGSERVE_HTTP_PORT; docs/api.md). Variables use the RAGSERVE_MCP_ prefix. Off by default."""
 
     model_config = SettingsConfigDict(env_prefix="RAGSERVE_MCP_", extra="forbid", frozen=True)
 
@@ -90,7 +66,7 @@ class McpSettings(BaseSettings):
 
 class PageSettings(BaseSettings):
     """The page (docs/page.md): ask, watch the answer stream in, open each citation in its source,
-    at /ui/ on the HTTP listener (RAGSERVE_OPENAI_PORT). Variables use the RAGSERVE_PAGE_ prefix.
+    at /ui/ on the HTTP listener (RAGSERVE_HTTP_PORT). Variables use the RAGSERVE_PAGE_ prefix.
     Off by default."""
 
     model_config = SettingsConfigDict(env_prefix="RAGSERVE_PAGE_", extra="forbid", frozen=True)

@@ -10,65 +10,41 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health_pb2
+from starlette.routing import BaseRoute
 
 from ragserve import tracing
 from ragserve.config import Settings
-from ragserve.errors import ConfigError, Overloaded, RagError
+from ragserve.errors import ConfigError, RagError
 from ragserve.factory import make_index_watch, make_pipeline
 from ragserve.generate.base import Generator
 from ragserve.heap import freeze_start_up_heap
 from ragserve.index.reload import IndexReloader
 from ragserve.request.pipeline import RagPipeline
-from ragserve.server.auth import BearerTokenInterceptor, ClientIdentityInterceptor, check_exposure
+from ragserve.server.exposure import check_exposure, check_http_protected
 from ragserve.server.front import Front
 from ragserve.server.gate import SERVICE_NAME, CallGate
-from ragserve.server.handlers import AroundCallInterceptor
-from ragserve.server.http_listener import HttpListener
+from ragserve.server.grpc.server import build_grpc_server
+from ragserve.server.grpc.servicer import RagServicer
+from ragserve.server.grpc.tls import CertificateReloader
+from ragserve.server.http.app import http_app
+from ragserve.server.http.listener import HttpListener
 from ragserve.server.limiter import CallerLimits, InFlightLimiter
-from ragserve.server.mcp_door import McpDoor
+from ragserve.server.mcp.door import McpDoor
 from ragserve.server.metrics_http import MetricsServer
-from ragserve.server.openai_http import OpenAIDoor
-from ragserve.server.servicer import RagServicer
-from ragserve.server.status import to_status
-from ragserve.server.tls import CertificateReloader, TlsFiles
+from ragserve.server.openai.door import OpenAIDoor
+from ragserve.server.page import page_routes
+from ragserve.server.tls_files import TlsFiles
 from ragserve.server.unix_socket import private_socket_path
-from ragserve.v1 import rag_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
 # Per-method health: Retrieve keeps serving when only the generator is down.
 RETRIEVE_HEALTH_NAME = f"{SERVICE_NAME}/Retrieve"
-
-
-def server_options(settings: Settings) -> list[tuple[str, int]]:
-    # max_concurrent_streams >= max_in_flight + max_side_streams is checked by Settings.
-    options = [
-        # A second server on the same port must fail to bind, not silently share it.
-        ("grpc.so_reuseport", 0),
-        # Also bounds a compressed request by its decompressed size (RESOURCE_EXHAUSTED, no bomb).
-        ("grpc.max_receive_message_length", settings.transport.max_message_bytes),
-        ("grpc.max_send_message_length", settings.transport.max_message_bytes),
-        ("grpc.max_concurrent_streams", settings.transport.max_concurrent_streams),
-        # Long-lived sidecar channels: the server pings idle connections and lets clients ping
-        # as often as keepalive_min_ping_ms, even between calls, without a GOAWAY.
-        ("grpc.keepalive_time_ms", settings.transport.keepalive_time_ms),
-        ("grpc.keepalive_timeout_ms", settings.transport.keepalive_timeout_ms),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_ping_interval_without_data_ms", settings.transport.keepalive_min_ping_ms),
-        ("grpc.http2.max_pings_without_data", 0),
-    ]
-    if settings.transport.max_connection_idle_ms > 0:
-        options.append(("grpc.max_connection_idle_ms", settings.transport.max_connection_idle_ms))
-    if settings.transport.max_connection_age_ms > 0:
-        options.append(("grpc.max_connection_age_ms", settings.transport.max_connection_age_ms))
-        options.append(("grpc.max_connection_age_grace_ms", settings.transport.max_connection_age_grace_ms))
-    return options
 
 
 def listen_address(settings: Settings) -> str:
@@ -146,28 +122,6 @@ async def bind_and_start(server: grpc.aio.Server, settings: Settings) -> str:
     return address
 
 
-class SideStreams(AroundCallInterceptor):
-    """The call gate's bound on streams other than RagService's (health Watch, reflection).
-    Unary health checks answer at once from memory and need none; RagService's own methods pass
-    the gate in the servicer."""
-
-    def __init__(self, gate: CallGate) -> None:
-        self._gate = gate
-
-    def applies(self, details: grpc.HandlerCallDetails, handler: grpc.RpcMethodHandler) -> bool:
-        streaming = bool(handler.request_streaming or handler.response_streaming)
-        return streaming and not details.method.startswith(f"/{SERVICE_NAME}/")
-
-    @contextlib.asynccontextmanager
-    async def around(self, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
-        with contextlib.ExitStack() as slot:
-            try:
-                slot.enter_context(self._gate.side_stream())
-            except Overloaded as error:
-                await context.abort_with_status(to_status(error))
-            yield
-
-
 def call_gate(settings: Settings) -> CallGate:
     limits = settings.limits
     return CallGate(
@@ -186,23 +140,6 @@ def make_front(settings: Settings, pipeline: RagPipeline | None = None) -> Front
     return front
 
 
-def build_grpc_server(settings: Settings, servicer: RagServicer) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
-    """The gRPC server with its options, interceptors, RagService, health and reflection (not bound)."""
-    front = servicer.front
-    interceptors: list[grpc.aio.ServerInterceptor] = []
-    if front.identity.wants_credential:
-        interceptors.append(BearerTokenInterceptor(front.identity))
-    if front.identity.allowed:
-        interceptors.append(ClientIdentityInterceptor(front.identity))
-    interceptors.append(SideStreams(front.gate))
-    server = grpc.aio.server(options=server_options(settings), interceptors=interceptors)
-    health_servicer = health.aio.HealthServicer()
-    pb_grpc.add_RagServiceServicer_to_server(servicer, server)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection([SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    return server, health_servicer
-
-
 class RagServer:
     """The running service. `run()` serves until SIGTERM/SIGINT or `stop()`."""
 
@@ -219,10 +156,15 @@ class RagServer:
         # Every door over one front: the same identity, gate, request values and, once loaded, pipeline.
         self._front = make_front(settings)
         self._servicer = RagServicer(self._front)
-        # The MCP door (RAGSERVE_MCP_ENABLED) shares the HTTP listener with the OpenAI door.
-        self._mcp = McpDoor(settings, self._front) if settings.mcp.enabled else None
-        beside = [self._mcp.route] if self._mcp is not None else []
-        self._door = OpenAIDoor(settings, self._front, beside) if settings.openai.port else None
+        # The HTTP doors side by side on one listener (RAGSERVE_HTTP_PORT): the OpenAI door
+        # (RAGSERVE_OPENAI_ENABLED) and the MCP door (RAGSERVE_MCP_ENABLED), each without the other.
+        self._mcp = McpDoor(settings, self._front) if settings.mcp.enabled and settings.http.port else None
+        self._http_routes: list[BaseRoute] = []
+        if settings.http.port:
+            check_http_protected(settings)
+            openai = OpenAIDoor(settings, self._front).routes if settings.openai.enabled else []
+            self._http_routes = [*openai, *(self._mcp.routes if self._mcp is not None else [])]
+            self._http_routes += page_routes(self._front, settings)  # the page at /ui/ (RAGSERVE_PAGE_ENABLED)
         self._http: HttpListener | None = None
         self.server, self.health = build_grpc_server(settings, self._servicer)
 
@@ -250,13 +192,15 @@ class RagServer:
                     f"cannot serve metrics on {observability.metrics_host}:{observability.metrics_port} "
                     f"(RAGSERVE_METRICS_PORT): {exc}"
                 ) from exc
-        if self._door is not None:
-            openai = self.settings.openai
+        if self._http_routes:
+            http = self.settings.http
             if self._mcp is not None:
                 await self._mcp.start()
-            self._http = HttpListener(self._door.app, openai.host, openai.port, self.settings)
+            app = http_app(self._http_routes, self._front.identity, http)
+            self._http = HttpListener(app, http.host, http.port, self.settings)
             await self._http.start()
-            log.info("OpenAI-compatible door on %s:%d", openai.host, openai.port)
+            paths = sorted({getattr(route, "path", "") for route in self._http_routes})
+            log.info("HTTP listener on %s:%d (%s)", http.host, http.port, ", ".join(paths))
         log.info("listening on %s; loading models and index", address)
         loop = asyncio.get_running_loop()
         pipeline = await loop.run_in_executor(

@@ -1,5 +1,5 @@
-"""The front every door calls: gRPC (server/servicer.py), the OpenAI-compatible HTTP door
-(server/openai_http.py) and any door after them. Once, for all of them:
+"""The front every door calls: gRPC (server/grpc/servicer.py), the OpenAI-compatible HTTP door
+(server/openai/door.py) and any door after them. Once, for all of them:
 
 - who the caller is (server/identity.py);
 - a call's outcome (`outcome`): whatever the call raises becomes one failure the door sends in its
@@ -10,7 +10,7 @@
 - what each answer event leaves in the logs and metrics (`observe`).
 
 It imports no gRPC and no Starlette: a door maps its wire to an `Ask` and a `Door`, and an error's
-kind to its own status in one table (server/status.py, server/openai_wire.py).
+kind to its own status in one table (server/grpc/status.py, server/http/errors.py).
 """
 
 from __future__ import annotations

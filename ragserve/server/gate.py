@@ -84,7 +84,7 @@ class CallGate:
     @contextlib.asynccontextmanager
     async def enter(self, method: str, door: Door, admit: bool = True, arrived: float = 0.0) -> AsyncIterator[Call]:
         """Admission, the span and the call's one clock, whichever door the call came through (gRPC
-        here, HTTP in server/openai_http.py); a refusal or an expired clock raises a RagError, which
+        here, HTTP in server/openai/door.py); a refusal or an expired clock raises a RagError, which
         the door turns into its own status."""
         arrived = arrived or time.monotonic()
         left = door.client_left_s

@@ -22,11 +22,13 @@ from ragserve.config import Settings
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.factory import assemble_pipeline
 from ragserve.index.hnsw import HnswIndex
-from ragserve.server.app import build_grpc_server, make_front
-from ragserve.server.http_listener import HttpListener
-from ragserve.server.mcp_door import McpDoor
-from ragserve.server.openai_http import OpenAIDoor
-from ragserve.server.servicer import RagServicer
+from ragserve.server.app import make_front
+from ragserve.server.grpc.server import build_grpc_server
+from ragserve.server.grpc.servicer import RagServicer
+from ragserve.server.http.app import http_app
+from ragserve.server.http.listener import HttpListener
+from ragserve.server.mcp.door import McpDoor
+from ragserve.server.openai.door import OpenAIDoor
 from tests.fakes import FakeGenerator
 from tests.helpers import free_port
 
@@ -65,7 +67,7 @@ def serving_doors(
     keys = {name: add_key(key_file, name) for name in ("alice", "bob")}
     settings = Settings(
         transport={"port": free_port()},
-        openai={"port": free_port()},
+        http={"port": free_port()},
         mcp={"enabled": True},
         access={"api_keys_file": str(key_file)},
         grants={"field": "groups", "grants": json.dumps({"alice": ["secret"]})},
@@ -76,7 +78,7 @@ def serving_doors(
     executor = ThreadPoolExecutor(2)
     front = make_front(settings, assemble_pipeline(embedder, HnswIndex.load(index), generator, executor))
     with _serving(settings, front):
-        grpc_target, http_url = f"127.0.0.1:{settings.transport.port}", f"http://127.0.0.1:{settings.openai.port}"
+        grpc_target, http_url = f"127.0.0.1:{settings.transport.port}", f"http://127.0.0.1:{settings.http.port}"
         yield Doors(grpc_target, http_url, keys, key_file, front, generator)
     executor.shutdown()
 
@@ -94,7 +96,8 @@ def _serving(settings: Settings, front: Any) -> Iterator[None]:
         await server.start()
         mcp = McpDoor(settings, front)
         await mcp.start()
-        http = HttpListener(OpenAIDoor(settings, front, [mcp.route]).app, "127.0.0.1", settings.openai.port, settings)
+        app = http_app([*OpenAIDoor(settings, front).routes, *mcp.routes], front.identity, settings.http)
+        http = HttpListener(app, "127.0.0.1", settings.http.port, settings)
         await http.start()
         started.set()
         await stop.wait()

@@ -1,4 +1,4 @@
-"""The exposure rules of ragserve.server.auth: who may listen where, checked before the server binds (no sockets)."""
+"""The exposure rules (ragserve.server.exposure): who may listen where, checked before the server binds."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from ragserve.config import Settings
 from ragserve.errors import ConfigError
-from ragserve.server.auth import check_exposure
+from ragserve.server.exposure import check_exposure
 
 TLS = {"tls_cert_file": "server.pem", "tls_key_file": "server.key"}
 OFF_LOOPBACK = {"host": "0.0.0.0", "allow_non_loopback": True}
@@ -57,13 +57,13 @@ def test_pinned_client_ids_need_client_certificates() -> None:
 
 def test_the_openai_door_keeps_the_same_exposure_rules() -> None:
     """The HTTP door off loopback needs what the gRPC port needs off loopback; on loopback, nothing."""
-    check_exposure(Settings(openai={"port": 8000}))  # 127.0.0.1 by default
+    check_exposure(Settings(http={"port": 8000}))  # 127.0.0.1 by default
     with pytest.raises(ConfigError, match="RAGSERVE_ALLOW_NON_LOOPBACK"):
-        check_exposure(Settings(openai={"port": 8000, "host": "0.0.0.0"}))
+        check_exposure(Settings(http={"port": 8000, "host": "0.0.0.0"}))
     with pytest.raises(ConfigError, match="plaintext"):
         check_exposure(
-            Settings(openai={"port": 8000, "host": "0.0.0.0"}, access={"allow_non_loopback": True, "auth_token": "t"})
+            Settings(http={"port": 8000, "host": "0.0.0.0"}, access={"allow_non_loopback": True, "auth_token": "t"})
         )
     protected = {"allow_non_loopback": True, "auth_token": "t", **TLS}
-    check_exposure(Settings(openai={"port": 8000, "host": "0.0.0.0"}, access=protected))
-    check_exposure(Settings(openai={"port": 0, "host": "0.0.0.0"}))  # off: its host is never bound
+    check_exposure(Settings(http={"port": 8000, "host": "0.0.0.0"}, access=protected))
+    check_exposure(Settings(http={"port": 0, "host": "0.0.0.0"}))  # off: its host is never bound

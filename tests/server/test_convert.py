@@ -214,7 +214,7 @@ def test_info_calls_are_counted_like_every_other_call() -> None:
     from ragserve import metrics
     from ragserve.config import Settings
     from ragserve.server.app import make_front
-    from ragserve.server.servicer import RagServicer
+    from ragserve.server.grpc.servicer import RagServicer
 
     settings = Settings()
     servicer = RagServicer(make_front(settings, _pipeline(None, None)))
@@ -249,8 +249,8 @@ def test_a_decline_carries_its_evidence_through_every_door() -> None:
     why the server declined before the generator; an answer without one carries none."""
     import dataclasses
 
-    from ragserve.server.mcp_results import answer_result
-    from ragserve.server.openai_wire import Reply
+    from ragserve.server.mcp.results import answer_result
+    from ragserve.server.openai.wire import Reply
     from ragserve.types import DeclineEvidence
 
     evidence = DeclineEvidence(0.93, 0.61, {"top_dense": 0.18, "found": 0.25})

@@ -27,7 +27,7 @@ from grpc_status import rpc_status
 
 from ragserve.api_keys import add_key, revoke_keys
 from ragserve.errors import ErrorKind
-from ragserve.server.openai_wire import STATUS
+from ragserve.server.http.errors import STATUS
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 from tests.server.doors import MAX_QUERY_CHARS, QUESTION, SECRET_DOC, Doors, call_tool
@@ -46,7 +46,7 @@ class Case:
 
 @dataclass(frozen=True)
 class Outcome:
-    kind: str  # OK or the error's kind (server/status.py's and openai_wire.py's tables)
+    kind: str  # OK or the error's kind (server/grpc/status.py's and server/http/errors.py's tables)
     field: str = ""  # the field an INVALID_ARGUMENT names, in door-neutral words
     docs: frozenset[str] = frozenset()
 

@@ -10,8 +10,8 @@ from ragserve.config import Settings
 from ragserve.errors import ErrorKind, InvalidArgument, RagError
 from ragserve.server.app import make_front
 from ragserve.server.gate import SERVICE_NAME
-from ragserve.server.openai_wire import STATUS
-from ragserve.server.status import CODES
+from ragserve.server.grpc.status import CODES
+from ragserve.server.http.errors import STATUS
 from ragserve.v1 import rag_pb2 as pb
 
 

@@ -14,12 +14,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from ragserve.config import Settings
-from ragserve.server import http_listener
 from ragserve.server.app import make_front
-from ragserve.server.openai_http import OpenAIDoor
+from ragserve.server.http import listener as http_listener
 from tests.certs import Pki, make_pki
 from tests.helpers import free_port
-from tests.server.test_openai_door import serving
+from tests.server.test_openai_door import openai_app, serving
 
 
 def _served(port: int) -> bytes:
@@ -45,10 +44,10 @@ def test_a_rotated_certificate_is_served_to_new_connections(tmp_path: Path, monk
     shutil.copy(first.server_cert, cert)
     shutil.copy(first.server_key, key)
     settings = Settings(
-        openai={"port": free_port()}, access={"tls_cert_file": str(cert), "tls_key_file": str(key), "auth_token": "t"}
+        http={"port": free_port()}, access={"tls_cert_file": str(cert), "tls_key_file": str(key), "auth_token": "t"}
     )
-    with serving(settings, OpenAIDoor(settings, make_front(settings))):
-        port = settings.openai.port
+    with serving(settings, openai_app(settings, make_front(settings))):
+        port = settings.http.port
         assert _served(port) == _der(first)
         shutil.copy(second.server_key, key)
         shutil.copy(second.server_cert, cert)

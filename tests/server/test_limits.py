@@ -236,8 +236,9 @@ _OPTIONS_ONLY_SERVER = textwrap.dedent(
     """
     import asyncio, grpc
     from ragserve.config import AnswerSettings, Settings
-    from ragserve.server.app import make_front, server_options
-    from ragserve.server.servicer import RagServicer
+    from ragserve.server.app import make_front
+    from ragserve.server.grpc.server import server_options
+    from ragserve.server.grpc.servicer import RagServicer
     from ragserve.v1 import rag_pb2_grpc as pb_grpc
 
     async def main():

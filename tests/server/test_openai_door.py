@@ -18,14 +18,17 @@ from typing import Any
 
 import openai
 import pytest
+from starlette.types import ASGIApp
 
 from ragserve.config import Settings
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.factory import assemble_pipeline
 from ragserve.index.hnsw import HnswIndex
 from ragserve.server.app import make_front
-from ragserve.server.http_listener import HttpListener
-from ragserve.server.openai_http import OpenAIDoor
+from ragserve.server.front import Front
+from ragserve.server.http.app import http_app
+from ragserve.server.http.listener import HttpListener
+from ragserve.server.openai.door import OpenAIDoor
 from tests.certs import make_pki
 from tests.fakes import FakeGenerator
 from tests.helpers import free_port
@@ -44,9 +47,15 @@ class Door:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=token, max_retries=0, **options)
 
 
+def openai_app(settings: Settings, front: Front) -> ASGIApp:
+    """The HTTP app with the OpenAI door's routes alone, as the server builds it."""
+    return http_app(OpenAIDoor(settings, front).routes, front.identity, settings.http)
+
+
 @contextlib.contextmanager
-def serving(settings: Settings, door: OpenAIDoor) -> Iterator[asyncio.AbstractEventLoop]:
-    """The door on its own event loop in a thread, as the server runs it, until the block ends."""
+def serving(settings: Settings, app: ASGIApp) -> Iterator[asyncio.AbstractEventLoop]:
+    """The app on the HTTP listener, on its own event loop in a thread, as the server runs it,
+    until the block ends."""
     started = threading.Event()
     box: list[Any] = []
 
@@ -54,7 +63,7 @@ def serving(settings: Settings, door: OpenAIDoor) -> Iterator[asyncio.AbstractEv
         async def main() -> None:
             stop = asyncio.Event()
             box.extend([asyncio.get_running_loop(), stop])
-            listener = HttpListener(door.app, "127.0.0.1", settings.openai.port, settings)
+            listener = HttpListener(app, "127.0.0.1", settings.http.port, settings)
             await listener.start()
             started.set()
             await stop.wait()
@@ -75,7 +84,7 @@ def serving(settings: Settings, door: OpenAIDoor) -> Iterator[asyncio.AbstractEv
 @pytest.fixture(scope="module")
 def door(sample_index: Path, embedder: SentenceTransformerEmbedder) -> Iterator[Door]:
     settings = Settings(
-        openai={"port": free_port()},
+        http={"port": free_port()},
         access={"auth_token": TOKEN},
         limits={"max_in_flight": 2, "max_call_s": 5.0},
         history={"max_history_turns": 4, "max_turn_chars": 200},
@@ -83,9 +92,8 @@ def door(sample_index: Path, embedder: SentenceTransformerEmbedder) -> Iterator[
     generator = FakeGenerator(words=["Fleming ", "found ", "it ", "[1]."])
     executor = ThreadPoolExecutor(2)
     pipeline = assemble_pipeline(embedder, HnswIndex.load(sample_index), generator, executor)
-    door = OpenAIDoor(settings, make_front(settings, pipeline))
-    with serving(settings, door) as loop:
-        yield Door(f"http://127.0.0.1:{settings.openai.port}", generator, loop)
+    with serving(settings, openai_app(settings, make_front(settings, pipeline))) as loop:
+        yield Door(f"http://127.0.0.1:{settings.http.port}", generator, loop)
     executor.shutdown()
 
 
@@ -284,7 +292,7 @@ async def _wait_for(condition: Any, limit_s: float) -> bool:
 def test_tls_with_client_certificates_names_the_caller(tmp_path: Path) -> None:
     pki = make_pki(tmp_path, clients=("billing", "stranger"))
     settings = Settings(
-        openai={"port": free_port()},
+        http={"port": free_port()},
         access={
             "tls_cert_file": str(pki.server_cert),
             "tls_key_file": str(pki.server_key),
@@ -292,8 +300,8 @@ def test_tls_with_client_certificates_names_the_caller(tmp_path: Path) -> None:
             "tls_allowed_client_ids": "billing",
         },
     )
-    door = OpenAIDoor(settings, make_front(settings))  # no pipeline yet: still loading
-    url = f"https://localhost:{settings.openai.port}/v1"
+    app = openai_app(settings, make_front(settings))  # no pipeline yet: still loading
+    url = f"https://localhost:{settings.http.port}/v1"
 
     def curl(client: str, *args: str) -> tuple[int, dict[str, Any]]:
         cert, key = pki.clients[client]
@@ -318,7 +326,7 @@ def test_tls_with_client_certificates_names_the_caller(tmp_path: Path) -> None:
         body, _, status = out.rpartition("\n")
         return int(status), json.loads(body)
 
-    with serving(settings, door):
+    with serving(settings, app):
         assert curl("billing", f"{url}/models")[0] == 200
         status, body = curl("stranger", f"{url}/models")
         assert status == 403 and body["error"]["type"] == "permission_error"

@@ -20,21 +20,21 @@ import pytest
 from ragserve.config import Settings
 from ragserve.errors import ConfigError
 from ragserve.server.app import RagServer, make_front
-from ragserve.server.openai_http import OpenAIDoor
+from ragserve.server.exposure import check_http_protected
 from tests.helpers import free_port
-from tests.server.test_openai_door import serving
+from tests.server.test_openai_door import openai_app, serving
 
 ASK = b'{"messages": [{"role": "user", "content": "What is HNSW?"}]}'
 
 
-def _settings(**openai: object) -> Settings:
-    return Settings(openai={"port": free_port(), **openai})  # type: ignore[arg-type]
+def _settings(**http: object) -> Settings:
+    return Settings(http={"port": free_port(), **http})  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager
 def _door(settings: Settings) -> Iterator[int]:
-    with serving(settings, OpenAIDoor(settings, make_front(settings))):
-        yield settings.openai.port
+    with serving(settings, openai_app(settings, make_front(settings))):
+        yield settings.http.port
 
 
 def _connect(port: int, timeout_s: float = 5.0) -> socket.socket:
@@ -70,7 +70,7 @@ def test_a_host_the_door_does_not_answer_to_is_refused() -> None:
         status, body = _ask(port, f"GET /v1/models HTTP/1.1\nHost: rebound.attacker.example:{port}\n")
         assert status == 421
         assert body["error"]["type"] == "invalid_request_error" and body["error"]["param"] == "host"
-        assert "RAGSERVE_OPENAI_ALLOWED_HOSTS" in body["error"]["message"]
+        assert "RAGSERVE_HTTP_ALLOWED_HOSTS" in body["error"]["message"]
         assert _models(port, None) == 400
         assert _models(port, "127.0.0.2") == 421
         assert _models(port, "localhost.attacker.example") == 421
@@ -94,16 +94,15 @@ def test_a_post_that_is_not_json_is_415() -> None:
 def test_a_unix_socket_server_without_a_token_does_not_open_the_door(tmp_path: Path) -> None:
     """gRPC on a 0600 socket keeps other local users out; a loopback door beside it would let them in."""
     uds = {"uds_path": str(tmp_path / "rag.sock")}
-    bare = Settings(transport=uds, openai={"port": free_port()})
+    bare = Settings(transport=uds, http={"port": free_port()})
     with pytest.raises(ConfigError, match="RAGSERVE_AUTH_TOKEN") as refused:
         RagServer(bare)
     assert "RAGSERVE_UDS_PATH" in str(refused.value) and "RAGSERVE_TLS_CLIENT_CA_FILE" in str(refused.value)
-    with_token = Settings(transport=uds, openai={"port": free_port()}, access={"auth_token": "t"})
-    OpenAIDoor(with_token, make_front(with_token))
+    with_token = Settings(transport=uds, http={"port": free_port()}, access={"auth_token": "t"})
+    check_http_protected(with_token)
     mtls = {"tls_cert_file": "s.pem", "tls_key_file": "s.key", "tls_client_ca_file": "ca.pem"}
-    with_certificates = Settings(transport=uds, openai={"port": free_port()}, access=mtls)
-    OpenAIDoor(with_certificates, make_front(with_certificates))
-    OpenAIDoor(_settings(), make_front(_settings()))  # gRPC on TCP: the door opens as before
+    check_http_protected(Settings(transport=uds, http={"port": free_port()}, access=mtls))
+    check_http_protected(_settings())  # gRPC on TCP: the door opens as before
 
 
 def test_a_connection_that_trickles_its_headers_is_closed_at_the_deadline() -> None:
@@ -124,7 +123,7 @@ def test_a_connection_that_trickles_its_headers_is_closed_at_the_deadline() -> N
             sock.settimeout(5.0)
             reply = (reply or b"") + _read_all(sock)
         assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
-        assert b"RAGSERVE_OPENAI_HEADER_TIMEOUT_S" in reply
+        assert b"RAGSERVE_HTTP_HEADER_TIMEOUT_S" in reply
         assert 0.9 < took < 3.0, took
         with _connect(port) as silent:  # a socket that never says a word is closed too, unanswered
             began = time.monotonic()
@@ -147,7 +146,7 @@ def test_a_body_that_does_not_arrive_in_time_is_408_and_closed() -> None:
         sock.sendall(f"{head}Content-Length: {len(ASK)}\r\n\r\n".encode() + ASK[:10])
         began = time.monotonic()
         reply = _read_all(sock)
-        assert reply.startswith(b"HTTP/1.1 408") and b"RAGSERVE_OPENAI_BODY_TIMEOUT_S" in reply, reply[:200]
+        assert reply.startswith(b"HTTP/1.1 408") and b"RAGSERVE_HTTP_BODY_TIMEOUT_S" in reply, reply[:200]
         assert b"connection: close" in reply.lower() and time.monotonic() - began < 3.0
     with _door(_settings(body_timeout_s=1.0)) as port, _connect(port) as sock:
         # Answered before its body was read (a GET with a body): the body still has its deadline.
@@ -157,30 +156,44 @@ def test_a_body_that_does_not_arrive_in_time_is_408_and_closed() -> None:
         assert reply.startswith(b"HTTP/1.1 200") and time.monotonic() - began < 3.0, reply[:200]
 
 
-def test_the_connection_cap_holds_and_frees() -> None:
+def test_at_the_cap_a_new_connection_closes_the_oldest_idle_one() -> None:
+    """Silent sockets fill the cap: each new connection closes the oldest of them, so a request
+    still gets in; the silent ones are closed unanswered, oldest first."""
     cap = 4
     with _door(_settings(max_connections=cap, header_timeout_s=30.0)) as port:
         held = [_connect(port) for _ in range(cap)]
-        time.sleep(0.3)  # all accepted and counted
-        extra = [_connect(port) for _ in range(5)]
         try:
-            for sock in extra:
-                reply = _read_all(sock)  # answered at once, or closed: never left hanging
-                assert reply == b"" or reply.startswith(b"HTTP/1.1 503"), reply[:200]
-                if reply:
-                    body = json.loads(reply.partition(b"\r\n\r\n")[2])
-                    assert "RAGSERVE_OPENAI_MAX_CONNECTIONS" in body["error"]["message"]
-            assert any(_read_all(sock) == b"" for sock in extra)  # and each one closed
-            with _connect(port) as one_more:  # still full, for a real request too
-                one_more.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-                reply = _read_all(one_more)
-                assert reply == b"" or reply.startswith(b"HTTP/1.1 503"), reply[:200]
-            for sock in held[:2]:
+            time.sleep(0.3)  # all accepted and counted
+            assert _models(port, "127.0.0.1") == 200  # in, though the cap was full
+            assert _read_all(held[0]) == b""  # the oldest silent one made room, unanswered
+            for sock in held[1:]:
+                sock.settimeout(0.2)
+                with pytest.raises(TimeoutError):
+                    sock.recv(1)  # the younger ones are still open
+        finally:
+            for sock in held:
                 sock.close()
+
+
+def test_at_the_cap_with_every_connection_in_a_request_a_new_one_is_503() -> None:
+    cap = 3
+    with _door(_settings(max_connections=cap, body_timeout_s=30.0)) as port:
+        busy = [_connect(port) for _ in range(cap)]
+        try:
+            head = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            for sock in busy:  # a head whole, a body that does not come: each in a request
+                sock.sendall(f"{head}Content-Length: {len(ASK)}\r\n\r\n".encode() + ASK[:10])
+            time.sleep(0.3)
+            with _connect(port) as extra:
+                reply = _read_all(extra)  # answered at once, never left hanging
+            assert reply.startswith(b"HTTP/1.1 503"), reply[:200]
+            body = json.loads(reply.partition(b"\r\n\r\n")[2])
+            assert "RAGSERVE_HTTP_MAX_CONNECTIONS" in body["error"]["message"]
+            busy[0].close()
             time.sleep(0.3)
             assert _models(port, "127.0.0.1") == 200  # room again
         finally:
-            for sock in held + extra:
+            for sock in busy:
                 sock.close()
 
 
@@ -203,10 +216,10 @@ def test_a_client_gone_mid_upload_is_one_log_line(caplog: pytest.LogCaptureFixtu
 def test_every_connection_sends_at_once_without_waiting_for_an_ack() -> None:
     """TCP_NODELAY on the listening socket, which accepted connections inherit: without it a
     kept-alive connection's second request waited ~40 ms for a delayed ACK (BENCHMARKS.md)."""
-    from ragserve.server.http_listener import HttpListener
+    from ragserve.server.http.listener import HttpListener
 
     settings = _settings()
-    sock = HttpListener(lambda *a: None, "127.0.0.1", settings.openai.port, settings)._bind()  # type: ignore[arg-type]
+    sock = HttpListener(lambda *a: None, "127.0.0.1", settings.http.port, settings)._bind()  # type: ignore[arg-type]
     try:
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
     finally:

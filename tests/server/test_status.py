@@ -4,7 +4,7 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 
 from ragserve.errors import DeadlineExpired, InvalidArgument, Overloaded, Unavailable
-from ragserve.server.status import to_status
+from ragserve.server.grpc.status import to_status
 
 
 def _details(status: grpc.Status) -> status_pb2.Status:

@@ -24,9 +24,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ragserve.config import AccessSettings, Settings, TransportSettings
 from ragserve.errors import ConfigError
-from ragserve.server import tls
 from ragserve.server.app import bind
-from ragserve.server.tls import CertificateReloader, TlsFiles
+from ragserve.server.grpc import tls
+from ragserve.server.grpc.tls import CertificateReloader
+from ragserve.server.tls_files import TlsFiles
 from tests.certs import Pki, make_pki
 
 
@@ -153,7 +154,7 @@ def test_a_broken_rotation_is_logged_once_and_a_good_one_is_taken(
     files = _tls_files(tmp_path, pki_a)
     reloader = CertificateReloader(files)
     _install(pki_b.server_cert, Path(files.cert_file))  # the key is still A's
-    with caplog.at_level(logging.WARNING, logger="ragserve.server.tls"):
+    with caplog.at_level(logging.WARNING, logger="ragserve.server.grpc.tls"):
         assert [reloader.fetch() for _ in range(5)] == [None] * 5
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "does not match" in warnings[0]

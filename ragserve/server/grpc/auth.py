@@ -1,4 +1,5 @@
-"""Who may connect: exposure rules for the listen address and one bearer-token interceptor."""
+"""Who may call the gRPC port: the bearer-token and client-certificate interceptors (the rules are
+server/identity.py's, the same on every door)."""
 
 from __future__ import annotations
 
@@ -8,43 +9,10 @@ from typing import Any
 
 import grpc
 
-from ragserve.addresses import is_loopback
-from ragserve.config import Settings
-from ragserve.errors import ConfigError, RagError
-from ragserve.server.handlers import AroundCallInterceptor
+from ragserve.errors import RagError
+from ragserve.server.grpc.handlers import AroundCallInterceptor
+from ragserve.server.grpc.status import to_status
 from ragserve.server.identity import Identity
-from ragserve.server.status import to_status
-
-
-def check_exposure(settings: Settings) -> None:
-    """A sidecar stays on loopback or a Unix socket unless the operator opts out AND protects it.
-
-    Off loopback, TLS alone is not protection (any peer that trusts the server's certificate could
-    call everything): callers must prove who they are, with a client certificate (mTLS) or a bearer
-    token, and a token only travels inside TLS.
-    """
-    # RAGSERVE_TLS_ALLOWED_CLIENT_IDS without a client CA is refused by AccessSettings.
-    if not (settings.transport.uds_path or is_loopback(settings.transport.host)):
-        _check_protected(settings, settings.transport.host)
-    if settings.openai.port and not is_loopback(settings.openai.host):  # the HTTP door: the same rules
-        _check_protected(settings, settings.openai.host)
-
-
-def _check_protected(settings: Settings, host: str) -> None:
-    access = settings.access
-    needs = (
-        "TLS (RAGSERVE_TLS_CERT_FILE/RAGSERVE_TLS_KEY_FILE) with client certificates "
-        "(RAGSERVE_TLS_CLIENT_CA_FILE), a bearer token (RAGSERVE_AUTH_TOKEN) or API keys (RAGSERVE_API_KEYS_FILE)"
-    )
-    if not access.allow_non_loopback:
-        raise ConfigError(f"refusing to listen on {host}: set RAGSERVE_ALLOW_NON_LOOPBACK=true with {needs}")
-    has_tls = bool(access.tls_cert_file and access.tls_key_file)
-    if not has_tls:
-        raise ConfigError(
-            f"listening on {host} needs {needs}; a bearer token over plaintext is readable on the network"
-        )
-    if not (access.tls_client_ca_file or access.auth_token or access.api_keys_file):
-        raise ConfigError(f"listening on {host} with TLS alone lets any peer in: it needs {needs}")
 
 
 def _deny(error: RagError) -> grpc.RpcMethodHandler:

@@ -1,6 +1,6 @@
 """RagService over grpc.aio, a thin door over the front (server/front.py): each method maps the wire
 to an Ask, calls the front, and maps the result back; a failure goes out as the status of its kind
-(server/status.py)."""
+(server/grpc/status.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from google.protobuf.json_format import MessageToDict
 
 from ragserve.errors import RagError
 from ragserve.request.source_view import DEFAULT_CONTEXT_CHARS
-from ragserve.server.auth import client_ids, metadata_value
 from ragserve.server.convert import info_response_pb, query_event_pb, retrieve_response_pb, source_response_pb
 from ragserve.server.front import Ask, Front
 from ragserve.server.gate import Call, Door, request_id_from
-from ragserve.server.status import to_status
+from ragserve.server.grpc.auth import client_ids, metadata_value
+from ragserve.server.grpc.status import to_status
 from ragserve.server.validation import validate_request_class
 from ragserve.types import QueryEvent
 from ragserve.v1 import rag_pb2 as pb

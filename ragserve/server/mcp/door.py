@@ -4,8 +4,13 @@ tools, each a thin mapping over the front every door shares (server/front.py): `
 `fetch` and `fields`. Grants, caller limits, request classes, the call's clock and the error kinds
 are those of every door; a failure is a tool error that names the argument.
 
-The caller's credential is checked before the SDK sees the request (401 as on the OpenAI door);
-the listener has already checked the Host header, the connection cap and the header deadline.
+Before the SDK sees a request, the door checks what every HTTP door checks (server/http/): the
+caller's credential (401, the first Authorization header, as on every door), the body in size and
+in time (413; 408 past RAGSERVE_HTTP_BODY_TIMEOUT_S, as the OpenAI door answers) and, as the MCP
+transport asks against DNS rebinding, the Origin (403 for a page of another host). GET (the SDK's
+server-to-client stream) is 405: a stateless door never writes to one, so it would only hold a
+connection. The listener has already checked the Host header, the connection cap and the header
+deadline, and bounds each caller's open requests (server/http/app.py).
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import CallToolResult, ToolAnnotations
 from pydantic import BaseModel, Field
-from starlette.routing import Route
+from starlette.requests import ClientDisconnect, Request
+from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from ragserve.config import Settings
@@ -29,9 +35,13 @@ from ragserve.errors import InvalidArgument, RagError
 from ragserve.request.source_view import DEFAULT_CONTEXT_CHARS
 from ragserve.server.front import Ask, Front
 from ragserve.server.gate import Call, Door, request_id_from
-from ragserve.server.mcp_results import answer_result, fetch_result, fields_result, search_result, source_result
-from ragserve.server.openai_wire import http_error, json_response
+from ragserve.server.http.body import Refused, certificate_names_of, first_header, read_body, replay
+from ragserve.server.http.errors import error_response
+from ragserve.server.http.host import origin_refusal
+from ragserve.server.mcp.results import answer_result, fetch_result, fields_result, search_result, source_result
 from ragserve.types import RequestClass
+
+log = logging.getLogger(__name__)
 
 _READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
 _NAMES_KEY = "ragserve_caller_names"
@@ -52,10 +62,11 @@ class HistoryTurn(BaseModel):
 
 
 class McpDoor:
-    """`route` goes on the HTTP listener's app; `start()` before it serves, `close()` after."""
+    """`routes` go on the HTTP listener's app; `start()` before it serves, `close()` after."""
 
     def __init__(self, settings: Settings, front: Front) -> None:
         self._front = front
+        self._limits = settings.http
         self._default_class = RequestClass(settings.mcp.request_class)
         server = _quiet_server()
         self._register(server)
@@ -64,13 +75,14 @@ class McpDoor:
         server.streamable_http_app(
             stateless_http=True,
             json_response=False,
-            max_request_body_size=settings.openai.max_body_bytes,
+            max_request_body_size=settings.http.max_body_bytes,
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         )
         self._manager = server.session_manager
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
-        self.route = Route("/mcp", _Endpoint(self), methods=["GET", "POST", "DELETE"])
+        # POST only: a stateless door has no stream to offer on GET and no session to DELETE (405).
+        self.routes: list[BaseRoute] = [Route("/mcp", _Endpoint(self), methods=["POST"])]
 
     async def start(self) -> None:
         """The SDK's session manager runs in a task of its own (its task group is entered and left
@@ -94,16 +106,27 @@ class McpDoor:
             self._task = None
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
-        certificates: set[str] = scope.get("state", {}).get("client_ids", set())
+        refusal = origin_refusal(scope, self._limits.allowed_origin_names)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
         try:
-            names = self._front.identity.caller(headers.get("authorization"), certificates)
+            names = self._front.identity.caller(first_header(scope, b"authorization"), certificate_names_of(scope))
         except RagError as error:
-            status, body, extra = http_error(error)
-            await json_response(status, body, extra)(scope, receive, send)
+            await error_response(error)(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            body = await read_body(request, self._limits)
+        except Refused as refused:
+            await refused.response(scope, receive, send)
+            return
+        except ClientDisconnect:  # nobody left to answer: one line, not a traceback
+            request_id = request_id_from(request.headers.get("x-request-id"))
+            log.info("client left before its request body arrived", extra={"request_id": request_id, "method": "Mcp"})
             return
         scope.setdefault("state", {})[_NAMES_KEY] = names
-        await self._manager.handle_request(scope, receive, send)
+        await self._manager.handle_request(scope, replay(body, receive), send)
 
     @contextlib.asynccontextmanager
     async def _call(self, tool: str, ctx: Context, asked_class: str | None) -> AsyncIterator[tuple[Call, set[str]]]:

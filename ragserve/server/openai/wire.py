@@ -11,16 +11,13 @@ it still works.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Literal
 
-import orjson
 from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.responses import Response
 
-from ragserve.errors import ErrorKind, InvalidArgument, Overloaded, RagError
+from ragserve.errors import InvalidArgument
 from ragserve.server.convert import query_event_pb
 from ragserve.server.front import Ask
 from ragserve.types import Citation, FinalSummary, LateAnswer, QueryEvent, RetrievalResult, TokenDelta
@@ -167,44 +164,6 @@ def max_tokens_of(request: ChatRequest) -> int:
     """max_completion_tokens (the newer name) over max_tokens; 0: the server's default."""
     chosen = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
     return chosen or 0
-
-
-# ---- errors ---------------------------------------------------------------------------------------
-
-# The HTTP doors' one table: an error kind to its status and the OpenAI error type.
-STATUS: dict[ErrorKind, tuple[int, str]] = {
-    ErrorKind.INVALID_ARGUMENT: (400, "invalid_request_error"),
-    ErrorKind.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
-    ErrorKind.DEADLINE_EXCEEDED: (504, "timeout"),
-    ErrorKind.UNAVAILABLE: (503, "service_unavailable"),
-    ErrorKind.FAILED_PRECONDITION: (400, "invalid_request_error"),  # e.g. generation is off on this server
-    ErrorKind.UNAUTHENTICATED: (401, "authentication_error"),
-    ErrorKind.PERMISSION_DENIED: (403, "permission_error"),
-    ErrorKind.INTERNAL: (500, "server_error"),
-}
-
-
-def json_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(body), status, headers, media_type="application/json")
-
-
-def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-def http_error(error: RagError) -> tuple[int, dict[str, Any], dict[str, str]]:
-    """The HTTP status, the OpenAI-shaped body and the extra headers (Retry-After) of a domain error."""
-    status, kind = STATUS[error.kind]
-    headers: dict[str, str] = {"www-authenticate": "Bearer"} if error.kind is ErrorKind.UNAUTHENTICATED else {}
-    param = None
-    message = str(error)
-    if isinstance(error, InvalidArgument):
-        param, message = error.field, f"{error.field}: {error.description}"
-    if isinstance(error, Overloaded):
-        headers["retry-after"] = str(max(1, math.ceil(error.retry_after_ms / 1000)))
-        headers["retry-after-ms"] = str(error.retry_after_ms)
-    # `code`: the kind in gRPC's words, the same on every door (two kinds may share a status here).
-    return status, error_body(message, kind, param, error.kind.value.lower()), headers
 
 
 # ---- replies --------------------------------------------------------------------------------------
