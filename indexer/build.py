@@ -94,14 +94,16 @@ def build_index(
     progress: bool = True,
     on_skip: Callable[[Skipped], None] | None = None,
     incremental: bool = True,
-    embedder_backend: str = "torch",
+    embedder_backend: str = "",
     limits: LoadLimits | None = None,
     declared_fields: dict[str, str] | None = None,
     group_chunks: int = GROUP_CHUNKS,
 ) -> BuildReport:
     """`declared_fields`: filterable fields with their types, as `--field name:type` gives them
     (others are chosen from the values: indexer/metadata.py). `group_chunks`: chunks embedded and
-    checkpointed together (indexer/embedding.py)."""
+    checkpointed together (indexer/embedding.py). `embedder_backend`: as the manifest records it;
+    unset, the embedder's own (a server warns when its questions' backend differs)."""
+    embedder_backend = embedder_backend or str(getattr(embedder, "backend", "torch"))
     with index_root_lock(out):
         return _build_locked(
             source,

@@ -32,9 +32,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def output_folder() -> Path:
-    """Where the screenshots and the page's own timings go: RAGSERVE_TEST_OUTPUT, else
+    """Where the screenshots and the page's own timings go: PAGE_TEST_OUTPUT, else
     test-output/page/ at the repository's root (kept by CI with the run's output)."""
-    folder = Path(os.environ.get("RAGSERVE_TEST_OUTPUT") or REPO / "test-output") / "page"
+    folder = Path(os.environ.get("PAGE_TEST_OUTPUT") or REPO / "test-output") / "page"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 

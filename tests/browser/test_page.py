@@ -2,7 +2,7 @@
 and index, with a generator fake: a question streams its answer in, each citation becomes a link
 before the final event and opens its quote in its source, a decline shows as one, an unsupported
 answer is flagged, a wrong key gets a clear message. Each state's screenshot is written to
-test-output/page/ (RAGSERVE_TEST_OUTPUT moves it), with the page's own time per streamed answer."""
+test-output/page/ (PAGE_TEST_OUTPUT moves it), with the page's own time per streamed answer."""
 
 from __future__ import annotations
 
