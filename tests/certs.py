@@ -35,15 +35,18 @@ def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
     )
 
 
-def make_pki(folder: Path, server_name: str = "localhost", clients: tuple[str, ...] = ()) -> Pki:
+def make_pki(
+    folder: Path, server_name: str = "localhost", clients: tuple[str, ...] = (), ca_name: str = "ragserve test CA"
+) -> Pki:
     """Any other `server_name` is the server certificate's only name (no loopback address in it).
-    `clients`: common names of more client certificates (in `Pki.clients`)."""
+    `clients`: common names of more client certificates (in `Pki.clients`). Two CAs trusted side
+    by side need two `ca_name`s (a verifier looks an issuer up by its name)."""
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (
         x509.CertificateBuilder()
-        .subject_name(_name("ragserve test CA"))
-        .issuer_name(_name("ragserve test CA"))
+        .subject_name(_name(ca_name))
+        .issuer_name(_name(ca_name))
         .public_key(ca_key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))

@@ -151,6 +151,9 @@ def test_systemd_unit_is_well_formed() -> None:
     assert unit["Service"]["KillSignal"] == "SIGTERM"
     text = (DEPLOY / "systemd" / "ragserve.service").read_text()
     assert "Environment=RAGSERVE_UDS_PATH=/run/ragserve/ragserve.sock" in text
+    # Descriptors well above what the listeners' caps let callers open (not the default 1024).
+    caps = Settings().http.max_connections + Settings().transport.max_concurrent_streams
+    assert int(unit["Service"]["LimitNOFILE"]) >= 8 * caps + 1024
     analyze = shutil.which("systemd-analyze")
     if analyze:
         # Only syntax: the unit's user and binary do not exist on a test machine.
@@ -714,6 +717,13 @@ def test_one_index_needs_no_strategy_and_install_sections_and_switches_are_carri
         ["global.index-url='https://a/simple'", "install.index-url='https://b/simple'", ":env:.no-index='1'"]
     )
     assert _uv_exports(listed) == ["export UV_DEFAULT_INDEX=https://b/simple", "export UV_NO_INDEX=1"]
+
+
+@pytest.mark.parametrize("setting", ["global.only-binary=':all:'", ":env:.no-binary='numpy'"])
+def test_pips_binary_choices_are_never_dropped_on_the_way_to_uv(setting: str) -> None:
+    """uv reads no variable for them: the helper fails, and setup.sh installs with pip."""
+    with pytest.raises(SystemExit, match="install with pip"):
+        _uv_exports("\n".join(["global.index-url='https://a/simple'", setting]))
 
 
 def test_setup_never_runs_uv_without_the_sources_pip_uses() -> None:

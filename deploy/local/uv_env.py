@@ -25,6 +25,10 @@ _OPTIONS = {
 # pip's switches -> uv's variable, set to 1 when pip's is on.
 _SWITCHES = {"no-index": "UV_NO_INDEX", "require-hashes": "UV_REQUIRE_HASHES"}
 _ON = {"1", "true", "yes", "on"}
+# pip's wheel-or-source choices (only-binary, no-binary): `uv pip install` reads them from no
+# variable, so uv would build a source distribution pip refuses (or take a wheel pip would build).
+# Set, they stop this helper: setup.sh then installs with pip itself.
+_NOT_CARRIED = ("only-binary", "no-binary")
 # Later sections override earlier ones, as in `pip install` ([global], then [install], then its
 # PIP_* variables); `user` and `site` name files in older pip output.
 _SCOPES = ("global", "user", "site", "install", ":env:")
@@ -36,6 +40,8 @@ def exports(listed: str) -> list[str]:
     for line in listed.splitlines():
         key, _, raw = line.partition("=")
         scope, _, option = key.rpartition(".")
+        if option in _NOT_CARRIED and scope in _SCOPES and str(ast.literal_eval(raw)).strip():
+            raise SystemExit(f"uv_env.py: pip's {option} has no uv variable; install with pip")
         if (option not in _OPTIONS and option not in _SWITCHES) or scope not in _SCOPES:
             continue
         rank = _SCOPES.index(scope)

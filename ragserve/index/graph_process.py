@@ -82,8 +82,14 @@ def _stop_all(helpers: list[_Helper]) -> None:
         helpers.pop().stop()
 
 
+# What the helper keeps of the server's environment (Python, its libraries' paths and threads); no
+# token, API key or Qdrant key reaches a process that only reads a graph file.
+_CHILD_ENV = ("PATH", "HOME", "TMPDIR", "TZ", "LANG", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
+_CHILD_ENV_PREFIXES = ("LC_", "PYTHON", "OMP_", "MKL_", "OPENBLAS_", "KMP_")
+
+
 def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
+    env = {key: value for key, value in os.environ.items() if key in _CHILD_ENV or key.startswith(_CHILD_ENV_PREFIXES)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_SOURCE_ROOT, env.get("PYTHONPATH", "")) if p)
     return env
 

@@ -208,3 +208,17 @@ def test_a_helper_that_cannot_be_started_again_fails_the_search_and_the_next_one
     (tmp_path / "away").rename(path)
     assert helper.knn(query, 3, 10)[0].size == 3
     helper.close()
+
+
+def test_the_helper_gets_no_secret_of_the_servers_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's token, API keys file, Qdrant key (any RAGSERVE_*, any other variable) stay in
+    the server; Python's own and the thread settings pass."""
+    from ragserve.index.graph_process import _child_env
+
+    secrets = ("RAGSERVE_AUTH_TOKEN", "RAGSERVE_QDRANT_API_KEY", "AWS_SECRET_ACCESS_KEY")
+    for name in secrets:
+        monkeypatch.setenv(name, "secret")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    env = _child_env()
+    assert not set(secrets) & set(env)
+    assert env["OMP_NUM_THREADS"] == "2" and env["PATH"] == os.environ["PATH"] and env["PYTHONPATH"]

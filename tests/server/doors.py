@@ -62,14 +62,21 @@ def build_access_index(root: Path, embedder: SentenceTransformerEmbedder) -> Pat
 
 @contextlib.contextmanager
 def serving_doors(
-    index: Path, embedder: SentenceTransformerEmbedder, key_file: Path, generator: FakeGenerator, **limits: Any
+    index: Path,
+    embedder: SentenceTransformerEmbedder,
+    key_file: Path,
+    generator: FakeGenerator,
+    http: dict[str, Any] | None = None,
+    access: dict[str, Any] | None = None,
+    **limits: Any,
 ) -> Iterator[Doors]:
+    """`http`: the listener's settings beside its port; `access`: TLS files beside the keys."""
     keys = {name: add_key(key_file, name) for name in ("alice", "bob")}
     settings = Settings(
         transport={"port": free_port()},
-        http={"port": free_port()},
+        http={"port": free_port(), **(http or {})},
         mcp={"enabled": True},
-        access={"api_keys_file": str(key_file)},
+        access={"api_keys_file": str(key_file), **(access or {})},
         grants={"field": "groups", "grants": json.dumps({"alice": ["secret"]})},
         requests={"max_query_chars": MAX_QUERY_CHARS},
         history={"max_history_turns": 2, "max_turn_chars": 200},
@@ -78,7 +85,8 @@ def serving_doors(
     executor = ThreadPoolExecutor(2)
     front = make_front(settings, assemble_pipeline(embedder, HnswIndex.load(index), generator, executor))
     with _serving(settings, front):
-        grpc_target, http_url = f"127.0.0.1:{settings.transport.port}", f"http://127.0.0.1:{settings.http.port}"
+        scheme = "https" if settings.access.tls_cert_file else "http"
+        grpc_target, http_url = f"127.0.0.1:{settings.transport.port}", f"{scheme}://127.0.0.1:{settings.http.port}"
         yield Doors(grpc_target, http_url, keys, key_file, front, generator)
     executor.shutdown()
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import ssl
@@ -53,6 +54,11 @@ def tls_context(files: TlsFiles) -> ssl.SSLContext:
     return context
 
 
+def _closing(made: object) -> bool:
+    transport = getattr(made, "transport", None)
+    return transport is None or transport.is_closing()
+
+
 class Acceptor:
     """Accepts on the listener's socket, counts every connection from its accept (handshakes
     included), closes the oldest idle one at the cap, and hands the rest to uvicorn's protocol."""
@@ -74,7 +80,9 @@ class Acceptor:
         self._task = asyncio.create_task(self._accept())
 
     def open_count(self) -> int:
-        return len(self._handshakes) + len(self._state.connections)
+        """Handshakes and connections, less those closed here (gone at the next loop turn)."""
+        live = [made for made in self._state.connections if not getattr(made, "evicted", False)]
+        return len(self._handshakes) + len(live)
 
     async def _accept(self) -> None:
         loop = asyncio.get_running_loop()
@@ -86,6 +94,7 @@ class Acceptor:
                 await asyncio.sleep(0.1)
                 continue
             self._admit(conn, loop.time())
+            await asyncio.sleep(0)  # an accept that needs no wait does not yield: let the rest run
 
     def _admit(self, conn: socket.socket, now: float) -> None:
         if self.open_count() >= self._limits.max_connections and not self._close_oldest_idle():
@@ -93,7 +102,7 @@ class Acceptor:
             return
         task = asyncio.create_task(self._connect(conn, now))
         self._handshakes[task] = now
-        task.add_done_callback(self._handshakes.pop)
+        task.add_done_callback(lambda done: self._handshakes.pop(done, None))
 
     async def _connect(self, conn: socket.socket, accepted_at: float) -> None:
         def protocol() -> DoorProtocol:
@@ -104,22 +113,29 @@ class Acceptor:
         loop = asyncio.get_running_loop()
         timeout = self._limits.header_timeout_s if self.context is not None else None
         try:
-            await loop.connect_accepted_socket(protocol, conn, ssl=self.context, ssl_handshake_timeout=timeout)
+            await loop.connect_accepted_socket(
+                protocol, conn, ssl=self.context, ssl_handshake_timeout=timeout, ssl_shutdown_timeout=timeout
+            )
         except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:  # asyncio has closed it
             log.debug("an HTTP connection ended in its TLS handshake: %s", exc)
 
     def _close_oldest_idle(self) -> bool:
         """Close the oldest connection in no request; False when every one is in a request."""
         idle: list[tuple[float, Callable[[], object]]] = [
-            (since, task.cancel) for task, since in self._handshakes.items() if not task.done()
+            (since, functools.partial(self._cancel, task)) for task, since in self._handshakes.items()
         ]
         for made in self._state.connections:
-            if isinstance(made, DoorProtocol) and not made.busy and made.transport is not None:
-                idle.append((made.accepted_at or 0.0, made.transport.abort))
+            if isinstance(made, DoorProtocol) and not made.evicted and (_closing(made) or not made.busy):
+                # One already closing (a TLS goodbye after its answer) goes first.
+                idle.append((-1.0 if _closing(made) else made.accepted_at or 0.0, made.evict))
         if not idle:
             return False
         min(idle, key=lambda pair: pair[0])[1]()
         return True
+
+    def _cancel(self, task: asyncio.Task[None]) -> None:
+        self._handshakes.pop(task, None)  # counted no more: asyncio aborts it at the next loop turn
+        task.cancel()
 
     def _refuse(self, conn: socket.socket) -> None:
         if self.context is None:  # plaintext: say why; under TLS nothing can be said before a handshake

@@ -37,6 +37,7 @@ class DoorProtocol(HttpToolsProtocol):
     limits: ClassVar[HttpSettings]
     accepted_at: float | None = None
     busy = False  # a request's head is whole and its answer is not yet all out
+    evicted = False  # closed by the listener to make room
     _deadline: asyncio.TimerHandle | None = None
     _head_bytes = 0
 
@@ -91,6 +92,13 @@ class DoorProtocol(HttpToolsProtocol):
             # Answered before its body was read (401, 404, 413...): the rest must still arrive in
             # time, or a trickled body would hold the connection past every other deadline.
             self._arm(self.limits.body_timeout_s, headers=False)
+
+    def evict(self) -> None:
+        """Closed at once, unanswered, to make room under the cap (the listener's choice)."""
+        self.evicted = True
+        self._disarm()
+        if self.transport is not None:
+            self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
