@@ -60,7 +60,7 @@ def index_corpus(corpus: Path, root: Path) -> None:
     from ragserve.config import EmbedderSettings
 
     defaults = EmbedderSettings()
-    embedder = load_embedder(defaults.model, "torch", defaults.device, defaults.onnx_int8)
+    embedder = load_embedder(defaults.model, defaults.backend, defaults.device, defaults.onnx_int8)
     build_index(corpus, root, embedder, progress=False)
 
 
