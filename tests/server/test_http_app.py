@@ -3,6 +3,8 @@ and the listener's settings under their names (RAGSERVE_HTTP_*) and their former
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from ragserve.config import FORMER_NAMES, Settings
@@ -10,16 +12,21 @@ from ragserve.server.app import RagServer
 from tests.helpers import free_port
 
 
-def _paths(server: RagServer) -> set[str]:
-    return {getattr(route, "path", "") for route in server._http_routes}
+def _paths(settings: Settings) -> set[str]:
+    """The paths a server with these settings puts on its listener (built on a loop, as it runs)."""
+
+    async def build() -> set[str]:
+        return {getattr(route, "path", "") for route in RagServer(settings)._http_routes}
+
+    return asyncio.run(build())
 
 
 def test_the_mcp_door_runs_without_the_openai_door() -> None:
-    alone = RagServer(Settings(http={"port": free_port()}, mcp={"enabled": True}, openai={"enabled": False}))
+    alone = Settings(http={"port": free_port()}, mcp={"enabled": True}, openai={"enabled": False})
     assert _paths(alone) == {"/mcp"}
-    both = RagServer(Settings(http={"port": free_port()}, mcp={"enabled": True}))
+    both = Settings(http={"port": free_port()}, mcp={"enabled": True})
     assert _paths(both) == {"/mcp", "/v1/chat/completions", "/v1/models"}
-    assert _paths(RagServer(Settings())) == set()  # no port: no listener
+    assert _paths(Settings()) == set()  # no port: no listener
 
 
 def test_the_listeners_settings_are_read_under_their_names_and_their_former_ones(

@@ -182,8 +182,9 @@ def test_at_the_cap_with_every_connection_in_a_request_a_new_one_is_503() -> Non
         try:
             head = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             for sock in busy:  # a head whole, a body that does not come: each in a request
-                sock.sendall(f"{head}Content-Length: {len(ASK)}\r\n\r\n".encode() + ASK[:10])
-            time.sleep(1.0)  # every head read (on a loaded host too): each connection is in a request
+                sock.sendall(f"{head}Expect: 100-continue\r\nContent-Length: {len(ASK)}\r\n\r\n".encode())
+                sock.settimeout(10)
+                assert sock.recv(64).startswith(b"HTTP/1.1 100")  # the door is reading its body
             with _connect(port) as extra:
                 reply = _read_all(extra)  # answered at once, never left hanging
             assert reply.startswith(b"HTTP/1.1 503"), reply[:200]

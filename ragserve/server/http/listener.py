@@ -105,9 +105,13 @@ class Acceptor:
         task.add_done_callback(lambda done: self._handshakes.pop(done, None))
 
     async def _connect(self, conn: socket.socket, accepted_at: float) -> None:
+        connecting = asyncio.current_task()  # the factory runs in this task, before any handshake
+
         def protocol() -> DoorProtocol:
             made = self._make()
             made.accepted_at = accepted_at
+            # Made: counted among the connections from now on, no more as a handshake.
+            made.on_made = lambda: self._handshakes.pop(connecting, None)  # type: ignore[arg-type]
             return made
 
         loop = asyncio.get_running_loop()

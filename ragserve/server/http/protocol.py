@@ -10,6 +10,7 @@ what the listener's cap reads (server/http/listener.py)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -38,11 +39,14 @@ class DoorProtocol(HttpToolsProtocol):
     accepted_at: float | None = None
     busy = False  # a request's head is whole and its answer is not yet all out
     evicted = False  # closed by the listener to make room
+    on_made: Callable[[], object] | None = None  # the listener's: a handshake became a connection
     _deadline: asyncio.TimerHandle | None = None
     _head_bytes = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if self.on_made is not None:
+            self.on_made()
         since = self.accepted_at if self.accepted_at is not None else self.loop.time()
         self._arm(max(0.0, since + self.limits.header_timeout_s - self.loop.time()), headers=True)
 
