@@ -31,6 +31,6 @@ echo
 echo "Q: How does the honey bee waggle dance encode the direction and distance of food?"
 ragserve ask "How does the honey bee waggle dance encode the direction and distance of food?" --uds "$RAGSERVE_UDS_PATH"
 echo
-# Nothing in the sample answers this: the tuned generator declines, and the final event says so.
+# Nothing in the sample covers this: the server declines before the generator, with its evidence.
 echo "Q: Who won the 1987 Heisman trophy?"
 ragserve ask "Who won the 1987 Heisman trophy?" --uds "$RAGSERVE_UDS_PATH"
