@@ -78,8 +78,10 @@ def _podman(*args: str, check: bool = True, stdin: str | None = None) -> subproc
 def _report(config: pytest.Config, line: str) -> None:
     """A measured figure on the lane's report (pytest captures the test's own output)."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"container: {line}")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(f"container: {line}")
 
 
 @pytest.fixture(scope="module")
