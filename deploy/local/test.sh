@@ -15,9 +15,9 @@ mypy ragserve indexer
 #            in Debian's Chromium (tests/browser, marker `browser`; screenshots in test-output/page/)
 #   slow     the tests marked slow outside tests/e2e
 #   container  tests/container (marker `container`): the CPU image built with podman and the sidecar
-#            pod played from the Kubernetes manifest (deploy/container/). Its image is built beside
-#            the four lanes at the lowest CPU priority (mostly downloads and unpacking); the pod is
-#            played once they have ended, on an idle host. Without podman and without root to
+#            pod played from the Kubernetes manifest (deploy/container/). Its image is built and the
+#            pod played once the four lanes have ended, on an idle host (a build beside them took
+#            the host their timing tests measure). Without podman and without root to
 #            install it the test skips, except in CI (CI=true), where it fails.
 # A test marked `alone` (a tight timing, the host's load) runs while the other lanes wait
 # (tests/conftest.py). Each lane's report is printed when all have ended; --durations: the slowest
@@ -38,19 +38,6 @@ lane() {
     echo "lane $name: exit $code in $((SECONDS - started)) s"
     return $code
 }
-# The container lane's image, built while the others run (a base made here: no image registry is
-# assumed; BASE_IMAGE names another). The lane builds it again if this failed, and says why.
-image=
-if [ "$(id -u)" = "0" ] || command -v podman >/dev/null 2>&1; then
-    base_args=()
-    [ -n "${BASE_IMAGE:-}" ] || base_args=(--local-base)
-    (
-        started=$SECONDS code=0
-        nice -n 19 bash deploy/container/build.sh "${base_args[@]}" >"$TEST_LANE_LOCKS/image.log" 2>&1 || code=$?
-        echo "image for the container lane (beside the lanes, nice 19): exit $code in $((SECONDS - started)) s"
-    ) &
-    image=$!
-fi
 lane shared tests/e2e/shared &
 shared=$!
 lane e2e tests/e2e --ignore=tests/e2e/shared &
@@ -63,8 +50,15 @@ failed=0
 for pid in $shared $e2e $unit $slow; do
     wait "$pid" || failed=1
 done
-if [ -n "$image" ]; then
-    wait "$image" || true
+# The container lane's image, built once the other lanes have ended: built beside them it took
+# the host their timing tests (`alone`) measure (a base made here: no image registry is assumed;
+# BASE_IMAGE names another). The lane builds it again if this failed, and says why.
+if [ "$(id -u)" = "0" ] || command -v podman >/dev/null 2>&1; then
+    base_args=()
+    [ -n "${BASE_IMAGE:-}" ] || base_args=(--local-base)
+    started=$SECONDS code=0
+    bash deploy/container/build.sh "${base_args[@]}" >"$TEST_LANE_LOCKS/image.log" 2>&1 || code=$?
+    echo "image for the container lane (after the lanes): exit $code in $((SECONDS - started)) s"
 fi
 lane container tests/container || failed=1
 for name in unit slow e2e shared container; do
