@@ -103,9 +103,12 @@ class ProcFs:
             cgroup = _cpu_cgroup((self.root / str(pid) / "cgroup").read_text())
             autogroup = ""
             if autogroups:
-                # "/autogroup-152 nice 0": the group's name, then the group's own nice.
-                autogroup = (self.root / str(pid) / "autogroup").read_text().split()[0]
-        except (OSError, IndexError):
+                # "/autogroup-152 nice 0": the group's name, then the group's own nice. The file is
+                # empty for a process in a CPU cgroup below the root: autogroups apply only at the
+                # root, so there the cgroup alone decides.
+                words = (self.root / str(pid) / "autogroup").read_text().split()
+                autogroup = words[0] if words else ""
+        except OSError:
             return None
         return None if cgroup is None else SchedGroup(cgroup, autogroup)
 

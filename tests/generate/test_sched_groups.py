@@ -32,14 +32,15 @@ class FakeProc:
         pid: int,
         nice: int = 0,
         parent: int = 1,
-        autogroup: int = 7,
+        autogroup: int | None = 7,
         cgroup: str = V1_ROOT,
         seconds: float = 0.0,
     ) -> None:
+        """`autogroup=None`: the kernel's empty file for a process in a CPU cgroup below the root."""
         folder = self.root / str(pid)
         folder.mkdir()
         (folder / "cgroup").write_text(cgroup)
-        (folder / "autogroup").write_text(f"/autogroup-{autogroup} nice 0\n")
+        (folder / "autogroup").write_text("" if autogroup is None else f"/autogroup-{autogroup} nice 0\n")
         self._stat(pid, parent, nice, seconds)
 
     def run(self, pid: int, seconds: float) -> None:
@@ -111,6 +112,20 @@ def test_a_niced_job_in_another_cpu_cgroup_competes(proc: FakeProc) -> None:
     proc.run(400, 1.0)
     proc.run(401, 1.0)
     assert niced.read() == 0.0
+
+
+def test_a_server_in_a_cpu_cgroup_below_the_root_has_no_autogroup_and_its_cgroup_decides(tmp_path: Path) -> None:
+    """A container or a systemd service: the kernel leaves /proc/PID/autogroup empty there."""
+    proc = FakeProc(tmp_path / "proc")
+    service = "0::/system.slice/ragserve.service\n"
+    proc.add(SERVER, autogroup=None, cgroup=service)
+    proc.add(410, nice=19, autogroup=None, cgroup=service)  # a niced job in the server's own service
+    proc.add(411, nice=19, autogroup=7)  # a niced job in a login session
+    niced = NicedTime(ProcFs(proc.root), SERVER)
+    niced.read()
+    proc.run(410, 1.0)
+    proc.run(411, 1.0)
+    assert niced.read() == pytest.approx(1.0 - contention_factor(19, 0))
 
 
 def test_only_the_cpu_controllers_group_matters_in_cgroup_v1(proc: FakeProc) -> None:
