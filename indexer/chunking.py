@@ -50,7 +50,7 @@ class Chunker:
 
     def __init__(self, tokenizer: Any, config: ChunkingConfig) -> None:
         self._config = config
-        backend = getattr(tokenizer, "backend_tokenizer", None)
+        backend = tokenizer if isinstance(tokenizer, Tokenizer) else getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:  # another tokenizer: called as a Hugging Face tokenizer is
             self._tokenizer, self._backend = tokenizer, None
             return

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from ragserve.config import EmbedderSettings, default_home, default_of
 from ragserve.embed.base import NamedEmbedder, QueryEmbedding, fits_window, resolve_embedder_path
@@ -134,7 +135,6 @@ class OnnxEmbedder(NamedEmbedder):
 
     def _open(self, onnx_path: Path, model_dir: Path, threads: int, spin: bool) -> None:
         import onnxruntime as ort
-        from transformers import AutoTokenizer
 
         options = ort.SessionOptions()
         if threads:
@@ -146,8 +146,8 @@ class OnnxEmbedder(NamedEmbedder):
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
         self._inputs = {i.name for i in self._session.get_inputs()}
-        self._tokenizer = AutoTokenizer.from_pretrained(str(model_dir), **load_options(model_dir))
         self._max_len = _max_seq_length(model_dir)
+        self._tokenizer = _open_tokenizer(model_dir, self._max_len)
         self.onnx_path = onnx_path
 
     @property
@@ -176,6 +176,8 @@ class OnnxEmbedder(NamedEmbedder):
         return self._run_ids(self._token_ids(texts))
 
     def _token_ids(self, texts: list[str]) -> list[list[int]]:
+        if isinstance(self._tokenizer, Tokenizer):
+            return [encoding.ids for encoding in self._tokenizer.encode_batch(texts)]
         enc = self._tokenizer(
             texts,
             truncation=True,
@@ -187,9 +189,10 @@ class OnnxEmbedder(NamedEmbedder):
         return list(enc["input_ids"])
 
     def _run_ids(self, rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-        """Pad the rows to the longest of them (right, with the pad id) and run the model."""
+        """Pad the rows to the longest of them (right; masked out, so the pad id is never read) and
+        run the model."""
         width = max(len(r) for r in rows)
-        ids = np.full((len(rows), width), self._tokenizer.pad_token_id or 0, dtype=np.int64)
+        ids = np.zeros((len(rows), width), dtype=np.int64)
         mask = np.zeros((len(rows), width), dtype=np.int64)
         for i, row in enumerate(rows):
             ids[i, : len(row)] = row
@@ -239,6 +242,22 @@ class OnnxEmbedder(NamedEmbedder):
 
     def embed_documents(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         return self._encode(texts, batch_size=batch_size)
+
+
+def _open_tokenizer(model_dir: Path, max_len: int) -> Any:
+    """The model's fast tokenizer straight from its tokenizer.json (special tokens added by its
+    post-processor, truncated to `max_len` with them counted, as transformers' tokenizer does):
+    importing transformers for it cost a build or a server start about 4 s (BENCHMARKS.md,
+    "Indexing at the host's speed, on a quiet host"). A folder without one loads through transformers."""
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(model_dir), **load_options(model_dir))
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_len)
+    return tokenizer
 
 
 class _Gate:
