@@ -23,7 +23,7 @@ mypy ragserve indexer
 # (tests/conftest.py). Each lane's report is printed when all have ended; --durations: the slowest
 # tests, to keep CI within its time. Arguments, when given, go to one plain pytest instead.
 if [ "$#" -gt 0 ]; then
-    exec pytest -v -ra -m "" "$@"
+    exec pytest -v -ra -m "" -n 0 "$@"
 fi
 TEST_LANE_LOCKS="$(mktemp -d)"
 export TEST_LANE_LOCKS
@@ -33,7 +33,7 @@ lane() {
     shift
     local started=$SECONDS code=0
     # Each lane its own temporary folder: pytest's numbered folders are cleaned by the next run.
-    pytest -v -ra -m "" --durations=15 -p no:cacheprovider --basetemp="$TEST_LANE_LOCKS/$name" "$@" \
+    pytest -v -ra -m "" -n 0 --durations=15 -p no:cacheprovider --basetemp="$TEST_LANE_LOCKS/$name" "$@" \
         >"$TEST_LANE_LOCKS/$name.log" 2>&1 || code=$?
     echo "lane $name: exit $code in $((SECONDS - started)) s"
     return $code
