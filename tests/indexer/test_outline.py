@@ -11,6 +11,8 @@ from indexer.loaders import Document
 from indexer.outline import Outline, markdown_headings
 from indexer.sources import iter_source
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
+from ragserve.request.citations import CitationTracker
+from ragserve.types import Passage
 from tests.helpers import pdf_file
 
 CONFIG = ChunkingConfig(size_tokens=24, overlap_tokens=4)
@@ -105,3 +107,33 @@ def test_outlines_nest_and_survive_their_record() -> None:
     assert outline.locate(0, {"url": "javascript:alert(1)"}, "").locator == "doc.md"  # only http(s) URLs
     assert Outline.of_record(outline.to_record()) == outline
     assert Outline.of_record(None) == Outline()
+
+
+def test_a_citation_of_a_later_pdf_page_quotes_the_source_at_its_range_on_that_page(
+    tmp_path: Path, embedder: SentenceTransformerEmbedder
+) -> None:
+    """The chain a reader clicks through: a streamed `[n]` marker becomes a citation whose quote is
+    the document's own text at the stated range, on the page the chunk names (the third, here)."""
+    pages = [
+        "Glaciers carve deep valleys over thousands of years of slow movement.",
+        "Rivers carry sediment from the mountains down to the plains and the sea.",
+        "Leaves are green because they hold chlorophyll, which absorbs red and blue light well. "
+        "Photosynthesis turns that light, water and carbon dioxide into sugar and oxygen for the plant. "
+        "It happens inside the chloroplasts of leaves.",
+    ]
+    (tmp_path / "nature.pdf").write_bytes(paged_pdf(pages))
+    doc = _documents(tmp_path)["nature.pdf"]
+    # A chunk that starts on the third page: a citation names its chunk's first page
+    # (docs/limitations.md: a quote past a page break inside its chunk).
+    cited = next(c for c in _located(doc, embedder) if c.location.page == 3 and "chloroplasts" in c.text)
+    tracker = CitationTracker([Passage(cited, 1.0, 1)])
+    tracker.feed("Sugar is made inside the chloroplasts of leaves [1].")
+    (citation,) = tracker.citations
+    assert citation.supported and citation.chunk.location is not None
+    # The quoted sentence, as much of it as the (24-token) chunk holds.
+    assert citation.quote.startswith("It happens inside the chloroplasts")
+    assert doc.text[citation.quote_start : citation.quote_end] == citation.quote
+    location = citation.chunk.location
+    assert location.page == 3 and location.locator == "nature.pdf"
+    on_page = citation.quote_start - location.page_start
+    assert pages[2][on_page : on_page + len(citation.quote)] == citation.quote

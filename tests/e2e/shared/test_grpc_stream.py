@@ -86,8 +86,9 @@ def test_prefix_cache_serves_the_template_prefix(live_server: LiveServer) -> Non
     first, repeat, other = asyncio.run(finals())
     assert not repeat.answer_cache_hit
     # A repeat reuses the whole prompt's KV blocks; a new question still reuses the fixed prefix.
+    # (What the reuse saves in time is a benchmark's figure: bench_reuse.py. Compared here, two
+    # single first tokens flaked under CI's other lanes: 287 against 243 ms.)
     assert repeat.usage.prefix_cache_hit_tokens > first.usage.prefix_cache_hit_tokens
-    assert repeat.timings.ttft_ms < first.timings.ttft_ms
     # The whole template is cached but for the last, partly filled KV block (32 tokens on CPU).
     template = template_tokens()
     for final in (first, other):
