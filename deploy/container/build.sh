@@ -5,6 +5,7 @@
 #   bash deploy/container/build.sh                # on python:3.11-slim-bookworm (pulled from its registry)
 #   bash deploy/container/build.sh --local-base   # where no image registry answers: a Debian bookworm
 #                                                  # base made here with mmdebstrap (Debian's mirror only)
+#   bash deploy/container/build.sh --no-cache     # every layer built again (the base is kept)
 #
 # Environment:
 #   IMAGE            the image's name (default ragserve:cpu); also tagged as the name the Kubernetes
@@ -22,11 +23,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 local_base=0
+cache_args=()
 for arg in "$@"; do
   case "$arg" in
     --local-base) local_base=1 ;;
+    --no-cache) cache_args=(--no-cache) ;;
     *)
-      echo "usage: $0 [--local-base]" >&2
+      echo "usage: $0 [--local-base] [--no-cache]" >&2
       exit 2
       ;;
   esac
@@ -88,6 +91,7 @@ fi
 
 started=$SECONDS
 podman build \
+  "${cache_args[@]}" \
   --file deploy/docker/Dockerfile.cpu \
   --target ragserve \
   --build-arg "BASE_IMAGE=$BASE_IMAGE" \
