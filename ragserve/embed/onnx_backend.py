@@ -189,8 +189,8 @@ class OnnxEmbedder(NamedEmbedder):
         return list(enc["input_ids"])
 
     def _run_ids(self, rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-        """Pad the rows to the longest of them (right; masked out, so the pad id is never read) and
-        run the model."""
+        """Pad the rows to the longest of them (right) and run the model; padding is masked out of
+        attention and of the mean, so which id pads does not change a vector."""
         width = max(len(r) for r in rows)
         ids = np.zeros((len(rows), width), dtype=np.int64)
         mask = np.zeros((len(rows), width), dtype=np.int64)
@@ -248,7 +248,7 @@ def _open_tokenizer(model_dir: Path, max_len: int) -> Any:
     """The model's fast tokenizer straight from its tokenizer.json (special tokens added by its
     post-processor, truncated to `max_len` with them counted, as transformers' tokenizer does):
     importing transformers for it cost a build or a server start about 4 s (BENCHMARKS.md,
-    "Indexing at the host's speed, on a quiet host"). A folder without one loads through transformers."""
+    "Indexing at the host's speed", "On a quiet host"). A folder without one loads through transformers."""
     path = model_dir / "tokenizer.json"
     if not path.is_file():
         from transformers import AutoTokenizer

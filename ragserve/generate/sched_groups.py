@@ -104,8 +104,8 @@ class ProcFs:
             autogroup = ""
             if autogroups:
                 # "/autogroup-152 nice 0": the group's name, then the group's own nice. The file is
-                # empty for a process in a CPU cgroup below the root: autogroups apply only at the
-                # root, so there the cgroup alone decides.
+                # empty for a process in the root autogroup (no session was started between init
+                # and it: a container's or a CI runner's processes); "" names that group.
                 words = (self.root / str(pid) / "autogroup").read_text().split()
                 autogroup = words[0] if words else ""
         except OSError:

@@ -36,7 +36,7 @@ class FakeProc:
         cgroup: str = V1_ROOT,
         seconds: float = 0.0,
     ) -> None:
-        """`autogroup=None`: the kernel's empty file for a process in a CPU cgroup below the root."""
+        """`autogroup=None`: the kernel's empty file for a process in the root autogroup."""
         folder = self.root / str(pid)
         folder.mkdir()
         (folder / "cgroup").write_text(cgroup)
@@ -114,13 +114,13 @@ def test_a_niced_job_in_another_cpu_cgroup_competes(proc: FakeProc) -> None:
     assert niced.read() == 0.0
 
 
-def test_a_server_in_a_cpu_cgroup_below_the_root_has_no_autogroup_and_its_cgroup_decides(tmp_path: Path) -> None:
-    """A container or a systemd service: the kernel leaves /proc/PID/autogroup empty there."""
+def test_a_server_in_the_root_autogroup_shares_it_with_the_processes_there(tmp_path: Path) -> None:
+    """No session started between init and the server (a container, a CI runner): the kernel
+    leaves /proc/PID/autogroup empty, and that root group is a group like any other."""
     proc = FakeProc(tmp_path / "proc")
-    service = "0::/system.slice/ragserve.service\n"
-    proc.add(SERVER, autogroup=None, cgroup=service)
-    proc.add(410, nice=19, autogroup=None, cgroup=service)  # a niced job in the server's own service
-    proc.add(411, nice=19, autogroup=7)  # a niced job in a login session
+    proc.add(SERVER, autogroup=None)
+    proc.add(410, nice=19, autogroup=None)  # a niced job in the root autogroup too
+    proc.add(411, nice=19, autogroup=7)  # a niced job in a login session's autogroup
     niced = NicedTime(ProcFs(proc.root), SERVER)
     niced.read()
     proc.run(410, 1.0)
