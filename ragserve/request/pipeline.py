@@ -33,7 +33,6 @@ from ragserve.request.batch_share import BatchShare
 from ragserve.request.caches import PipelineCaches
 from ragserve.request.citations import with_citations
 from ragserve.request.conversation import search_embedding
-from ragserve.request.decline import judge
 from ragserve.request.evidence import with_answer, with_evidence
 from ragserve.request.hot import HotPassages
 from ragserve.request.model_threads import CURRENT_CLASS
@@ -41,7 +40,7 @@ from ragserve.request.policy import AnswerPolicy
 from ragserve.request.prompting import fit_and_build
 from ragserve.request.readable import ReadableCounts
 from ragserve.request.reading import ReadingStage, ReadWithin
-from ragserve.request.reply import ReaderStart, Reading, declined, replay_answer, stream_answer
+from ragserve.request.reply import declined, reader_start, replay_answer, stream_answer
 from ragserve.request.search import SearchStage, check_client
 from ragserve.request.sentences import SentenceTable
 from ragserve.request.serving import ServingVersion, VersionSource
@@ -298,8 +297,8 @@ class RagPipeline:
         retrieval, key, table = await self._retrieve(params, request, self.serving, "own" if reader_first else "none")
         self._count_top(retrieval)
         timings = request.timings  # the retrieval event has its own copy
-        judged = judge(self.policy.decline, retrieval, table)  # no model call: microseconds
-        if judged is not None or self._declines(retrieval):
+        declines, judged = self.policy.declines(retrieval, table, self.reading is not None and self.reading.abstain)
+        if declines:
             for event in declined(retrieval, timings, generator.model_id, deadline.elapsed_ms, judged):
                 yield event
             return
@@ -313,7 +312,7 @@ class RagPipeline:
                     retrieval.index_identity,
                     request,
                     lambda cited: with_evidence(params.search_text, cited, self.policy.low_support_below),
-                    lambda cited: self._reader_start(params.query, cited, request),
+                    lambda cited: reader_start(self.reading, params.query, cited, request),
                 )
                 async with contextlib.aclosing(replayed) as events:
                     async for event in events:
@@ -345,7 +344,7 @@ class RagPipeline:
             # The engine has the prompt before the retrieval event is sent: prefill overlaps the send.
             gen = dataclasses.replace(gen, priority=request.request_class.engine_priority)
             answer = AnswerStream.start(generator, prompt, gen, request.request_id, deadline.elapsed_ms)
-            reader = self._reader_start(question, retrieval, request)
+            reader = reader_start(self.reading, question, retrieval, request)
             end = deadline.client_end(asyncio.get_running_loop())
             events = stream_answer(question, answer, retrieval, reader, end, outcome)
             # Closing both now, not when garbage collected: a caller gone mid-stream aborts the engine request.
@@ -372,25 +371,3 @@ class RagPipeline:
     def _top_is_warm(self, retrieval: RetrievalResult) -> bool:
         top = retrieval.passages[0].chunk.chunk_id if retrieval.passages else None
         return top is not None and self._warmer is not None and self._warmer.is_warm(top)
-
-    def _declines(self, retrieval: RetrievalResult) -> bool:
-        """The server answers "the documents do not say" itself: low lexical support, or the reader
-        (when it may abstain) read the passages and found no answer."""
-        support, span = retrieval.support, retrieval.answer
-        if self.policy.abstain_on_low_support and support is not None and support.low:
-            return True
-        return self.reading is not None and self.reading.abstain and span is not None and not span.answers
-
-    def _reader_start(self, question: str, retrieval: RetrievalResult, request: RequestContext) -> ReaderStart:
-        """The reader for this Query (none when it is off or has read already)."""
-        stage = self.reading
-        if stage is None or retrieval.answer is not None or not retrieval.passages:
-            return ReaderStart()
-
-        def start(at_least_one: bool = False) -> Reading:  # the task inherits this request's class
-            read = stage.read(
-                question, retrieval.passages, retrieval.index_identity, stage.budget_ms, request, at_least_one
-            )
-            return asyncio.ensure_future(read)
-
-        return ReaderStart(start, stage.beside_prefill, stage.highlight, request.timings)

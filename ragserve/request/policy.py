@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 from ragserve.config import AnswerSettings, WarmingSettings, default_of
 from ragserve.prompt import DECLINE_SENTENCE
-from ragserve.request.decline import Decline
+from ragserve.request.decline import Decline, judge
+from ragserve.request.sentences import SentenceTable
+from ragserve.types import DeclineEvidence, RetrievalResult
 
 # The answer the system prompt asks the model to give when the passages do not hold one; the
 # server gives the same words when it abstains itself.
@@ -41,3 +43,18 @@ class AnswerPolicy:
         if self.prompt_layout == "reusable":
             return f"reusable:{self.whole_passage_max_tokens}{lead}"
         return self.prompt_layout + lead
+
+    def declines(
+        self, retrieval: RetrievalResult, table: SentenceTable, reader_abstains: bool
+    ) -> tuple[bool, DeclineEvidence | None]:
+        """Whether the server answers "the documents do not say" itself, before any engine call,
+        and the decline model's evidence when it is what decided: the documents are not about the
+        question (request/decline.py; no model call, microseconds), their lexical support is low,
+        or the reader (when it may abstain) read the passages and found no answer."""
+        judged = judge(self.decline, retrieval, table)
+        if judged is not None:
+            return True, judged
+        support, span = retrieval.support, retrieval.answer
+        if self.abstain_on_low_support and support is not None and support.low:
+            return True, None
+        return reader_abstains and span is not None and not span.answers, None

@@ -18,6 +18,7 @@ from ragserve.request.answer import AnswerStream
 from ragserve.request.caches import replay
 from ragserve.request.evidence import with_answer
 from ragserve.request.policy import ABSTAIN_ANSWER
+from ragserve.request.reading import ReadingStage
 from ragserve.request.summary import Outcome
 from ragserve.types import (
     AnswerSpan,
@@ -50,6 +51,21 @@ class ReaderStart:
 
     def begin(self, at_least_one: bool = False) -> Reading | None:
         return self.start(at_least_one) if self.start is not None else None
+
+
+def reader_start(
+    stage: ReadingStage | None, question: str, retrieval: RetrievalResult, request: RequestContext
+) -> ReaderStart:
+    """The reader for this Query (none when it is off or has read already)."""
+    if stage is None or retrieval.answer is not None or not retrieval.passages:
+        return ReaderStart()
+
+    def start(at_least_one: bool = False) -> Reading:  # the task inherits this request's class
+        passages, identity = retrieval.passages, retrieval.index_identity
+        read = stage.read(question, passages, identity, stage.budget_ms, request, at_least_one)
+        return asyncio.ensure_future(read)
+
+    return ReaderStart(start, stage.beside_prefill, stage.highlight, request.timings)
 
 
 async def stream_answer(
