@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
-from tests.browser.page_server import PageServer, chromium, serving_page
-from tests.fakes import FakeGenerator
+from tests.browser.page_server import PageServer, chromium, serving_cited_page
 from tests.server.doors import build_access_index
 
 
@@ -26,8 +25,7 @@ def page_index(tmp_path_factory: pytest.TempPathFactory, embedder: SentenceTrans
 def page_server(
     page_index: Path, tmp_path_factory: pytest.TempPathFactory, embedder: SentenceTransformerEmbedder
 ) -> Iterator[PageServer]:
-    key_file = tmp_path_factory.mktemp("page-keys") / "keys"
-    with serving_page(page_index, embedder, key_file, FakeGenerator(words=["It ", "is ", "[1]."])) as server:
+    with serving_cited_page(page_index, embedder, tmp_path_factory) as server:
         yield server
 
 

@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from ragserve.api_keys import add_key
 from ragserve.config import Settings
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
@@ -27,6 +29,7 @@ from ragserve.server.openai.door import OpenAIDoor
 from ragserve.server.page import page_routes
 from tests.fakes import FakeGenerator
 from tests.helpers import free_port
+from tests.server.doors import CITED_ANSWER
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -93,3 +96,13 @@ def serving_page(
         box[0].call_soon_threadsafe(box[1].set)
         thread.join(30)
         executor.shutdown()
+
+
+@contextlib.contextmanager
+def serving_cited_page(
+    index: Path, embedder: SentenceTransformerEmbedder, factory: pytest.TempPathFactory
+) -> Iterator[PageServer]:
+    """The page over `index`, keys in a fresh folder, answering "It is [1]." (a citation)."""
+    key_file = factory.mktemp("page-keys") / "keys"
+    with serving_page(index, embedder, key_file, FakeGenerator(words=CITED_ANSWER)) as server:
+        yield server

@@ -9,7 +9,7 @@ import pytest
 
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from tests.fakes import FakeGenerator
-from tests.server.doors import Doors, build_access_index, serving_doors
+from tests.server.doors import CITED_ANSWER, Doors, build_access_index, serving_doors
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def doors(
     access_index: Path, tmp_path_factory: pytest.TempPathFactory, embedder: SentenceTransformerEmbedder
 ) -> Iterator[Doors]:
     key_file = tmp_path_factory.mktemp("keys") / "keys"
-    with serving_doors(access_index, embedder, key_file, FakeGenerator(words=["It ", "is ", "[1]."])) as both:
+    with serving_doors(access_index, embedder, key_file, FakeGenerator(words=CITED_ANSWER)) as both:
         yield both
 
 

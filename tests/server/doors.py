@@ -40,6 +40,8 @@ DOCS = {
 SECRET_DOC = "zephyr-launch.md"
 QUESTION = "What is the launch code of Project Zephyr?"
 MAX_QUERY_CHARS = 300
+# The fake engine's answer in the door and page tests: one sentence citing passage [1].
+CITED_ANSWER = ["It ", "is ", "[1]."]
 
 
 @dataclass

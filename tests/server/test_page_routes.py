@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
-from tests.browser.page_server import PageServer, serving_page
+from tests.browser.page_server import PageServer, serving_cited_page, serving_page
 from tests.fakes import FakeGenerator
 from tests.server.doors import SECRET_DOC
 
@@ -20,8 +20,7 @@ from tests.server.doors import SECRET_DOC
 def page(
     access_index: Path, tmp_path_factory: pytest.TempPathFactory, embedder: SentenceTransformerEmbedder
 ) -> Iterator[PageServer]:
-    key_file = tmp_path_factory.mktemp("page-keys") / "keys"
-    with serving_page(access_index, embedder, key_file, FakeGenerator(words=["It ", "is ", "[1]."])) as server:
+    with serving_cited_page(access_index, embedder, tmp_path_factory) as server:
         yield server
 
 
