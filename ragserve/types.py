@@ -31,6 +31,11 @@ class SourceLocation:
     page_start: int = 0
     section: tuple[str, ...] = ()
 
+    def record(self) -> dict[str, Any]:
+        """Its JSON form: as the chunk store, the caches and Qdrant keep it, and as the doors show it."""
+        section = list(self.section)
+        return {"locator": self.locator, "page": self.page, "page_start": self.page_start, "section": section}
+
 
 @dataclass(frozen=True, slots=True)
 class Chunk:

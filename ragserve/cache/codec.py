@@ -9,7 +9,7 @@ import orjson
 
 from ragserve.cache.base import CachedAnswer, CachedRetrieval, RejectedEntry
 from ragserve.cache.keys import KEY_SCHEMA
-from ragserve.index.chunk_store import location_of, location_record
+from ragserve.index.chunk_store import location_of
 from ragserve.json_bytes import kept_json
 from ragserve.types import Chunk, Passage, Usage
 
@@ -34,7 +34,7 @@ def _passage_rows(passages: tuple[Passage, ...]) -> list[list[Any]]:
             p.chunk.metadata,
             p.dense,
             p.lexical,
-            None if p.chunk.location is None else location_record(p.chunk.location),
+            None if p.chunk.location is None else p.chunk.location.record(),
         ]
         for p in passages
     ]

@@ -44,7 +44,7 @@ def chunk_record(chunk: Chunk, sentences: PassageSentences | None, stored: bytes
         "metadata": chunk.metadata,
     }
     if chunk.location is not None:
-        record[_LOCATION] = location_record(chunk.location)
+        record[_LOCATION] = chunk.location.record()
     if stored is not None:
         record[_SENTENCES] = orjson.Fragment(stored)
     elif sentences is not None:
@@ -89,15 +89,6 @@ def decode_chunk(line: bytes, where: str) -> Chunk:
         return Chunk(**record, sentences=None if stored is None else _sentences(stored), location=location)
     except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError) as exc:
         raise IndexLoadError(f"{where}: bad docstore record: {exc}") from exc
-
-
-def location_record(location: SourceLocation) -> dict[str, Any]:
-    return {
-        "locator": location.locator,
-        "page": location.page,
-        "page_start": location.page_start,
-        "section": list(location.section),
-    }
 
 
 def location_of(stored: Any) -> SourceLocation | None:

@@ -28,7 +28,7 @@ from ragserve.errors import IndexLoadError, Unavailable
 from ragserve.filters import FieldSchema, Filter
 from ragserve.index.base import ScoredChunk, SearchIndex
 from ragserve.index.bm25 import bm25_terms
-from ragserve.index.chunk_store import location_of, location_record
+from ragserve.index.chunk_store import location_of
 from ragserve.index.qdrant_filter import PAYLOAD_KEY, create_payload_indexes, qdrant_filter
 from ragserve.index.reload import ServedIndex, version_marker
 from ragserve.types import Chunk
@@ -101,7 +101,7 @@ def _chunk_payload(chunk: Chunk, row: int) -> dict[str, Any]:
     # when a request first needs it.
     fields = {f.name: getattr(chunk, f.name) for f in dataclasses.fields(chunk) if f.name != "sentences"}
     location = chunk.location
-    return {**fields, "location": None if location is None else location_record(location), "row": row}
+    return {**fields, "location": None if location is None else location.record(), "row": row}
 
 
 def _chunk_of(payload: dict[str, Any]) -> Chunk:

@@ -18,7 +18,6 @@ from ragserve.types import (
     Passage,
     QueryEvent,
     RetrievalResult,
-    SourceLocation,
     TokenDelta,
 )
 
@@ -83,15 +82,6 @@ def answer_result(events: Sequence[QueryEvent]) -> CallToolResult:
     return _result(structured, text.strip() + (f"\n\nSources:\n{sources}" if sources else ""))
 
 
-def _location_of(where: SourceLocation) -> dict[str, Any]:
-    return {
-        "locator": where.locator,
-        "page": where.page,
-        "page_start": where.page_start,
-        "section": list(where.section),
-    }
-
-
 def _decline_evidence(final: FinalSummary | None) -> dict[str, Any] | None:
     """Why the server declined before the generator (None: it did not)."""
     evidence = final.decline_evidence if final is not None else None
@@ -113,7 +103,7 @@ def _citation_of(citation: Citation, lead: int) -> dict[str, Any]:
         "quote_end": citation.quote_end,
         "answer_start": max(citation.answer_start - lead, 0),
         "answer_end": max(citation.answer_end - lead, 0),
-        "location": _location_of(where) if where is not None else None,
+        "location": where.record() if where is not None else None,
         "supported": citation.supported,
     }
 
@@ -138,7 +128,7 @@ def source_result(view: SourceView | None, version: str) -> CallToolResult:
         "doc_id": view.chunk.doc_id,
         "chunk_id": view.chunk.chunk_id,
         "title": view.chunk.title,
-        "location": _location_of(where) if where is not None else None,
+        "location": where.record() if where is not None else None,
         "text": view.text,
         "text_start": view.text_start,
         "quote_start": view.quote_start,
