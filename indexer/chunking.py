@@ -130,7 +130,7 @@ def _windows(doc: Document, body: str, offsets: np.ndarray, config: ChunkingConf
                 source=doc.source,
                 start=start,
                 end=end,
-                location=doc.outline.locate(start, doc.metadata, doc.doc_id),
+                location=doc.outline.locate(start, end, doc.metadata, doc.doc_id),
             )
         )
         if start_tok + config.size_tokens >= len(offsets):

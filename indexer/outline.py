@@ -38,16 +38,19 @@ class Outline:
         headings = tuple((int(at), int(level), str(title)) for at, level, title in record.get("headings", ()))
         return cls(pages, headings, str(record.get("locator", "")))
 
-    def locate(self, start: int, metadata: dict[str, Any], fallback: str) -> SourceLocation:
-        """The location of a chunk that begins at `start`: a URL in the metadata names the document
-        where there is one, else its locator."""
+    def locate(self, start: int, end: int, metadata: dict[str, Any], fallback: str) -> SourceLocation:
+        """The location of a chunk from `start` to `end`: a URL in the metadata names the document
+        where there is one, else its locator; pages that begin inside the chunk are kept with it."""
         url = metadata.get("url")
         locator = url if isinstance(url, str) and _URL.match(url) else (self.locator or fallback)
         page, page_start = 0, 0
+        breaks: tuple[tuple[int, int], ...] = ()
         if self.pages:
-            at = max(bisect_right([first for _, first in self.pages], start) - 1, 0)
+            firsts = [first for _, first in self.pages]
+            at = max(bisect_right(firsts, start) - 1, 0)
             page, page_start = self.pages[at]
-        return SourceLocation(locator, page, page_start, self._section(start))
+            breaks = self.pages[at + 1 : max(bisect_right(firsts, end - 1), at + 1)]
+        return SourceLocation(locator, page, page_start, self._section(start), breaks)
 
     def _section(self, start: int) -> tuple[str, ...]:
         path: list[tuple[int, str]] = []

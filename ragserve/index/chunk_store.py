@@ -103,7 +103,19 @@ def location_of(stored: Any) -> SourceLocation | None:
         raise ValueError("a location's page is not a count")
     if not isinstance(section, list) or not all(isinstance(title, str) for title in section):
         raise ValueError("a location's section is not a list of titles")
-    return SourceLocation(stored["locator"], page, page_start, tuple(section))
+    breaks = stored.get("page_breaks", [])
+    if not isinstance(breaks, list) or not all(_is_page_break(pair) for pair in breaks):
+        raise ValueError("a location's page_breaks are not (page, first character) pairs")
+    page_breaks = tuple((pair[0], pair[1]) for pair in breaks)
+    return SourceLocation(stored["locator"], page, page_start, tuple(section), page_breaks)
+
+
+def _is_page_break(pair: Any) -> bool:
+    return (
+        isinstance(pair, list)
+        and len(pair) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in pair)
+    )
 
 
 def _sentences(stored: list[list[Any]]) -> PassageSentences:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ragserve.errors import InvalidArgument
 from ragserve.filters import Filter, matches
 from ragserve.index.base import SearchIndex
-from ragserve.types import Chunk
+from ragserve.types import Chunk, SourceLocation
 
 # Characters on each side of the quote by default, and at most (a window stays a screenful or two).
 DEFAULT_CONTEXT_CHARS = 600
@@ -28,6 +28,12 @@ class SourceView:
     text_start: int
     quote_start: int
     quote_end: int
+
+    @property
+    def location(self) -> SourceLocation | None:
+        """Where the quote stands: its own page, not only its chunk's first."""
+        where = self.chunk.location
+        return None if where is None else where.at(self.quote_start)
 
     @property
     def marked(self) -> tuple[str, str, str]:

@@ -18,6 +18,7 @@ from ragserve.types import (
     QueryEvent,
     RequestClass,
     RetrievalResult,
+    SourceLocation,
     StageTimings,
     Support,
     TokenDelta,
@@ -45,8 +46,9 @@ def passage_pb(passage: Passage) -> pb.Passage:
     )
 
 
-def location_pb(chunk: Chunk) -> pb.SourceLocation | None:
-    where = chunk.location
+def location_pb(chunk: Chunk, where: SourceLocation | None = None) -> pb.SourceLocation | None:
+    """A chunk's location (`where`: a place inside it, as a citation's quote has it)."""
+    where = where or chunk.location
     if where is None:
         return None
     return pb.SourceLocation(
@@ -67,7 +69,7 @@ def citation_pb(citation: Citation) -> pb.Citation:
         passage=citation.passage,
         doc_id=citation.chunk.doc_id,
         chunk_id=citation.chunk.chunk_id,
-        location=location_pb(citation.chunk),
+        location=location_pb(citation.chunk, citation.location),
         quote=citation.quote,
         quote_start=citation.quote_start,
         quote_end=citation.quote_end,
@@ -192,7 +194,7 @@ def source_response_pb(view: SourceView | None, version: str) -> pb.SourceRespon
         found=True,
         doc_id=chunk.doc_id,
         title=chunk.title,
-        location=location_pb(chunk),
+        location=location_pb(chunk, view.location),
         text=view.text,
         text_start=view.text_start,
         quote_start=view.quote_start,

@@ -15,7 +15,7 @@ from ragserve.index.chunk_store import ChunkStore, read_chunks, write_chunks
 from ragserve.index.format import CHUNKS_FILE, FORMAT_VERSION, MANIFEST, Manifest, resolve_current
 from ragserve.index.hnsw import HnswIndex
 from ragserve.request.sentences import analyse_text
-from ragserve.types import Chunk
+from ragserve.types import Chunk, SourceLocation
 
 TEXTS = [
     "Bloom filters answer membership queries. They never give false negatives.",
@@ -111,3 +111,21 @@ def test_format_1_loads_and_a_newer_format_is_refused_by_name(sample_index: Path
     index = HnswIndex.load(sample_index)
     assert all(c.sentences is not None for c in index.chunks)
     assert all(c.location is not None and c.location.locator == c.doc_id for c in index.chunks)
+
+
+def test_a_location_with_pages_inside_its_chunk_survives_the_docstore_and_bad_ones_are_refused(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / CHUNKS_FILE
+    where = SourceLocation("paper.pdf", 2, 40, ("Methods",), ((3, 90), (4, 130)))
+    located = Chunk("c0", "paper.pdf", "x" * 100, start=50, end=150, location=where)
+    write_chunks(path, [located, *_chunks()[1:]], analyse_text)
+    assert ChunkStore(path, 3)[0].location == where
+    assert [where.at(n).page for n in (50, 89, 90, 129, 130, 149)] == [2, 2, 3, 3, 4, 4]
+    lines = path.read_bytes().splitlines(keepends=True)
+    for bad in ([[3]], [[3, -1]], [[3, True]], "3,90", [["3", 90]]):
+        record = json.loads(lines[0])
+        record["location"]["page_breaks"] = bad
+        path.write_bytes(json.dumps(record).encode() + b"\n" + b"".join(lines[1:]))
+        with pytest.raises(IndexLoadError, match="page_breaks"):
+            ChunkStore(path, 3)[0]

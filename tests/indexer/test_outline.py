@@ -13,26 +13,9 @@ from indexer.sources import iter_source
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.request.citations import CitationTracker
 from ragserve.types import Passage
-from tests.helpers import pdf_file
+from tests.helpers import paged_pdf
 
 CONFIG = ChunkingConfig(size_tokens=24, overlap_tokens=4)
-
-
-def paged_pdf(pages: list[str]) -> bytes:
-    """A valid PDF with one line of Helvetica text per page."""
-    count = len(pages)
-    kids = " ".join(f"{3 + 2 * n} 0 R" for n in range(count))
-    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", f"<< /Type /Pages /Kids [{kids}] /Count {count} >>".encode()]
-    font = 3 + 2 * count
-    for n, text in enumerate(pages):
-        stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
-        objects.append(
-            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents {4 + 2 * n} 0 R "
-            f"/Resources << /Font << /F1 {font} 0 R >> >> >>".encode()
-        )
-        objects.append(b"<< /Length " + str(len(stream)).encode() + b" >>\nstream\n" + stream + b"\nendstream")
-    objects.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
-    return pdf_file(objects)
 
 
 def _documents(folder: Path) -> dict[str, Document]:
@@ -102,9 +85,9 @@ def test_markdown_and_html_chunks_carry_their_section_path(
 def test_outlines_nest_and_survive_their_record() -> None:
     text = "# A\nx\n## B\ny\n### C\nz\n## D\nw\n"
     outline = Outline(headings=markdown_headings(text), locator="doc.md")
-    assert outline.locate(text.index("z"), {}, "").section == ("A", "B", "C")
-    assert outline.locate(text.index("w"), {}, "").section == ("A", "D")
-    assert outline.locate(0, {"url": "javascript:alert(1)"}, "").locator == "doc.md"  # only http(s) URLs
+    assert outline.locate(text.index("z"), len(text), {}, "").section == ("A", "B", "C")
+    assert outline.locate(text.index("w"), len(text), {}, "").section == ("A", "D")
+    assert outline.locate(0, 1, {"url": "javascript:alert(1)"}, "").locator == "doc.md"  # only http(s) URLs
     assert Outline.of_record(outline.to_record()) == outline
     assert Outline.of_record(None) == Outline()
 
@@ -123,8 +106,7 @@ def test_a_citation_of_a_later_pdf_page_quotes_the_source_at_its_range_on_that_p
     ]
     (tmp_path / "nature.pdf").write_bytes(paged_pdf(pages))
     doc = _documents(tmp_path)["nature.pdf"]
-    # A chunk that starts on the third page: a citation names its chunk's first page
-    # (docs/limitations.md: a quote past a page break inside its chunk).
+    # A chunk that starts on the third page (a quote past a page break inside its chunk: below).
     cited = next(c for c in _located(doc, embedder) if c.location.page == 3 and "chloroplasts" in c.text)
     tracker = CitationTracker([Passage(cited, 1.0, 1)])
     tracker.feed("Sugar is made inside the chloroplasts of leaves [1].")
@@ -133,7 +115,34 @@ def test_a_citation_of_a_later_pdf_page_quotes_the_source_at_its_range_on_that_p
     # The quoted sentence, as much of it as the (24-token) chunk holds.
     assert citation.quote.startswith("It happens inside the chloroplasts")
     assert doc.text[citation.quote_start : citation.quote_end] == citation.quote
-    location = citation.chunk.location
-    assert location.page == 3 and location.locator == "nature.pdf"
+    location = citation.location
+    assert location is not None and location.page == 3 and location.locator == "nature.pdf"
     on_page = citation.quote_start - location.page_start
     assert pages[2][on_page : on_page + len(citation.quote)] == citation.quote
+
+
+def test_a_quote_past_a_page_break_inside_its_chunk_names_its_own_page(
+    tmp_path: Path, embedder: SentenceTransformerEmbedder
+) -> None:
+    """A chunk that starts on page 2 and runs into page 3 keeps page 3's first character: a quote
+    from page 3 is located on page 3, at its offset there; the chunk itself still names page 2."""
+    pages = [
+        "Glaciers carve deep valleys over thousands of years of slow movement.",
+        "Rivers carry sediment down to the sea.",
+        "Leaves are green because they hold chlorophyll. Photosynthesis turns light into sugar for the plant.",
+    ]
+    (tmp_path / "nature.pdf").write_bytes(paged_pdf(pages))
+    doc = _documents(tmp_path)["nature.pdf"]
+    cited = next(c for c in _located(doc, embedder) if c.location.page == 2 and "chlorophyll" in c.text)
+    assert [page for page, _ in cited.location.page_breaks] == [3]
+    tracker = CitationTracker([Passage(cited, 1.0, 1)])
+    tracker.feed("Leaves hold chlorophyll [1].")
+    (citation,) = tracker.citations
+    assert citation.quote.startswith("Leaves are green") and citation.chunk.location.page == 2
+    location = citation.location
+    assert location is not None and location.page == 3 and not location.page_breaks
+    on_page = citation.quote_start - location.page_start
+    assert pages[2][on_page : on_page + len(citation.quote)] == citation.quote
+    # A quote on the chunk's first page keeps that page.
+    first_page = cited.location.at(cited.start)
+    assert (first_page.page, first_page.page_start) == (2, cited.location.page_start)

@@ -15,11 +15,13 @@ import grpc
 import httpx
 import pytest
 
+from indexer.build import build_index
 from indexer.metadata import split_front_matter
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 from tests.fakes import FakeGenerator
+from tests.helpers import paged_pdf
 from tests.server.doors import SECRET_DOC, Doors, call_tool, serving_doors
 
 SUPPORTED = ["The launch ", "code is ", "4417 [", "1", "]", " for", " Project Zephyr", "."]
@@ -41,8 +43,8 @@ def _source_text(access_index: Path, doc_id: str) -> str:
     return split_front_matter((folder / doc_id).read_text())[1]
 
 
-def _grpc_events(doors: Doors, question: str) -> list[pb.QueryEvent]:
-    metadata = [("authorization", f"Bearer {doors.keys['alice']}")]
+def _grpc_events(doors: Doors, question: str, caller: str = "alice") -> list[pb.QueryEvent]:
+    metadata = [("authorization", f"Bearer {doors.keys[caller]}")]
     with grpc.insecure_channel(doors.grpc_target) as channel:
         return list(
             pb_grpc.RagServiceStub(channel).Query(pb.QueryRequest(query=question), metadata=metadata, timeout=30)
@@ -156,3 +158,43 @@ def test_click_to_source_shows_the_quote_in_its_document_within_the_grant(
     result = asyncio.run(call_tool(cite_doors.http_url, f"Bearer {cite_doors.keys['alice']}", "fetch", arguments))
     assert f">>> {citation.quote} <<<" in result.content[0].text
     assert result.structured_content["location"]["locator"] == SECRET_DOC
+
+
+PDF_PAGES = [
+    "Glaciers carve deep valleys over thousands of years of slow movement.",
+    "Rivers carry sediment from the mountains down to the plains and the sea.",
+    "Leaves are green because they hold chlorophyll. It absorbs red and blue light.",
+]
+LEAVES = ["Leaves ", "hold ", "chlorophyll ", "[1]", "."]
+
+
+@pytest.fixture(scope="module")
+def pdf_doors(tmp_path_factory: pytest.TempPathFactory, embedder: SentenceTransformerEmbedder) -> Iterator[Doors]:
+    """One public three-page PDF, one chunk: the cited sentence is on page 3, past two page breaks
+    inside the chunk (each citation names its quote's page, not its chunk's first)."""
+    root = tmp_path_factory.mktemp("pdf-doors")
+    (root / "docs").mkdir()
+    (root / "docs" / "nature.pdf").write_bytes(paged_pdf(PDF_PAGES))
+    (root / "docs" / "nature.pdf.meta.json").write_text('{"groups": ["public"]}')
+    build_index(root / "docs", root / "idx", embedder, progress=False)
+    with serving_doors(root / "idx", embedder, root / "keys", FakeGenerator(words=LEAVES)) as both:
+        yield both
+
+
+def test_a_pdf_citation_names_its_quotes_page_on_every_door(pdf_doors: Doors) -> None:
+    events = _grpc_events(pdf_doors, "Why are leaves green?", caller="bob")
+    citation = next(e.citation for e in events if e.HasField("citation"))
+    assert citation.doc_id == "nature.pdf" and citation.quote.startswith("Leaves are green")
+    assert citation.location.page == 3 and citation.location.start == 0  # the chunk starts on page 1
+    on_page = citation.quote_start - citation.location.page_start
+    assert PDF_PAGES[2][on_page : on_page + len(citation.quote)] == citation.quote
+    body = _chat(pdf_doors, "Why are leaves green?", stream=False)
+    (cited,) = body["ragserve"]["final"]["citations"]
+    assert cited["location"]["page"] == 3 and int(cited["location"]["page_start"]) == citation.location.page_start
+    bearer = f"Bearer {pdf_doors.keys['bob']}"
+    result = asyncio.run(call_tool(pdf_doors.http_url, bearer, "answer", {"question": "Why are leaves green?"}))
+    (mcp_cited,) = result.structured_content["citations"]
+    assert mcp_cited["location"]["page"] == 3 and mcp_cited["location"]["page_start"] == citation.location.page_start
+    asked = {"chunk_id": citation.chunk_id, "start": citation.quote_start, "end": citation.quote_end}
+    view = _source(pdf_doors, "bob", **asked)
+    assert view.found and view.location.page == 3 and view.location.page_start == citation.location.page_start

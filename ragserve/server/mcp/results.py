@@ -92,7 +92,7 @@ def _decline_evidence(final: FinalSummary | None) -> dict[str, Any] | None:
 
 def _citation_of(citation: Citation, lead: int) -> dict[str, Any]:
     """One citation as streamed: the answer span it supports, where its quote is in the source."""
-    chunk, where = citation.chunk, citation.chunk.location
+    chunk, where = citation.chunk, citation.location
     return {
         "n": citation.marker,
         "doc_id": chunk.doc_id,
@@ -122,7 +122,7 @@ def source_result(view: SourceView | None, version: str) -> CallToolResult:
     if view is None:
         return _result({"found": False, "index_version": version}, "Not found.")
     before, quote, after = view.marked
-    where = view.chunk.location
+    where = view.location
     structured = {
         "found": True,
         "doc_id": view.chunk.doc_id,
