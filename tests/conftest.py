@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 from collections.abc import Generator
 from pathlib import Path
 
@@ -78,17 +79,31 @@ def embedder() -> SentenceTransformerEmbedder:
 def sample_index(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, embedder: SentenceTransformerEmbedder
 ) -> Path:
-    """The bundled sample corpus, indexed once per test session with the real MiniLM."""
+    """The bundled sample corpus, indexed with the real MiniLM once per run: where pytest processes
+    run side by side (the lanes, pytest-xdist's workers) the first builds it and each takes its own
+    copy (servers write their retrieval counts beside the index they serve)."""
+    root = tmp_path_factory.mktemp("index") / "sample"
+    shared = _locks_folder(request.config)
+    if shared is None:
+        # The only process: this build (the quick suite's longest set-up) may use every core.
+        _build_sample(root, embedder, os.cpu_count() or 1)
+        return root
+    built = shared / "sample-index"
+    with (shared / "sample-index.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (shared / "sample-index.done").exists():
+            shutil.rmtree(built, ignore_errors=True)
+            _build_sample(built, embedder, 1)  # the cores are shared: one thread
+            (shared / "sample-index.done").touch()
+    shutil.copytree(built, root, symlinks=True)
+    return root
+
+
+def _build_sample(root: Path, embedder: SentenceTransformerEmbedder, threads: int) -> None:
     import torch
 
-    root = tmp_path_factory.mktemp("index") / "sample"
-    # A plain `pytest` is the only process, so this build (the quick suite's longest set-up) may use
-    # every core: it takes about half as long on two. A lane or a pytest-xdist worker shares them:
-    # one thread.
-    alone = _locks_folder(request.config) is None
-    torch.set_num_threads((os.cpu_count() or 1) if alone else 1)
+    torch.set_num_threads(threads)
     try:
         build_index(SAMPLE_DOCS, root, embedder, progress=False)
     finally:
         torch.set_num_threads(1)
-    return root

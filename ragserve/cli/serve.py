@@ -14,6 +14,7 @@ from ragserve.config import (
     GeneratorSettings,
     Settings,
     default_generator_path,
+    default_home,
     merged_generator_path,
 )
 from ragserve.errors import RagError
@@ -53,6 +54,14 @@ def settings_from_flags(host: str | None, port: int | None, uds: str | None, ind
 def prepare_models(
     target: Annotated[Path | None, typer.Option(help="Where to write the generator folder")] = None,
     force: Annotated[bool, typer.Option(help="Convert again even if already prepared")] = False,
+    int8: Annotated[
+        bool,
+        typer.Option(
+            "--int8",
+            help="Also export the served generator as W8A8 int8 (llmcompressor, in an environment of its own; "
+            "RAGSERVE_GENERATOR_WEIGHTS=int8 serves it)",
+        ),
+    ] = False,
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Also show third-party libraries' INFO lines on the console")
     ] = False,
@@ -67,7 +76,7 @@ def prepare_models(
     from pydantic import ValidationError
 
     from ragserve.factory import make_embedder
-    from ragserve.generate.model_prep import prepare_generator, prepare_merged
+    from ragserve.generate.model_prep import int8_folder, prepare_generator, prepare_int8, prepare_merged
 
     try:
         embedder_settings, generator = EmbedderSettings(), GeneratorSettings()
@@ -81,7 +90,12 @@ def prepare_models(
             path = prepare_merged(base, adapter, merged, force=force)
             typer.echo(f"generator ready at {path} (adapter {adapter.name}; RAGSERVE_GENERATOR_ADAPTER=none: {base})")
         else:
+            path = base
             typer.echo(f"generator ready at {base}")
+        if int8:
+            environment = default_home() / "quantize-venv"
+            exported = prepare_int8(path, int8_folder(path), environment, force=force)
+            typer.echo(f"int8 generator ready at {exported} (served with RAGSERVE_GENERATOR_WEIGHTS=int8)")
         if embedder_settings.backend == "onnx" and embedder_settings.device == "cpu":
             # The server would otherwise pay for the ONNX export on its first start.
             embedder = make_embedder(embedder_settings)

@@ -30,6 +30,11 @@ class GeneratorSettings(BaseSettings):
     # NOTICE); "none" the base model's free-form answers; or an adapter folder written by
     # `ragserve-index tune-generator`. With RAGSERVE_GENERATOR_MODEL set, "default" means none.
     adapter: str = "default"
+    # The weights served on a CPU: "float" the model folder; "int8" its W8A8 export, which
+    # `ragserve prepare-models --int8` writes beside it (vLLM's oneDNN int8 kernels). int8 is not
+    # the default: on an AVX-512 host it made first visits faster and warm answers slower
+    # (BENCHMARKS.md, "8-bit weights on a quiet Zen 4").
+    weights: Literal["float", "int8"] = "float"
     max_model_len: int = 2048
     # CUDA graphs are not supported by the CPU backend; on a GPU set this to false.
     enforce_eager: bool = True

@@ -76,6 +76,8 @@ class ResolvedEngine:
     speculative_config: dict[str, object] | None = None
     # "process": vLLM's AsyncLLM with its engine-core process; "thread": the engine on a server thread.
     engine_layout: str = "process"
+    # The model folder (or hub id) served: the float one, or its int8 export (resolve_weights).
+    model: str = ""
 
     def summary(self) -> str:
         return "; ".join(f"{c.name}={c.value} ({c.reason})" for c in self.choices)
@@ -196,7 +198,9 @@ def resolve_engine(settings: GeneratorSettings, host: HostCpu) -> ResolvedEngine
         explicit = settings.engine_layout != "auto"
         layout_why = "set by RAGSERVE_GENERATOR_ENGINE_LAYOUT" if explicit else "GPU: vLLM's own"
         choices.append(EngineChoice("engine_layout", layout, layout_why))
-        return ResolvedEngine(dtype, "", block, tuple(choices), speculative, layout)
+        model, weights_choice = resolve_weights(settings)
+        choices.append(weights_choice)
+        return ResolvedEngine(dtype, "", block, tuple(choices), speculative, layout, model)
 
     if settings.dtype != "auto":
         dtype, why = settings.dtype, "set by RAGSERVE_GENERATOR_DTYPE"
@@ -206,6 +210,8 @@ def resolve_engine(settings: GeneratorSettings, host: HostCpu) -> ResolvedEngine
     else:
         dtype, why = "float32", "no native bf16 on this CPU (no avx512_bf16/amx_bf16): vLLM's bf16 would be emulated"
     choices.append(EngineChoice("dtype", dtype, why))
+    model, weights_choice = resolve_weights(settings)
+    choices.append(weights_choice)
 
     layout, layout_why = resolve_cpu_layout(settings, host, speculative is not None)
     if layout == "thread":
@@ -235,7 +241,26 @@ def resolve_engine(settings: GeneratorSettings, host: HostCpu) -> ResolvedEngine
     choices.append(EngineChoice("engine_layout", layout, layout_why))
     if layout == "thread":
         choices.append(resolve_threads(settings, host))
-    return ResolvedEngine(dtype, bind, block, tuple(choices), speculative, layout)
+    return ResolvedEngine(dtype, bind, block, tuple(choices), speculative, layout, model)
+
+
+def resolve_weights(settings: GeneratorSettings) -> tuple[str, EngineChoice]:
+    """The folder the engine serves: the float model, or its W8A8 int8 export where asked for."""
+    from ragserve.generate.model_prep import int8_folder, is_prepared
+
+    model = settings.resolved_model()
+    if settings.weights == "float":
+        why = "int8 is RAGSERVE_GENERATOR_WEIGHTS=int8 (measured: faster first visits, slower warm answers)"
+        if "weights" in settings.model_fields_set:
+            why = "set by RAGSERVE_GENERATOR_WEIGHTS"
+        return model, EngineChoice("weights", "float", why)
+    local = Path(model).expanduser()
+    int8 = int8_folder(local) if local.is_absolute() else None
+    if int8 is None or not is_prepared(int8):
+        raise ConfigError(
+            f"RAGSERVE_GENERATOR_WEIGHTS=int8: no int8 export of {model}; run `ragserve prepare-models --int8`"
+        )
+    return str(int8), EngineChoice("weights", "int8", "set by RAGSERVE_GENERATOR_WEIGHTS")
 
 
 def resolve_reuse_pad(settings: GeneratorSettings, block_tokens: int) -> EngineChoice:

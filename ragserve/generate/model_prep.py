@@ -11,6 +11,8 @@ import importlib.util
 import json
 import logging
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -97,6 +99,58 @@ def prepare_merged(base: Path, adapter_folder: Path, target: Path, force: bool =
     _write_folder(target, merged, tokenizer, marker | {"base_digest": adapter.base_digest})
     log.info("merged adapter %s into %s", adapter.name, target)
     return target
+
+
+# The export's own environment: llmcompressor and this torch build (its CPU wheel), nothing else.
+QUANTIZE_REQUIREMENTS = ("llmcompressor==0.14.0.1",)
+PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def int8_folder(source: Path) -> Path:
+    """Where `prepare-models --int8` writes `source`'s W8A8 export: beside it, named after it."""
+    return source.with_name(f"{source.name}+w8a8")
+
+
+def prepare_int8(source: Path, target: Path, environment: Path, force: bool = False) -> Path:
+    """`source` (a prepared float folder) exported as W8A8 int8 at `target` once (again when
+    `source` was prepared anew), by int8_export.py in the environment at `environment`."""
+    digest = prepared_marker(source).get("adapter_digest") or prepared_marker(source).get("source", "")
+    if prepared_marker(target).get("from_digest") == digest and not force:
+        log.info("int8 generator already prepared at %s", target)
+        return target
+    python = quantize_environment(environment)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".prep-") as tmp:
+        out = Path(tmp) / "model"
+        script = Path(__file__).with_name("int8_export.py")
+        done = subprocess.run([str(python), str(script), str(source), str(out)], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ConfigError(f"the int8 export of {source} failed:\n{done.stderr[-2000:]}")
+        (out / _MARKER).write_text(json.dumps({"source": source.name, "from_digest": digest, "weights": "w8a8"}))
+        if target.exists():
+            shutil.rmtree(target)
+        out.rename(target)
+    log.info("exported %s as W8A8 int8 into %s", source.name, target)
+    return target
+
+
+def quantize_environment(folder: Path) -> Path:
+    """A virtual environment with llmcompressor and this process's torch build, made once; its
+    interpreter. torch comes from pip's own indexes, else PyTorch's CPU index."""
+    import torch
+
+    python = folder / "bin" / "python"
+    if (folder / "ragserve-ready").is_file():
+        return python
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(folder)], check=True)
+    wanted = [f"torch=={torch.__version__}", *QUANTIZE_REQUIREMENTS]
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *wanted]
+    if subprocess.run(pip, capture_output=True, check=False).returncode != 0:
+        done = subprocess.run([*pip, "--extra-index-url", PYTORCH_CPU_INDEX], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ConfigError(f"could not install the int8 export's environment in {folder}:\n{done.stderr[-2000:]}")
+    (folder / "ragserve-ready").write_text("\n".join(wanted))
+    return python
 
 
 def _write_folder(target: Path, model: Any, tokenizer: Any, marker: dict[str, str]) -> None:

@@ -95,11 +95,11 @@ class VllmGenerator:
         before each decoder layer, while an interactive retrieval runs (None: it never waits)."""
         self._settings = settings
         self._retrieval_first = retrieval_first
-        self._model = settings.resolved_model()
         self._engine: Any = None
         self._dead: BaseException | None = None
         self._host: HostCpu = read_host_cpu()
         self._resolved: ResolvedEngine = resolve_engine(settings, self._host)
+        self._model = self._resolved.model
         block = self._resolved.block_size or CUDA_BLOCK_SIZE
         self._renderer = ChatRenderer(self._model, block, settings.reuse_pad_max_tokens)
         self._choices = (*self._resolved.choices, resolve_reuse_pad(settings, block))

@@ -59,7 +59,12 @@ def test_large_host_keeps_vllm_auto_binding() -> None:
 
 def test_explicit_settings_win() -> None:
     settings = GeneratorSettings(
-        dtype="bfloat16", cpu_omp_threads_bind="1", block_size=128, speculative="ngram", engine_layout="process"
+        dtype="bfloat16",
+        cpu_omp_threads_bind="1",
+        block_size=128,
+        speculative="ngram",
+        engine_layout="process",
+        weights="float",
     )
     resolved = resolve_engine(settings, ZEN3)
     assert (resolved.dtype, resolved.omp_threads_bind, resolved.block_size) == ("bfloat16", "1", 128)
@@ -134,3 +139,37 @@ def test_engine_layout_follows_speculation_on_cpu_only() -> None:
     assert gpu.engine_layout == "process"
     assert resolve_engine(GeneratorSettings(speculative="ngram"), BIG_HOST).engine_layout == "process"
     assert resolve_engine(GeneratorSettings(engine_layout="thread"), ZEN3).engine_layout == "thread"
+
+
+def _prepared_int8(folder: Path) -> Path:
+    """A float model folder and an int8 export beside it, both marked prepared (no weights: only
+    the choice is under test)."""
+    from ragserve.generate.model_prep import int8_folder
+
+    for path in (folder, int8_folder(folder)):
+        path.mkdir(parents=True)
+        (path / "config.json").write_text("{}")
+        (path / "ragserve-prepared.json").write_text("{}")
+    return int8_folder(folder)
+
+
+def test_int8_weights_are_served_where_asked_for_and_exported(tmp_path: Path) -> None:
+    model = tmp_path / "SmolLM2"
+    # The float folder by default, whatever the CPU, saying how to get the other.
+    default = resolve_engine(GeneratorSettings(model=str(model)), SAPPHIRE_RAPIDS)
+    assert default.model == str(model) and "RAGSERVE_GENERATOR_WEIGHTS=int8" in default.summary()
+    asked = GeneratorSettings(model=str(model), weights="int8")
+    with pytest.raises(ConfigError, match="prepare-models --int8"):
+        resolve_engine(asked, SAPPHIRE_RAPIDS)  # asked for, not exported: the server does not start
+    int8 = _prepared_int8(model)
+    assert resolve_engine(GeneratorSettings(model=str(model)), SAPPHIRE_RAPIDS).model == str(model)
+    for host in (SAPPHIRE_RAPIDS, ZEN3):
+        resolved = resolve_engine(asked, host)
+        assert resolved.model == str(int8) and _choice(resolved, "weights") == "int8"
+
+
+def test_a_hub_model_has_no_int8_export_to_serve() -> None:
+    hub = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert resolve_engine(GeneratorSettings(model=hub), SAPPHIRE_RAPIDS).model == hub
+    with pytest.raises(ConfigError, match="no int8 export"):
+        resolve_engine(GeneratorSettings(model=hub, weights="int8"), SAPPHIRE_RAPIDS)
