@@ -26,7 +26,6 @@ Configurations (`--configs` picks some, by name):
                      the engine on a server thread)
   spec-on-process    speculation with vLLM's engine-core process (the layout where it measured slower)
   spec-off-thread    plain decoding with the engine on a server thread (the layout's own effect)
-  decline-off        new-defaults without the decline before the generator (RAGSERVE_DECLINE_FALSE_RATE=0)
 
 `--workload summary` asks every question as a request for a summary in other words: answers that
 do not copy from the passages, where prompt-lookup drafts are rarely accepted.
@@ -108,8 +107,6 @@ def configurations(context_budgets: list[int]) -> dict[str, dict[str, str]]:
     configs["spec-on"] = {"RAGSERVE_GENERATOR_SPECULATIVE": "ngram"}
     configs["spec-on-process"] = {**configs["spec-on"], "RAGSERVE_GENERATOR_ENGINE_LAYOUT": "process"}
     configs["spec-off-thread"] = {**configs["spec-off"], "RAGSERVE_GENERATOR_ENGINE_LAYOUT": "thread"}
-    # The new defaults without the decline before the generator: what deciding it costs a first token.
-    configs["decline-off"] = {"RAGSERVE_DECLINE_FALSE_RATE": "0"}
     return configs
 
 
@@ -418,10 +415,6 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     for attr, key in (("client_ttft_ms", "ttft"), ("server_ttft_ms", "server_ttft"), ("client_total_ms", "total")):
         for q in (50, 95, 99):
             s[f"{key}_p{q}"] = percentile(values(ok, attr), q)
-    # A decline streams at once: first tokens of the questions this configuration answered, apart.
-    answered = [a for a in ok if not a.declined]
-    s["answered_ttft_p50"] = percentile(values(answered, "client_ttft_ms"), 50)
-    s["answered_ttft_p95"] = percentile(values(answered, "client_ttft_ms"), 95)
     s["tpot_p50"] = percentile(values(ok, "tpot_ms"), 50)
     s["tpot_p95"] = percentile(values(ok, "tpot_ms"), 95)
     drafted = sum(a.draft_tokens for a in ok)

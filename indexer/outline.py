@@ -9,7 +9,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any
 
-from ragserve.types import SourceLocation
+from ragserve.source_location import SourceLocation
 
 # ATX headings ("## Title"), up to three spaces of indent; a closing run of #s is not part of it.
 _ATX = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.+?)[ \t]*#*[ \t]*$")

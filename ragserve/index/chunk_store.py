@@ -21,7 +21,8 @@ import orjson
 
 from ragserve.errors import IndexLoadError
 from ragserve.sentence_spans import PassageSentences
-from ragserve.types import Chunk, SourceLocation
+from ragserve.source_location import SourceLocation
+from ragserve.types import Chunk
 
 _SENTENCES = "sentences"
 _LOCATION = "location"

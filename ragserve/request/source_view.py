@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from ragserve.errors import InvalidArgument
 from ragserve.filters import Filter, matches
 from ragserve.index.base import SearchIndex
-from ragserve.types import Chunk, SourceLocation
+from ragserve.source_location import SourceLocation
+from ragserve.types import Chunk
 
 # Characters on each side of the quote by default, and at most (a window stays a screenful or two).
 DEFAULT_CONTEXT_CHARS = 600

@@ -6,6 +6,7 @@ from typing import TypeVar
 
 from ragserve.reports import EngineChoice, HostShareState, PipelineInfo, WarmState
 from ragserve.request.source_view import SourceView
+from ragserve.source_location import SourceLocation
 from ragserve.types import (
     AnswerSpan,
     Chunk,
@@ -18,7 +19,6 @@ from ragserve.types import (
     QueryEvent,
     RequestClass,
     RetrievalResult,
-    SourceLocation,
     StageTimings,
     Support,
     TokenDelta,

@@ -15,7 +15,8 @@ from ragserve.index.chunk_store import ChunkStore, read_chunks, write_chunks
 from ragserve.index.format import CHUNKS_FILE, FORMAT_VERSION, MANIFEST, Manifest, resolve_current
 from ragserve.index.hnsw import HnswIndex
 from ragserve.request.sentences import analyse_text
-from ragserve.types import Chunk, SourceLocation
+from ragserve.source_location import SourceLocation
+from ragserve.types import Chunk
 
 TEXTS = [
     "Bloom filters answer membership queries. They never give false negatives.",

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from ragserve.request.citations import CitationTracker, holds
 from ragserve.request.sentences import content_terms
-from ragserve.types import Chunk, Passage, SourceLocation
+from ragserve.source_location import SourceLocation
+from ragserve.types import Chunk, Passage
 
 SOURCE = (
     "Intro line. The Eiffel Tower was completed in 1889 for the World's Fair. "
