@@ -70,6 +70,19 @@ def plain_server(sample_index: Path, tmp_path_factory: pytest.TempPathFactory) -
     assert code == 0, f"the plain server exited with {code} on SIGTERM:\n{server.log_tail()}"
 
 
+@pytest.fixture(scope="module")
+def alone() -> dict[tuple[str, str], str]:
+    """Greedy answers each server gave a question on its own, by (target, question): asked once in
+    this module (each costs seconds of float32 decoding on a shared CI host)."""
+    return {}
+
+
+def _alone(answers: dict[tuple[str, str], str], target: str, question: str) -> str:
+    if (target, question) not in answers:
+        answers[target, question] = "".join(_answer(target, question)[0])
+    return answers[target, question]
+
+
 def _answer(
     target: str, question: str, request_id: str = "", timeout_s: float = 120
 ) -> tuple[list[str], pb.FinalEvent]:
@@ -98,7 +111,7 @@ def test_info_names_each_layout(speculating_server: LiveServer, plain_server: Li
 
 
 def test_greedy_answers_match_plain_decoding_and_drafts_are_accepted(
-    speculating_server: LiveServer, plain_server: LiveServer
+    speculating_server: LiveServer, plain_server: LiveServer, alone: dict[tuple[str, str], str]
 ) -> None:
     drafted = accepted = 0
     for question in QUESTIONS:
@@ -114,6 +127,7 @@ def test_greedy_answers_match_plain_decoding_and_drafts_are_accepted(
         drafted += spec_final.usage.draft_tokens
         accepted += spec_final.usage.accepted_draft_tokens
         assert spec_final.timings.time_per_output_token_ms > 0
+        alone[plain_server.target, question] = alone[speculating_server.target, question] = "".join(plain_tokens)
     assert drafted > 0 and 0 < accepted <= drafted
 
 
@@ -142,19 +156,21 @@ def test_client_deadline_ends_the_call_and_frees_the_engine(speculating_server: 
 
 
 @pytest.mark.parametrize("layout", ["speculating_server", "plain_server"])
-def test_two_calls_with_one_request_id_each_get_their_own_answer(layout: str, request: pytest.FixtureRequest) -> None:
+def test_two_calls_with_one_request_id_each_get_their_own_answer(
+    layout: str, request: pytest.FixtureRequest, alone: dict[tuple[str, str], str]
+) -> None:
     """A client's x-request-id (a fixed one, a hedge, one copied from a log) never becomes the
     engine's id: two concurrent calls under one id each stream the answer their own question gets
     alone (not the other's, not both interleaved), and neither hangs. Both engine layouts (thread
     and engine-core process)."""
     server: LiveServer = request.getfixturevalue(layout)
     questions = QUESTIONS[1:]
-    alone = ["".join(_answer(server.target, question)[0]) for question in questions]
-    assert alone[0] != alone[1]
+    own_answers = [_alone(alone, server.target, question) for question in questions]
+    assert own_answers[0] != own_answers[1]
     with ThreadPoolExecutor(len(questions)) as pool:
         calls = [pool.submit(_answer, server.target, question, "one-fixed-id", 30.0) for question in questions]
         together = [call.result() for call in calls]
-    for question, own, other, (tokens, final) in zip(questions, alone, alone[::-1], together, strict=True):
+    for question, own, other, (tokens, final) in zip(questions, own_answers, own_answers[::-1], together, strict=True):
         text = "".join(tokens)
         # Two sequences in one batch may round differently from one alone (a near-tie can flip a
         # token late in the answer); crossed streams interleave both answers from the first tokens.
