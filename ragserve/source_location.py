@@ -43,3 +43,8 @@ class SourceLocation:
         if self.page_breaks:
             record["page_breaks"] = [list(pair) for pair in self.page_breaks]
         return record
+
+
+def located_at(where: SourceLocation | None, offset: int) -> SourceLocation | None:
+    """A chunk's location narrowed to the character at `offset` (a citation's quote): its page."""
+    return None if where is None else where.at(offset)

@@ -11,7 +11,7 @@ from typing import Any
 
 from ragserve.filters import Filter, both
 from ragserve.sentence_spans import PassageSentences
-from ragserve.source_location import SourceLocation
+from ragserve.source_location import SourceLocation, located_at
 
 
 def model_name(model: str) -> str:
@@ -343,8 +343,7 @@ class Citation:
     @property
     def location(self) -> SourceLocation | None:
         """Where the quote stands in its source: its own page, not only its chunk's first."""
-        where = self.chunk.location
-        return None if where is None else where.at(self.quote_start)
+        return located_at(self.chunk.location, self.quote_start)
 
 
 @dataclass(frozen=True, slots=True)

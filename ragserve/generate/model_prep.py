@@ -114,6 +114,8 @@ def int8_folder(source: Path) -> Path:
 def prepare_int8(source: Path, target: Path, environment: Path, force: bool = False) -> Path:
     """`source` (a prepared float folder) exported as W8A8 int8 at `target` once (again when
     `source` was prepared anew), by int8_export.py in the environment at `environment`."""
+    if not source.is_absolute() or not (source / "config.json").is_file():
+        raise ConfigError(f"the int8 export needs a local model folder; {source} is not one")
     digest = prepared_marker(source).get("adapter_digest") or prepared_marker(source).get("source", "")
     if prepared_marker(target).get("from_digest") == digest and not force:
         log.info("int8 generator already prepared at %s", target)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ragserve.errors import InvalidArgument
 from ragserve.filters import Filter, matches
 from ragserve.index.base import SearchIndex
-from ragserve.source_location import SourceLocation
+from ragserve.source_location import SourceLocation, located_at
 from ragserve.types import Chunk
 
 # Characters on each side of the quote by default, and at most (a window stays a screenful or two).
@@ -33,8 +33,7 @@ class SourceView:
     @property
     def location(self) -> SourceLocation | None:
         """Where the quote stands: its own page, not only its chunk's first."""
-        where = self.chunk.location
-        return None if where is None else where.at(self.quote_start)
+        return located_at(self.chunk.location, self.quote_start)
 
     @property
     def marked(self) -> tuple[str, str, str]:

@@ -59,3 +59,11 @@ def test_a_failed_export_publishes_nothing_and_says_why(tmp_path: Path) -> None:
         prepare_int8(source, int8_folder(source), environment)
     assert not int8_folder(source).exists()
     assert [p.name for p in source.parent.iterdir()] == ["SmolLM2"]  # no half-written folder left
+
+
+def test_only_a_local_model_folder_is_exported(tmp_path: Path) -> None:
+    environment = _fake_environment(tmp_path / "venv")
+    for source in (Path("HuggingFaceTB/SmolLM2-135M-Instruct"), tmp_path / "empty"):
+        with pytest.raises(ConfigError, match="needs a local model folder"):
+            prepare_int8(source, int8_folder(source), environment)
+    assert not (environment / "runs").exists()
