@@ -9,6 +9,7 @@ from pydantic import AliasChoices, Field, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
+from ragserve.config.answering import AnswerSettings, WarmingSettings
 from ragserve.config.base import (
     DEFAULT_EMBEDDER,
     DEFAULT_GENERATOR_NAME,
@@ -24,7 +25,6 @@ from ragserve.config.http import HttpSettings
 from ragserve.config.models import ReaderSettings, RerankSettings
 from ragserve.config.sections import (
     AccessSettings,
-    AnswerSettings,
     CacheSettings,
     EmbedderSettings,
     IndexSettings,
@@ -34,7 +34,6 @@ from ragserve.config.sections import (
     RequestSettings,
     RetrievalSettings,
     TransportSettings,
-    WarmingSettings,
     parse_caller_limits,
 )
 
