@@ -26,7 +26,7 @@ def test_the_reranker_and_the_generator_open_tokenizers_with_those_options(
 
     from ragserve.config import GeneratorSettings
     from ragserve.generate.vllm_engine import VllmGenerator
-    from ragserve.rerank.cross_encoder import _read_config
+    from ragserve.rerank.cross_encoder import read_config
 
     seen: list[dict[str, Any]] = []
 
@@ -39,7 +39,7 @@ def test_the_reranker_and_the_generator_open_tokenizers_with_those_options(
     monkeypatch.setattr(transformers, "AutoConfig", Recording)
     monkeypatch.setattr(transformers, "AutoTokenizer", Recording)
     with pytest.raises(Exception, match="recorded"):
-        _read_config(str(tmp_path), "RAGSERVE_RERANK_TIER1_MODEL")
+        read_config(str(tmp_path), "RAGSERVE_RERANK_TIER1_MODEL")
     with pytest.raises(OSError, match="recorded"):
         VllmGenerator(GeneratorSettings(model=str(tmp_path))).load_tokenizer()
     assert seen == [{"trust_remote_code": False, "local_files_only": True}] * 2

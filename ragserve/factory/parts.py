@@ -219,7 +219,8 @@ def make_reranker(settings: Settings) -> Reranker | None:
     A configured model that cannot be loaded stops start-up with a message naming the model and
     the setting: serving a fused order while claiming a reranker would mislead.
     """
-    from ragserve.rerank.cross_encoder import OnnxCrossEncoder, TorchCrossEncoder
+    from ragserve.rerank.cross_encoder import TorchCrossEncoder
+    from ragserve.rerank.onnx_cross_encoder import OnnxCrossEncoder
     from ragserve.rerank.tiered import Tier, TieredReranker
 
     cfg = settings.rerank

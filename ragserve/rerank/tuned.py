@@ -28,7 +28,7 @@ from ragserve.rerank.base import TunedCrossEncoder
 from ragserve.types import ShippedModel
 
 if TYPE_CHECKING:
-    from ragserve.rerank.cross_encoder import OnnxCrossEncoder
+    from ragserve.rerank.onnx_cross_encoder import OnnxCrossEncoder
 
 TUNED_DIR = "reranker"
 TUNED_ONNX = f"{TUNED_DIR}/model.int8.onnx"
@@ -52,7 +52,7 @@ def _check_values(model: ShippedModel) -> None:
 
 
 def _open(model: ShippedModel, model_id: str, threads: int, cpus: frozenset[int] | None) -> OnnxCrossEncoder:
-    from ragserve.rerank.cross_encoder import OnnxCrossEncoder
+    from ragserve.rerank.onnx_cross_encoder import OnnxCrossEncoder
 
     max_seq_len = model.spec["max_seq_len"]
     try:

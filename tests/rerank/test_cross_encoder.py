@@ -13,7 +13,8 @@ import pytest
 from ragserve.config import RerankSettings, Settings
 from ragserve.errors import ConfigError
 from ragserve.factory import make_reranker, parse_cpus
-from ragserve.rerank.cross_encoder import OnnxCrossEncoder, TorchCrossEncoder, pinned
+from ragserve.rerank.cross_encoder import TorchCrossEncoder, pinned
+from ragserve.rerank.onnx_cross_encoder import OnnxCrossEncoder
 
 QUERY = "does aspirin reduce the risk of heart attack"
 TEXTS = [

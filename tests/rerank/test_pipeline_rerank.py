@@ -13,7 +13,7 @@ from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.factory import assemble_pipeline
 from ragserve.index.hnsw import HnswIndex
 from ragserve.request.pipeline import RagPipeline
-from ragserve.rerank.cross_encoder import OnnxCrossEncoder
+from ragserve.rerank.onnx_cross_encoder import OnnxCrossEncoder
 from ragserve.rerank.per_version import SameReranker
 from ragserve.rerank.tiered import Tier, TieredReranker
 from ragserve.types import RetrieveParams
