@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from ragserve.cli.app import app
-from ragserve.cli.client_commands import ClientFlags, _run_client, client_command
+from ragserve.cli.client_commands import ClientFlags, client_command, run_client
 from ragserve.cli.printing import where_of
 
 
@@ -34,4 +34,4 @@ def source(
         a, b = view.quote_start - view.text_start, view.quote_end - view.text_start
         print(f"{view.text[:a]}>>> {view.text[a:b]} <<<{view.text[b:]}")
 
-    _run_client(run, flags.target)
+    run_client(run, flags.target)
