@@ -21,6 +21,7 @@ import numpy as np
 
 from ragserve.cache.base import CacheBackendError
 from ragserve.embed.base import QueryEmbedding
+from ragserve.events import GenerationChunk, Usage
 from ragserve.index.base import SearchIndex
 from ragserve.prompt import Prompt
 from ragserve.read.base import ReadSpan
@@ -28,7 +29,7 @@ from ragserve.read.cost import ReadCost
 from ragserve.reports import EngineChoice, GeneratorStatus
 from ragserve.rerank.base import EncodedPair
 from ragserve.rerank.cost import CostModel
-from ragserve.types import WARMING_ENGINE_PRIORITY, GenerateParams, GenerationChunk, Usage
+from ragserve.types import WARMING_ENGINE_PRIORITY, GenerateParams
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 

@@ -22,7 +22,7 @@ FLOORS = [
     {"index"},
     {"config", "types", "errors", "budget", "prompt", "metrics", "pretrained", "onnx_export", "addresses", "digests"}
     | {"tracing", "logs", "v1", "filters", "access", "sentence_spans", "priority", "json_bytes", "heap"}
-    | {"retrieval_first", "reports", "api_keys", "cost", "source_location"},
+    | {"retrieval_first", "reports", "api_keys", "cost", "source_location", "events"},
 ]
 FLOOR = {part: level for level, parts in enumerate(FLOORS) for part in parts}
 GENERATOR_OR_INDEX_TYPES = {"RemoteVllmGenerator", "VllmGenerator", "HnswIndex", "QdrantIndex"}

@@ -13,13 +13,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from ragserve.cache.keys import AnswerKey, RetrievalKey
-from ragserve.types import (
-    Degraded,
-    Passage,
-    RetrievalResult,
-    StageTimings,
-    Usage,
-)
+from ragserve.events import Usage
+from ragserve.types import Degraded, Passage, RetrievalResult, StageTimings
 
 
 class CacheBackendError(Exception):

@@ -9,9 +9,10 @@ import orjson
 
 from ragserve.cache.base import CachedAnswer, CachedRetrieval, RejectedEntry
 from ragserve.cache.keys import KEY_SCHEMA
+from ragserve.events import Usage
 from ragserve.index.chunk_store import location_of
 from ragserve.json_bytes import kept_json
-from ragserve.types import Chunk, Passage, Usage
+from ragserve.types import Chunk, Passage
 
 T = TypeVar("T")
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
+from ragserve.events import GenerationChunk
 from ragserve.prompt import Prompt
 from ragserve.reports import EngineChoice, GeneratorStatus
-from ragserve.types import GenerateParams, GenerationChunk
+from ragserve.types import GenerateParams
 
 
 @runtime_checkable

@@ -20,6 +20,7 @@ from typing import Any
 
 from ragserve.config import GeneratorSettings
 from ragserve.errors import ConfigError, Overloaded, Unavailable
+from ragserve.events import GenerationChunk
 from ragserve.generate.hedge import Events, first_event
 from ragserve.generate.host import CPU_BLOCK_SIZE, read_host_cpu, resolve_reuse_pad
 from ragserve.generate.identity import answer_identity
@@ -30,7 +31,7 @@ from ragserve.generate.vllm_wire import ServerFailed, ServerUnreachable, StreamL
 from ragserve.metrics import REPLICA_REQUESTS, REPLICA_UP
 from ragserve.prompt import Prompt, build_prompt
 from ragserve.reports import EngineChoice, GeneratorStatus, ReplicaState
-from ragserve.types import WARMING_ENGINE_PRIORITY, GenerateParams, GenerationChunk, model_name
+from ragserve.types import WARMING_ENGINE_PRIORITY, GenerateParams, model_name
 
 log = logging.getLogger(__name__)
 

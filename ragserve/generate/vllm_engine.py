@@ -20,6 +20,7 @@ from typing import Any
 from ragserve import metrics
 from ragserve.config import GeneratorSettings
 from ragserve.errors import ConfigError, InvalidArgument, Unavailable
+from ragserve.events import GenerationChunk, Usage
 from ragserve.generate.engine_thread import EngineThreadDead, ThreadedEngine, in_process_engine_env
 from ragserve.generate.host import (
     CUDA_BLOCK_SIZE,
@@ -37,7 +38,7 @@ from ragserve.generate.step_size import PrefillSpeed, chunk_tokens
 from ragserve.prompt import SYSTEM_PREFIX, Prompt, build_prompt
 from ragserve.reports import EngineChoice, GeneratorStatus
 from ragserve.retrieval_first import RetrievalFirst
-from ragserve.types import WARMING_ENGINE_PRIORITY, GenerateParams, GenerationChunk, Usage, model_name
+from ragserve.types import WARMING_ENGINE_PRIORITY, GenerateParams, model_name
 
 log = logging.getLogger(__name__)
 

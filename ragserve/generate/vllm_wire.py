@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from ragserve.types import Usage
+from ragserve.events import Usage
 
 # Caps on what a server's answers may hold (docs/remote.md, "What a server may send").
 MODELS_MAX_BYTES = 1 << 20

@@ -31,7 +31,7 @@ from ragserve.priority import BACKGROUND_NICE
 # the search breadth measured for the graph (ef_search). A server reads both; format 1 versions
 # are served as before (sentences analysed on first use, ef from settings).
 # 3: each docstore record says where its chunk stands in its source (locator, PDF page, section
-# path: ragserve/types.py SourceLocation); a format 1 or 2 version is served with citations that
+# path: ragserve/source_location.py); a format 1 or 2 version is served with citations that
 # say they have no location, and an incremental build over one re-chunks every document.
 FORMAT_VERSION = 3
 READABLE_FORMATS = (1, 2, 3)

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ragserve.errors import DeadlineExpired
+from ragserve.events import GenerationChunk, TokenDelta, Usage
 from ragserve.generate.base import Generator
 from ragserve.prompt import Prompt
-from ragserve.types import GenerateParams, GenerationChunk, TokenDelta, Usage
+from ragserve.types import GenerateParams
 
 T = TypeVar("T")
 

@@ -18,22 +18,14 @@ import numpy as np
 
 from ragserve.cache.base import AnswerCache, CachedAnswer, CachedRetrieval, CacheHit, RetrievalCache
 from ragserve.cache.keys import AnswerKey, RetrievalKey, answer_key, retrieval_key
+from ragserve.events import FinalSummary, QueryEvent, TokenDelta
 from ragserve.filters import Filter, canonical
 from ragserve.generate.base import Generator
 from ragserve.prompt import is_decline, prompt_template_id
 from ragserve.request.answer import AnswerRun
 from ragserve.request.context import FittedContext
 from ragserve.request.search import SearchStage
-from ragserve.types import (
-    Degraded,
-    FinalSummary,
-    GenerateParams,
-    QueryEvent,
-    RetrievalResult,
-    RetrieveParams,
-    StageTimings,
-    TokenDelta,
-)
+from ragserve.types import Degraded, GenerateParams, RetrievalResult, RetrieveParams, StageTimings
 
 T = TypeVar("T")
 

@@ -14,8 +14,9 @@ import dataclasses
 import re
 from collections.abc import AsyncGenerator, Sequence
 
+from ragserve.events import Citation, FinalSummary, QueryEvent, TokenDelta
 from ragserve.request.sentences import analysis_of, content_terms
-from ragserve.types import Citation, FinalSummary, Passage, QueryEvent, RetrievalResult, TokenDelta
+from ragserve.types import Passage, RetrievalResult
 
 _MARKER = re.compile(r"\[(\d{1,3})\]")
 # A claim starts after the previous marker, or at its sentence's start when that is later.

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ragserve.events import DeclineEvidence
 from ragserve.request.sentences import SentenceTable
-from ragserve.types import DeclineEvidence, RetrievalResult
+from ragserve.types import RetrievalResult
 
 SHIPPED_MODEL = Path(__file__).with_name("decline_model.json")
 

@@ -23,6 +23,7 @@ from ragserve.cache.keys import AnswerKey, RetrievalKey
 from ragserve.config import LimitsSettings, default_of
 from ragserve.embed.base import Embedder
 from ragserve.errors import ConfigError
+from ragserve.events import QueryEvent
 from ragserve.filters import Filter, check_fields
 from ragserve.generate.base import Generator
 from ragserve.generate.host_share import HostSharePace
@@ -47,7 +48,7 @@ from ragserve.request.serving import ServingVersion, VersionSource
 from ragserve.request.summary import Outcome, final_summary, record_answer
 from ragserve.request.warming import QueryTraffic, Warmer
 from ragserve.rerank.base import Reranker
-from ragserve.types import GenerateParams, QueryEvent, RetrievalResult, RetrieveParams, model_name
+from ragserve.types import GenerateParams, RetrievalResult, RetrieveParams, model_name
 
 T = TypeVar("T")
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ragserve.config import AnswerSettings, WarmingSettings, default_of
+from ragserve.events import DeclineEvidence
 from ragserve.prompt import DECLINE_SENTENCE
 from ragserve.request.decline import Decline, judge
 from ragserve.request.sentences import SentenceTable
-from ragserve.types import DeclineEvidence, RetrievalResult
+from ragserve.types import RetrievalResult
 
 # The answer the system prompt asks the model to give when the passages do not hold one; the
 # server gives the same words when it abstains itself.

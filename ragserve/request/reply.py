@@ -14,23 +14,14 @@ from typing import Any
 from ragserve.budget import RequestContext
 from ragserve.cache.base import CachedAnswer
 from ragserve.errors import Overloaded, RagError, Unavailable
+from ragserve.events import DeclineEvidence, FinalSummary, LateAnswer, QueryEvent, TokenDelta, Usage
 from ragserve.request.answer import AnswerStream
 from ragserve.request.caches import replay
 from ragserve.request.evidence import with_answer
 from ragserve.request.policy import ABSTAIN_ANSWER
 from ragserve.request.reading import ReadingStage
 from ragserve.request.summary import Outcome
-from ragserve.types import (
-    AnswerSpan,
-    DeclineEvidence,
-    FinalSummary,
-    LateAnswer,
-    QueryEvent,
-    RetrievalResult,
-    StageTimings,
-    TokenDelta,
-    Usage,
-)
+from ragserve.types import AnswerSpan, RetrievalResult, StageTimings
 
 # What the reader's task gives: its span (or None), its ms, why it did not run ("" when it did).
 Reading = asyncio.Task[tuple[AnswerSpan | None, float, str]]

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ragserve.events import FinalSummary, Usage
 from ragserve.prompt import is_decline
 from ragserve.request.answer import AnswerRun
 from ragserve.request.context import FittedContext
-from ragserve.types import FinalSummary, RequestClass, RetrievalResult, StageTimings, Usage
+from ragserve.types import RequestClass, RetrievalResult, StageTimings
 
 
 @dataclass(slots=True)

@@ -4,24 +4,20 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+from ragserve.events import Citation, DeclineEvidence, LateAnswer, QueryEvent, TokenDelta
 from ragserve.reports import EngineChoice, HostShareState, PipelineInfo, WarmState
 from ragserve.request.source_view import SourceView
 from ragserve.source_location import SourceLocation
 from ragserve.types import (
     AnswerSpan,
     Chunk,
-    Citation,
-    DeclineEvidence,
     Degraded,
     Highlight,
-    LateAnswer,
     Passage,
-    QueryEvent,
     RequestClass,
     RetrievalResult,
     StageTimings,
     Support,
-    TokenDelta,
 )
 from ragserve.v1 import rag_pb2 as pb
 

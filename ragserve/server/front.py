@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from ragserve.config import Settings
 from ragserve.errors import IndexLoadError, InvalidArgument, RagError, Unavailable
+from ragserve.events import FinalSummary, QueryEvent
 from ragserve.filters import FieldSchema
 from ragserve.reports import PipelineInfo, WarmState
 from ragserve.request.pipeline import RagPipeline
@@ -34,7 +35,7 @@ from ragserve.server.gate import Call, CallGate, Door
 from ragserve.server.identity import Identity
 from ragserve.server.observability import observe_final, observe_request, observe_retrieval
 from ragserve.server.validation import Narrowing, validate_generate, validate_history, validate_retrieve, with_history
-from ragserve.types import Chunk, FinalSummary, GenerateParams, QueryEvent, RetrievalResult, RetrieveParams
+from ragserve.types import Chunk, GenerateParams, RetrievalResult, RetrieveParams
 
 log = logging.getLogger(__name__)
 

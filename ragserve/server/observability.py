@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ragserve import metrics
-from ragserve.types import FinalSummary, RetrievalResult
+from ragserve.events import FinalSummary
+from ragserve.types import RetrievalResult
 
 _DEGRADED_KINDS = ("budget_exhausted", "search_truncated", "rerank_skipped", "rerank_truncated")
 

@@ -29,6 +29,7 @@ from ragserve.cache.memory import MemoryStore
 from ragserve.cache.redis_cache import RedisStore
 from ragserve.config import CacheSettings
 from ragserve.errors import DeadlineExpired
+from ragserve.events import FinalSummary, GenerationChunk, QueryEvent, TokenDelta, Usage
 from ragserve.factory import assemble_pipeline, make_answer_cache
 from ragserve.index.hnsw import HnswIndex
 from ragserve.metrics import (
@@ -41,20 +42,7 @@ from ragserve.prompt import Prompt, prompt_template_id
 from ragserve.request.caches import replay
 from ragserve.request.pipeline import RagPipeline
 from ragserve.request.policy import AnswerPolicy
-from ragserve.types import (
-    Chunk,
-    Degraded,
-    FinalSummary,
-    GenerateParams,
-    GenerationChunk,
-    Passage,
-    QueryEvent,
-    RetrievalResult,
-    RetrieveParams,
-    StageTimings,
-    TokenDelta,
-    Usage,
-)
+from ragserve.types import Chunk, Degraded, GenerateParams, Passage, RetrievalResult, RetrieveParams, StageTimings
 from tests.cache.redis_proc import RedisProcess
 from tests.conftest import SAMPLE_DOCS
 from tests.fakes import FakeFlakyStore, FakeGenerator, FakeGeneratorBase

@@ -22,9 +22,10 @@ from ragserve.cache.keys import answer_key, retrieval_key
 from ragserve.cache.layer import StoreBackedAnswerCache, StoreBackedCache
 from ragserve.config import CacheSettings
 from ragserve.errors import ConfigError
+from ragserve.events import Usage
 from ragserve.factory import make_answer_cache, make_cache
 from ragserve.metrics import ANSWER_CACHE_REJECTED, CACHE_REJECTED, CACHE_REQUESTS
-from ragserve.types import Chunk, Passage, Usage
+from ragserve.types import Chunk, Passage
 from tests.cache.redis_proc import RedisProcess
 
 HMAC_KEY = "a-test-key-of-32-bytes-0123456789"

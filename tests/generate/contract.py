@@ -15,9 +15,10 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from ragserve.errors import Unavailable
+from ragserve.events import GenerationChunk
 from ragserve.generate.base import Generator
 from ragserve.prompt import Prompt, build_prompt
-from ragserve.types import Chunk, GenerateParams, GenerationChunk, Passage
+from ragserve.types import Chunk, GenerateParams, Passage
 
 Held = Callable[[], Awaitable[int]]
 

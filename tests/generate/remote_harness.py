@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from ragserve.config import GeneratorSettings
+from ragserve.events import GenerationChunk
 from ragserve.generate.remote import RemoteVllmGenerator
 from ragserve.prompt import Prompt, build_prompt
-from ragserve.types import Chunk, GenerationChunk, Passage
+from ragserve.types import Chunk, Passage
 from tests.generate.fake_vllm_server import FakeVllmServer
 
 # The folder the sidecar serves (the base with the shipped adapter merged): what servers run.

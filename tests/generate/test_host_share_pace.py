@@ -8,11 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from ragserve.events import GenerationChunk
 from ragserve.generate import host_share as pace_module
 from ragserve.generate.host_share import HostSharePace
 from ragserve.prompt import Prompt
 from ragserve.reports import HostShareState
-from ragserve.types import GenerateParams, GenerationChunk
+from ragserve.types import GenerateParams
 from tests.fakes import FakeClock, FakeGenerator
 
 

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from ragserve.errors import ConfigError, InvalidArgument, Overloaded, Unavailable
+from ragserve.events import GenerationChunk
 from ragserve.generate.remote import RemoteVllmGenerator
 from ragserve.generate.routing import order_servers, routing_key
 from ragserve.metrics import REPLICA_HEDGES
 from ragserve.prompt import Prompt, build_prompt
-from ragserve.types import GenerateParams, GenerationChunk
+from ragserve.types import GenerateParams
 from tests.generate.fake_vllm_server import FakeVllmServer
 from tests.generate.remote_harness import RemoteTest, bees_prompt, collect, run_with_fakes
 

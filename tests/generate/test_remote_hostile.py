@@ -16,10 +16,11 @@ import pytest
 
 from ragserve.config import GeneratorSettings
 from ragserve.errors import InvalidArgument, Overloaded, Unavailable
+from ragserve.events import GenerationChunk
 from ragserve.generate.remote import RemoteVllmGenerator
 from ragserve.generate.routing import routing_key
 from ragserve.generate.vllm_wire import CHARS_PER_TOKEN_MAX, INT32_MAX, ServerFailed, parse_chunk
-from ragserve.types import GenerateParams, GenerationChunk
+from ragserve.types import GenerateParams
 from tests.generate.fake_vllm_server import FakeVllmServer
 from tests.generate.remote_harness import MODEL, RemoteTest, bees_prompt, collect, run_with_fakes
 

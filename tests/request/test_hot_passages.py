@@ -15,6 +15,7 @@ from prometheus_client import REGISTRY
 from indexer.build import build_index
 from ragserve.budget import Deadline, RequestContext
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
+from ragserve.events import GenerationChunk, Usage
 from ragserve.factory import assemble_pipeline
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch, IndexReloader
@@ -23,7 +24,7 @@ from ragserve.reports import WarmState
 from ragserve.request.hot import HotPassages
 from ragserve.request.pipeline import RagPipeline
 from ragserve.request.policy import AnswerPolicy
-from ragserve.types import GenerateParams, GenerationChunk, Passage, RetrieveParams, Usage
+from ragserve.types import GenerateParams, Passage, RetrieveParams
 from tests.fakes import FakeGenerator
 from tests.index.conftest import write_docs
 

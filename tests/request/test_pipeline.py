@@ -12,20 +12,13 @@ import pytest
 from ragserve.budget import Deadline, RequestContext
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import DeadlineExpired
+from ragserve.events import Citation, FinalSummary, TokenDelta, Usage
 from ragserve.factory import assemble_pipeline
 from ragserve.index.fusion import RetrievalOptions
 from ragserve.index.hnsw import HnswIndex
 from ragserve.request.pipeline import RagPipeline
 from ragserve.request.policy import ABSTAIN_ANSWER, AnswerPolicy
-from ragserve.types import (
-    Citation,
-    FinalSummary,
-    GenerateParams,
-    RetrievalResult,
-    RetrieveParams,
-    TokenDelta,
-    Usage,
-)
+from ragserve.types import GenerateParams, RetrievalResult, RetrieveParams
 from tests.fakes import FakeGenerator, FakeThreadRecordingGenerator
 
 

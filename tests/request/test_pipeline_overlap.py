@@ -8,9 +8,10 @@ from pathlib import Path
 
 from ragserve.budget import Deadline, RequestContext
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
+from ragserve.events import TokenDelta, Usage
 from ragserve.factory import assemble_pipeline
 from ragserve.index.hnsw import HnswIndex
-from ragserve.types import GenerateParams, RetrievalResult, RetrieveParams, TokenDelta, Usage
+from ragserve.types import GenerateParams, RetrievalResult, RetrieveParams
 from tests.fakes import FakeGenerator
 
 

@@ -16,23 +16,14 @@ from ragserve.cache.base import AnswerCache
 from ragserve.config import CacheSettings, ReaderSettings
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import Unavailable
+from ragserve.events import FinalSummary, GenerationChunk, LateAnswer, QueryEvent, TokenDelta, Usage
 from ragserve.factory import assemble_pipeline, make_answer_cache
 from ragserve.index.hnsw import HnswIndex
 from ragserve.prompt import Prompt
 from ragserve.read.base import ReadSpan
 from ragserve.request.pipeline import RagPipeline
 from ragserve.request.policy import ABSTAIN_ANSWER, AnswerPolicy
-from ragserve.types import (
-    FinalSummary,
-    GenerateParams,
-    GenerationChunk,
-    LateAnswer,
-    QueryEvent,
-    RetrievalResult,
-    RetrieveParams,
-    TokenDelta,
-    Usage,
-)
+from ragserve.types import GenerateParams, RetrievalResult, RetrieveParams
 from tests.fakes import FakeGenerator, FakeGeneratorBase, FakeReader
 
 QUESTION = "Who discovered penicillin?"

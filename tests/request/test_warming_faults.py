@@ -17,6 +17,7 @@ import pytest
 from ragserve.budget import Deadline, RequestContext
 from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import Overloaded, Unavailable
+from ragserve.events import GenerationChunk, Usage
 from ragserve.factory import assemble_pipeline
 from ragserve.index.hnsw import HnswIndex
 from ragserve.prompt import Prompt
@@ -24,7 +25,7 @@ from ragserve.reports import GeneratorStatus, WarmState
 from ragserve.request import warming
 from ragserve.request.hot import HotPassages
 from ragserve.request.pipeline import RagPipeline
-from ragserve.types import GenerateParams, GenerationChunk, RequestClass, RetrieveParams, Usage
+from ragserve.types import GenerateParams, RequestClass, RetrieveParams
 from tests.fakes import FakeGenerator
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from google.protobuf.json_format import MessageToDict
 
+from ragserve.events import FinalSummary, LateAnswer, TokenDelta, Usage
 from ragserve.reports import EngineChoice, GeneratorStatus, HostShareState, WarmState
 from ragserve.request.pipeline import RagPipeline
 from ragserve.server.convert import (
@@ -16,20 +17,7 @@ from ragserve.server.convert import (
     retrieval_pb,
     retrieve_response_pb,
 )
-from ragserve.types import (
-    AnswerSpan,
-    Chunk,
-    Degraded,
-    FinalSummary,
-    Highlight,
-    LateAnswer,
-    Passage,
-    RetrievalResult,
-    StageTimings,
-    Support,
-    TokenDelta,
-    Usage,
-)
+from ragserve.types import AnswerSpan, Chunk, Degraded, Highlight, Passage, RetrievalResult, StageTimings, Support
 from ragserve.v1 import rag_pb2 as pb
 
 
@@ -249,9 +237,9 @@ def test_a_decline_carries_its_evidence_through_every_door() -> None:
     why the server declined before the generator; an answer without one carries none."""
     import dataclasses
 
+    from ragserve.events import DeclineEvidence
     from ragserve.server.mcp.results import answer_result
     from ragserve.server.openai.wire import Reply
-    from ragserve.types import DeclineEvidence
 
     evidence = DeclineEvidence(0.93, 0.61, {"top_dense": 0.18, "found": 0.25})
     summary = FinalSummary(Usage(0, 0, 0), StageTimings(), Degraded(), "abstained", "gen", declined=True)

@@ -12,6 +12,7 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 
 from ragserve.errors import RagError
+from ragserve.events import QueryEvent
 from ragserve.request.source_view import DEFAULT_CONTEXT_CHARS
 from ragserve.server.convert import info_response_pb, query_event_pb, retrieve_response_pb, source_response_pb
 from ragserve.server.front import Ask, Front
@@ -19,7 +20,6 @@ from ragserve.server.gate import Call, Door, request_id_from
 from ragserve.server.grpc.auth import client_ids, metadata_value
 from ragserve.server.grpc.status import to_status
 from ragserve.server.validation import validate_request_class
-from ragserve.types import QueryEvent
 from ragserve.v1 import rag_pb2 as pb
 from ragserve.v1 import rag_pb2_grpc as pb_grpc
 

@@ -220,7 +220,8 @@ class McpDoor:
 
 async def _progress(ctx: Context, event: object) -> None:
     """Where the client asked for progress: passages found, then the answer done."""
-    from ragserve.types import FinalSummary, RetrievalResult
+    from ragserve.events import FinalSummary
+    from ragserve.types import RetrievalResult
 
     if isinstance(event, RetrievalResult):
         await ctx.report_progress(1, 2, f"{len(event.passages)} passages found; answering")

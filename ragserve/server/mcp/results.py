@@ -9,17 +9,9 @@ from typing import Any
 
 from mcp.types import CallToolResult, TextContent
 
+from ragserve.events import Citation, FinalSummary, LateAnswer, QueryEvent, TokenDelta
 from ragserve.request.source_view import SourceView
-from ragserve.types import (
-    Chunk,
-    Citation,
-    FinalSummary,
-    LateAnswer,
-    Passage,
-    QueryEvent,
-    RetrievalResult,
-    TokenDelta,
-)
+from ragserve.types import Chunk, Passage, RetrievalResult
 
 
 def _result(structured: dict[str, Any], text: str) -> CallToolResult:

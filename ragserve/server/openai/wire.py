@@ -18,9 +18,10 @@ from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ragserve.errors import InvalidArgument
+from ragserve.events import Citation, FinalSummary, LateAnswer, QueryEvent, TokenDelta
 from ragserve.server.convert import query_event_pb
 from ragserve.server.front import Ask
-from ragserve.types import Citation, FinalSummary, LateAnswer, QueryEvent, RetrievalResult, TokenDelta
+from ragserve.types import RetrievalResult
 
 # Dropped, not refused: clients (LangChain, LlamaIndex) send a system prompt by default.
 _SILENT_ROLES = ("system", "developer")
