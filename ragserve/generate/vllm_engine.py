@@ -13,11 +13,10 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from ragserve import metrics
 from ragserve.config import GeneratorSettings
 from ragserve.errors import ConfigError, InvalidArgument, Unavailable
 from ragserve.events import GenerationChunk, Usage
@@ -34,7 +33,7 @@ from ragserve.generate.host_share import CpuCounters, EngineThreads, HostShareWa
 from ragserve.generate.identity import answer_identity
 from ragserve.generate.rendering import ChatRenderer
 from ragserve.generate.sched_groups import NicedTime
-from ragserve.generate.step_size import PrefillSpeed, chunk_tokens
+from ragserve.generate.step_shaping import give_way_inside_steps, size_steps
 from ragserve.prompt import SYSTEM_PREFIX, Prompt, build_prompt
 from ragserve.reports import EngineChoice, GeneratorStatus
 from ragserve.retrieval_first import RetrievalFirst
@@ -67,27 +66,6 @@ def _usage(output: Any) -> Usage:
         draft_tokens=drafted,
         accepted_draft_tokens=accepted,
     )
-
-
-def _cap_step_tokens(engine: Any, tokens: int) -> None:
-    """On the engine thread: the scheduler takes at most `tokens` prompt tokens a step (chunked
-    prefill, on by default on CPU, cuts longer prompts). Lower than the engine's own limit only, so
-    every buffer sized at start still fits."""
-    engine.engine_core.engine_core.scheduler.max_num_scheduled_tokens = tokens
-
-
-def _pause_between_layers(model: Any, wait: Callable[[], object]) -> int:
-    """`wait` runs before every decoder layer of `model` (in eager mode each layer is a few
-    milliseconds of a step that may take a hundred): a retrieval that arrives mid-step waits at
-    most one layer for the CPU. How many layers were found (0: the engine waits between steps only)."""
-    layers = [module for module in model.modules() if type(module).__name__.endswith("DecoderLayer")]
-
-    def before_layer(_module: object, _args: object) -> None:  # None: the layer's inputs as they are
-        wait()
-
-    for layer in layers:
-        layer.register_forward_pre_hook(before_layer)
-    return len(layers)
 
 
 class VllmGenerator:
@@ -218,50 +196,14 @@ class VllmGenerator:
         async for _ in self.stream(warm, GenerateParams(max_tokens=2, temperature=0.0), "warmup"):
             pass
         if isinstance(self._engine, ThreadedEngine):
-            await self._give_way_inside_steps(self._engine)
-            if self._settings.step_target_ms > 0:
-                await self._size_steps(self._engine)
+            first, settings = self._retrieval_first, self._settings
+            if first is not None and first.enabled:
+                self._measured["gives_way"] = await give_way_inside_steps(self._engine, first, settings.enforce_eager)
+            if settings.step_target_ms > 0:
+                block = self._resolved.block_size or CUDA_BLOCK_SIZE
+                size = await size_steps(self._engine, self._timed_prefill, settings.step_target_ms, block)
+                self._measured["step_tokens"] = size
         log.info("generator ready: %s (prefix of %d chars cached)", self._model, len(SYSTEM_PREFIX))
-
-    async def _give_way_inside_steps(self, engine: ThreadedEngine) -> None:
-        """Between the layers of a step too, the engine waits while an interactive retrieval runs."""
-        first = self._retrieval_first
-        if first is None or not first.enabled:
-            return
-        where = EngineChoice("gives_way", "between steps", "RAGSERVE_GENERATOR_YIELD_TO_RETRIEVAL_MS: retrieval first")
-        self._measured["gives_way"] = where
-        if not self._settings.enforce_eager:
-            return  # a compiled graph runs no Python between its layers
-
-        def hook(worker: Any) -> int:
-            return int(worker.apply_model(lambda model: _pause_between_layers(model, first.wait_turn)))
-
-        try:
-            layers = await engine.call(lambda core: core.collective_rpc(hook)[0])
-        except Exception:  # an engine without these hooks still gives way between steps
-            log.warning("the engine gives way to retrievals between steps only", exc_info=True)
-            return
-        if layers:
-            value = f"between steps and before each of {layers} layers"
-            self._measured["gives_way"] = EngineChoice("gives_way", value, where.reason)
-        log.info("the engine gives way to retrievals %s", self._measured["gives_way"].value)
-
-    async def _size_steps(self, engine: ThreadedEngine) -> None:
-        """Measure this host's prefill speed on two uncached prompts, then cap the prompt tokens a
-        step schedules so one step takes about the step target (generate/step_size.py)."""
-        small, large = await self._timed_prefill(8), await self._timed_prefill(96)
-        speed = PrefillSpeed.fit(small, large)
-        block = self._resolved.block_size or CUDA_BLOCK_SIZE
-        most = await engine.call(lambda core: core.vllm_config.scheduler_config.max_num_batched_tokens)
-        tokens = chunk_tokens(speed, self._settings.step_target_ms, block, int(most))
-        await engine.call(lambda core: _cap_step_tokens(core, tokens))
-        metrics.ENGINE_STEP_TOKENS.set(tokens)
-        self._measured["step_tokens"] = EngineChoice(
-            "step_tokens",
-            str(tokens),
-            f"about {self._settings.step_target_ms:g} ms a step at this host's measured speed ({speed.describe()})",
-        )
-        log.info("generator steps take at most %d prompt tokens (%s)", tokens, speed.describe())
 
     async def _timed_prefill(self, words: int) -> tuple[int, float]:
         """(uncached prompt tokens, ms) of one prefill of `words` words no prompt has had before."""
