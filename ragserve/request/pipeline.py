@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import time
 from collections.abc import AsyncGenerator, Callable
 from typing import TypeVar
 
@@ -36,6 +35,7 @@ from ragserve.request.citations import with_citations
 from ragserve.request.conversation import search_embedding
 from ragserve.request.evidence import with_answer, with_evidence
 from ragserve.request.hot import HotPassages
+from ragserve.request.info import InfoParts, pipeline_info
 from ragserve.request.model_threads import CURRENT_CLASS
 from ragserve.request.policy import AnswerPolicy
 from ragserve.request.prompting import fit_and_build
@@ -48,7 +48,7 @@ from ragserve.request.serving import ServingVersion, VersionSource
 from ragserve.request.summary import Outcome, final_summary, record_answer
 from ragserve.request.warming import QueryTraffic, Warmer
 from ragserve.rerank.base import Reranker
-from ragserve.types import GenerateParams, RetrievalResult, RetrieveParams, model_name
+from ragserve.types import GenerateParams, RetrievalResult, RetrieveParams
 
 T = TypeVar("T")
 
@@ -139,30 +139,8 @@ class RagPipeline:
     def info(self, grant: Filter | None = None, chunks: int | None = None) -> PipelineInfo:
         """What this pipeline serves with now (Info); its chunk count (`chunks`, else counted here)
         is of those `grant` may read."""
-        serving, generator = self.serving, self.generator
-        about = PipelineInfo(
-            index_version=serving.index.version,
-            index_chunks=serving.index.count_matching(grant) if chunks is None else chunks,
-            embedder_model=model_name(serving.embedder.model_id),  # a name, never the server's path
-            rerank_tiers=tuple(serving.reranker.describe()) if serving.reranker is not None else (),
-            warming=self.warm_state(),
-            index_served_s=time.time() - self.versions.served_since,
-            last_reload_refusal=self.versions.last_refusal,
-            reader_model=self.reading.model_id if self.reading is not None else "",
-            reader_threshold=self.reading.threshold if self.reading is not None else 0.0,
-        )
-        if generator is None:
-            return about
-        status = generator.status()
-        return dataclasses.replace(
-            about,
-            generator_model=generator.model_id,
-            generator_unfinished_requests=generator.unfinished_requests(),
-            generator_settings=tuple(generator.engine_choices),
-            host_cpu=generator.host_cpu,
-            generator_pace=self.pace.describe(status.host_share),
-            generator=status,
-        )
+        parts = InfoParts(self.serving, self.versions, self.generator, self.reading, self.pace, self.warm_state())
+        return pipeline_info(parts, grant, chunks)
 
     async def warm_hot_passages(self) -> int:
         """Pre-fill the engine's prefix cache for the serving version (request/warming.py): at start,
