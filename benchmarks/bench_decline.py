@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.harness import cpu_name, git_head, load_avg, write_results  # noqa: E402
 from indexer.tune.decline import auc  # noqa: E402
-from indexer.tune.decline_data import Asked, ask_all, index_corpus, leave_one_out_in, write_corpus  # noqa: E402
+from indexer.tune.decline_data import Asked, ask_all, index_corpus, leave_one_out_in, read_rows, write_corpus  # noqa: E402
 from ragserve.config import AnswerSettings, default_of  # noqa: E402
 from ragserve.request.decline import SIGNALS, DeclineModel  # noqa: E402
 
@@ -130,7 +130,7 @@ def main() -> None:
     model = DeclineModel.load()
     default_rate = default_of(AnswerSettings, "decline_false_rate")
     if args.rows is not None:
-        rows = [Asked(**r) for r in json.loads(args.rows.read_text())["rows"]]
+        rows = read_rows(args.rows)
     else:
         rows = leave_one_out_in(args.data / "squad2-dev", 10**6, args.out / "squad2-dev", adversarial=True)
         if not args.no_scifact:

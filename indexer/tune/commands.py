@@ -53,18 +53,26 @@ def tune_decline(
     out: Annotated[Path, typer.Option(help="The model's JSON (the server's: ragserve/request/decline_model.json)")],
     covered: Annotated[int, typer.Option(min=10, help="Covered questions asked per served article and fold")] = 60,
     signals: Annotated[str, typer.Option(help="The signals it weighs, comma-separated")] = "",
-    work: Annotated[Path | None, typer.Option(help="Index and rows folder (default: a temporary one)")] = None,
+    work: Annotated[
+        Path | None, typer.Option(help="Index and rows folder (default: a temporary one); it keeps rows.json")
+    ] = None,
+    rows_from: Annotated[
+        Path | None, typer.Option("--rows", help="A rows.json of an earlier run: fit again without asking")
+    ] = None,
     verbose: _VerboseOption = False,
     log_file: _LogFileOption = None,
 ) -> None:
     """Fit the decline before the generator: each article of TRAIN left out of the served corpus in
     turn, its questions "absent", the served articles' answerable ones "covered"."""
     from indexer.tune.decline import DEFAULT_SIGNALS, cross_validate, fit, write_model
-    from indexer.tune.decline_data import leave_one_out_in
+    from indexer.tune.decline_data import leave_one_out_in, read_rows
 
     setup_cli_logging(verbose, log_file, own_default="WARNING")
     names = tuple(n.strip() for n in signals.split(",") if n.strip()) or DEFAULT_SIGNALS
-    rows = _run_tuner(lambda: leave_one_out_in(train, covered, work))
+    if rows_from is not None:
+        rows = _run_tuner(lambda: read_rows(rows_from))
+    else:
+        rows = _run_tuner(lambda: leave_one_out_in(train, covered, work))
     model = _run_tuner(lambda: fit(rows, names))
     write_model(model, out)
     typer.echo(f"wrote {out}: {json.dumps(model['fitted_on'])}")

@@ -12,6 +12,7 @@ every signal of request/decline.py is measured.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import random
@@ -123,6 +124,17 @@ def leave_one_out_in(
     """`leave_one_out` in `work`, else in a temporary folder."""
     if work is not None:
         work.mkdir(parents=True, exist_ok=True)
-        return leave_one_out(folder, work, covered_per_article, adversarial)
+        rows = leave_one_out(folder, work, covered_per_article, adversarial)
+        # Kept to fit again without asking again (`tune-decline --rows`).
+        (work / "rows.json").write_text(json.dumps({"rows": [dataclasses.asdict(r) for r in rows]}))
+        return rows
     with tempfile.TemporaryDirectory(prefix="ragserve-decline-") as tmp:
         return leave_one_out(folder, Path(tmp), covered_per_article, adversarial)
+
+
+def read_rows(path: Path) -> list[Asked]:
+    """The rows a run kept (`leave_one_out_in`'s rows.json, or bench_decline.py's results.json)."""
+    try:
+        return [Asked(**row) for row in json.loads(path.read_text())["rows"]]
+    except (KeyError, TypeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} holds no decline rows: {exc}") from None

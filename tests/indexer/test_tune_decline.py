@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import random
+from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from indexer.cli import app
 from indexer.tune.decline import cross_validate, fit
 from indexer.tune.decline_data import Asked
 from ragserve.request.decline import DeclineModel
@@ -44,3 +49,18 @@ def test_cross_validation_reports_each_rate_on_groups_left_out_of_the_fit() -> N
     held = cross_validate(_rows(), NAMES, (0.02, 0.1))
     assert held[0.02]["covered"] <= held[0.1]["covered"] and held[0.02]["absent"] <= held[0.1]["absent"]
     assert 0 <= held[0.1]["groups_meeting"] <= 5
+
+
+def test_tune_decline_fits_again_from_the_rows_a_run_kept(tmp_path: Path) -> None:
+    """`--rows`: no question asked again, the same model as a fit over those rows; bad rows: exit 2."""
+    kept = tmp_path / "rows.json"
+    kept.write_text(json.dumps({"rows": [dataclasses.asdict(r) for r in _rows()]}))
+    out = tmp_path / "model.json"
+    args = ["tune-decline", str(tmp_path / "not-asked"), "--out", str(out), "--signals", ",".join(NAMES)]
+    result = CliRunner().invoke(app, [*args, "--rows", str(kept)])
+    assert result.exit_code == 0, result.output
+    assert DeclineModel.load(out) == DeclineModel.from_json(fit(_rows(), NAMES))
+    assert "false rate 0.035, each article left out of the fit" in result.output
+    kept.write_text(json.dumps({"rows": [{"qid": "1"}]}))
+    result = CliRunner().invoke(app, [*args, "--rows", str(kept)])
+    assert result.exit_code == 2 and "holds no decline rows" in result.output
