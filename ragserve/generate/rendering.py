@@ -4,7 +4,9 @@ ids for a server), so the template prefix is identical wherever it is computed a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from ragserve.errors import Unavailable
@@ -23,6 +25,33 @@ _MARK = "\ue000"
 _FOLLOWS = ('<passage id="2"', "</passages>")
 # How the shared part ends, for measuring what blank lines after it add.
 _CLOSED = "text.\n</passage>\n"
+
+
+@dataclass(frozen=True, slots=True)
+class _Tokenizer:
+    tokenizer: Any
+    special_tokens: frozenset[str]  # every special or added token it knows
+    longest_token_chars: int
+
+
+def _files_stamp(model: str) -> int:
+    """When a local model's tokenizer files last changed (0 for a hub id)."""
+    files = [Path(model) / name for name in ("tokenizer.json", "tokenizer_config.json")]
+    return max((f.stat().st_mtime_ns for f in files if f.is_file()), default=0)
+
+
+@lru_cache(maxsize=4)
+def _tokenizer_of(model: str, stamp: int) -> _Tokenizer:
+    """A model's tokenizer, loaded once a process for its files as they are (`stamp`): every
+    renderer of the process only encodes with it and applies its template, which change no state."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model, **load_options(model))
+    added = (token.content for token in tokenizer.added_tokens_decoder.values())
+    # A byte-level or SentencePiece token spells its text one character a byte or a character,
+    # so its written length bounds what it decodes to (a streamed answer's length: vllm_wire.py).
+    longest = max((len(token) for token in tokenizer.get_vocab()), default=0)
+    return _Tokenizer(tokenizer, frozenset([*tokenizer.all_special_tokens, *added]), longest)
 
 
 class ChatRenderer:
@@ -46,14 +75,9 @@ class ChatRenderer:
     def load(self) -> None:
         """The model's tokenizer and every special or added token it knows (what untrusted text must
         never spell out)."""
-        from transformers import AutoTokenizer
-
-        self._tokenizer = AutoTokenizer.from_pretrained(self._model, **load_options(self._model))
-        added = (token.content for token in self._tokenizer.added_tokens_decoder.values())
-        self._special_tokens = frozenset([*self._tokenizer.all_special_tokens, *added])
-        # A byte-level or SentencePiece token spells its text one character a byte or a character,
-        # so its written length bounds what it decodes to (a streamed answer's length: vllm_wire.py).
-        self.longest_token_chars = max((len(token) for token in self._tokenizer.get_vocab()), default=0)
+        loaded = _tokenizer_of(self._model, _files_stamp(self._model))
+        self._tokenizer, self._special_tokens = loaded.tokenizer, loaded.special_tokens
+        self.longest_token_chars = loaded.longest_token_chars
         self._counted.cache_clear()  # counts belong to the tokenizer that made them
         self._pads.cache_clear()
         self._pad_table = None

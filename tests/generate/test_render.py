@@ -126,3 +126,30 @@ def test_no_pad_when_the_top_passage_is_not_warm_not_shared_or_padding_is_off() 
         stable = build_prompt("When?", [top], "stable", warmed=True)  # the top passage cut to the question
         assert stable.reuse_end == 0 and not stable.warmed and padded.render(stable) == plain.render(stable)
     assert checked
+
+
+def test_a_tokenizer_is_loaded_once_a_process_until_its_files_change(tmp_path) -> None:
+    """Renderers of one process share the tokenizer they load (each generator start took 0.7 s);
+    a model folder whose tokenizer files are written again is read again."""
+    import os
+    import shutil
+
+    from ragserve.generate.rendering import ChatRenderer
+
+    model = default_generator_path()
+    if not (model / "config.json").is_file():
+        pytest.skip("the generator is not prepared (ragserve prepare-models)")
+    copy = tmp_path / "model"
+    copy.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        if (model / name).is_file():
+            shutil.copy(model / name, copy / name)
+    first, second = ChatRenderer(str(copy)), ChatRenderer(str(copy))
+    first.load()
+    second.load()
+    assert first.tokenizer is second.tokenizer and first.longest_token_chars == second.longest_token_chars > 0
+    stamp = (copy / "tokenizer.json").stat().st_mtime_ns
+    os.utime(copy / "tokenizer.json", ns=(stamp + 10**9, stamp + 10**9))
+    third = ChatRenderer(str(copy))
+    third.load()
+    assert third.tokenizer is not first.tokenizer
