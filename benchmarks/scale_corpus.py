@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+from tokenizers import Tokenizer
 
 from indexer.chunking import ChunkingConfig
 from ragserve.index.chunk_store import read_chunks
@@ -85,13 +86,24 @@ def write_corpus(
     with (folder / "corpus.jsonl").open("wb") as out:
         while n < count:
             batch = [next(made) for _ in range(min(4096, 2 * (count - n)))]
-            lengths = [len(ids) for ids in tokenizer([t for t, _ in batch], add_special_tokens=False)["input_ids"]]
+            lengths = token_counts(tokenizer, [t for t, _ in batch])
             for (text, vector), length in zip(batch, lengths, strict=True):
                 if length <= ChunkingConfig().size_tokens and n < count:
                     out.write(orjson.dumps({"_id": f"{id_prefix}{n}", "title": "", "text": text}) + b"\n")
                     vectors[n] = vector
                     n += 1
     return vectors
+
+
+def token_counts(tokenizer: Any, texts: list[str]) -> list[int]:
+    """Word pieces per text, untruncated: the ONNX embedder's tokenizer is the Rust one
+    (`tokenizers.Tokenizer`), the torch one's a Hugging Face tokenizer."""
+    if isinstance(tokenizer, Tokenizer):
+        whole = Tokenizer.from_str(tokenizer.to_str())
+        whole.no_truncation()
+        whole.no_padding()
+        return [len(e.ids) for e in whole.encode_batch(texts, add_special_tokens=False)]
+    return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
 class RecombinedVectors:
