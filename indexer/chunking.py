@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from tokenizers import Tokenizer
 
 from indexer.loaders import Document
@@ -17,6 +16,10 @@ CALL_CHARS = 1_000_000
 # A longer document is cut into pieces of this many characters at most, tokenized in one call on
 # the tokenizer's threads (one piece would run on one).
 PIECE_CHARS = 100_000
+
+# A text's tokens as (first character, end character) pairs. Kept as the tokenizer gives them:
+# copying a hundred thousand documents' pairs into arrays cost a tenth of a build's time.
+Offsets = Sequence[tuple[int, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +67,7 @@ class Chunker:
         it holds, not by how many documents it holds; a longer document is tokenized in pieces cut
         at whitespace (word-piece tokens never cross it), side by side on the tokenizer's threads."""
         bodies = [doc.text if doc.text.strip() else doc.title for doc in docs]
-        spans: list[list[np.ndarray]] = [[] for _ in docs]
+        spans: list[list[Offsets]] = [[] for _ in docs]
         batch: list[tuple[int, int, str]] = []  # (document, its piece's first character, text)
         held = 0
         for index, body in enumerate(bodies):
@@ -81,7 +84,7 @@ class Chunker:
             for doc, body, parts in zip(docs, bodies, spans, strict=True)
         ]
 
-    def _tokenize(self, batch: list[tuple[int, int, str]], spans: list[list[np.ndarray]]) -> None:
+    def _tokenize(self, batch: list[tuple[int, int, str]], spans: list[list[Offsets]]) -> None:
         """One tokenizer call; each piece's token offsets, shifted to its document's characters."""
         texts = [text for _, _, text in batch]
         if self._backend is not None:
@@ -90,7 +93,7 @@ class Chunker:
             options = {"add_special_tokens": False, "return_offsets_mapping": True, "verbose": False}
             offsets = self._tokenizer(texts, **options)["offset_mapping"]
         for (index, first, _), piece in zip(batch, offsets, strict=True):
-            spans[index].append(np.asarray(piece, dtype=np.int64).reshape(-1, 2) + first)
+            spans[index].append([(start + first, end + first) for start, end in piece] if first else piece)
 
 
 def _pieces(body: str, most: int) -> list[tuple[int, str]]:
@@ -106,13 +109,11 @@ def _pieces(body: str, most: int) -> list[tuple[int, str]]:
     return pieces
 
 
-def _joined(parts: list[np.ndarray]) -> np.ndarray:
-    if len(parts) == 1:
-        return parts[0]
-    return np.concatenate(parts) if parts else np.zeros((0, 2), dtype=np.int64)
+def _joined(parts: list[Offsets]) -> Offsets:
+    return parts[0] if len(parts) == 1 else [pair for part in parts for pair in part]
 
 
-def _windows(doc: Document, body: str, offsets: np.ndarray, config: ChunkingConfig) -> list[Chunk]:
+def _windows(doc: Document, body: str, offsets: Offsets, config: ChunkingConfig) -> list[Chunk]:
     if not len(offsets):
         return []
     chunks: list[Chunk] = []
@@ -120,7 +121,7 @@ def _windows(doc: Document, body: str, offsets: np.ndarray, config: ChunkingConf
     start_tok = 0
     while True:
         last = min(start_tok + config.size_tokens, len(offsets)) - 1
-        start, end = int(offsets[start_tok, 0]), int(offsets[last, 1])
+        start, end = offsets[start_tok][0], offsets[last][1]
         chunks.append(
             Chunk(
                 chunk_id=f"{doc.doc_id}#{len(chunks)}",
