@@ -17,8 +17,7 @@ CALL_CHARS = 1_000_000
 # the tokenizer's threads (one piece would run on one).
 PIECE_CHARS = 100_000
 
-# A text's tokens as (first character, end character) pairs. Kept as the tokenizer gives them:
-# copying a hundred thousand documents' pairs into arrays cost a tenth of a build's time.
+# A text's tokens as (first character, end character) pairs, as the tokenizer gives them.
 Offsets = Sequence[tuple[int, int]]
 
 
