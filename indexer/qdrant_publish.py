@@ -15,7 +15,7 @@ import numpy as np
 from indexer.chunking import embedding_text
 from ragserve.index.chunk_store import read_chunks
 from ragserve.index.format import CHUNKS_FILE, VECTORS_FILE, read_verified_version, require_listed, resolve_current
-from ragserve.index.qdrant_index import publish_collection
+from ragserve.index.qdrant_write import publish_collection
 
 
 def publish_folder_to_qdrant(client: Any, name: str, root: Path) -> tuple[str, int]:

@@ -6,20 +6,18 @@ chunk's sparse vector holds BM25's saturated term frequencies (k1, b, document l
 multiplies by IDF at query time, so scores are BM25's. The alias `<name>` points at the published
 version and is flipped atomically once every point is written (upserts wait), which is Qdrant's
 equivalent of the CURRENT symlink. Point ids are uuid5 of the chunk id: re-running an upsert
-overwrites, never duplicates.
+overwrites, never duplicates. qdrant_write.py writes a version; this module reads and serves it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
 import logging
 import uuid
 import zlib
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -29,7 +27,7 @@ from ragserve.filters import FieldSchema, Filter
 from ragserve.index.base import ScoredChunk, SearchIndex
 from ragserve.index.bm25 import bm25_terms
 from ragserve.index.chunk_store import location_of
-from ragserve.index.qdrant_filter import PAYLOAD_KEY, create_payload_indexes, qdrant_filter
+from ragserve.index.qdrant_filter import PAYLOAD_KEY, qdrant_filter
 from ragserve.index.reload import ServedIndex, version_marker
 from ragserve.types import Chunk
 
@@ -88,22 +86,6 @@ def make_client(url: str, api_key: str | None, timeout_s: int) -> Any:
     return QdrantClient(path=url)
 
 
-def sparse_bm25(terms: Sequence[str], avgdl: float) -> tuple[list[int], list[float]]:
-    """A document's BM25 term weights without IDF (Qdrant's IDF modifier supplies it)."""
-    counts = Counter(term_index(t) for t in terms)
-    norm = BM25_K1 * (1.0 - BM25_B + BM25_B * len(terms) / max(avgdl, 1e-9))
-    indices = sorted(counts)
-    return indices, [counts[i] * (BM25_K1 + 1.0) / (counts[i] + norm) for i in indices]
-
-
-def _chunk_payload(chunk: Chunk, row: int) -> dict[str, Any]:
-    # The stored sentence analysis stays in folder versions; a Qdrant point's chunk is analysed
-    # when a request first needs it.
-    fields = {f.name: getattr(chunk, f.name) for f in dataclasses.fields(chunk) if f.name != "sentences"}
-    location = chunk.location
-    return {**fields, "location": None if location is None else location.record(), "row": row}
-
-
 def _chunk_of(payload: dict[str, Any]) -> Chunk:
     return Chunk(
         chunk_id=payload["chunk_id"],
@@ -123,79 +105,6 @@ def alias_target(client: Any, alias: str) -> str | None:
         if item.alias_name == alias:
             return str(item.collection_name)
     return None
-
-
-def point_batches(
-    chunks: list[Chunk],
-    vectors: np.ndarray,
-    embedding_texts: list[str],
-    batch: int,
-    sparse_vector: Callable[..., Any],
-) -> Iterator[list[tuple[str, dict[str, Any], dict[str, Any]]]]:
-    """(point id, named vectors, payload) per chunk, in batches: a dense vector and, when the chunk has
-    terms, a BM25 sparse vector (built by `sparse_vector(indices=, values=)`). Qdrant and
-    qdrant-edge wrap them in their own point types."""
-    terms = bm25_terms(embedding_texts)
-    avgdl = float(np.mean([len(t) for t in terms])) if terms else 1.0
-    for start in range(0, len(chunks), batch):
-        parts = []
-        for row in range(start, min(start + batch, len(chunks))):
-            idx, vals = sparse_bm25(terms[row], avgdl)
-            vec: dict[str, Any] = {DENSE: vectors[row].tolist()}
-            if idx:
-                vec[SPARSE] = sparse_vector(indices=idx, values=vals)
-            parts.append((point_id(chunks[row].chunk_id), vec, _chunk_payload(chunks[row], row)))
-        yield parts
-
-
-def publish_collection(
-    client: Any,
-    name: str,
-    chunks: list[Chunk],
-    vectors: np.ndarray,
-    embedding_texts: list[str],
-    meta: dict[str, Any],
-    hnsw_m: int = 32,
-    ef_construct: int = 200,
-    batch: int = 256,
-) -> tuple[str, int]:
-    """Write a new version collection, verify its count, flip the alias; returns (collection, version)."""
-    from qdrant_client import models
-
-    current = alias_target(client, name)
-    version = 1
-    if current is not None:
-        version = int((client.get_collection(current).config.metadata or {}).get("version", 0)) + 1
-    target = version_collection(name, version)
-    # A killed earlier build may have left an unpublished collection: never reuse it half-filled.
-    if client.collection_exists(target):
-        client.delete_collection(target)
-    full_meta = {**meta, "version": version, "count": len(chunks), "bm25": {"k1": BM25_K1, "b": BM25_B}}
-    client.create_collection(
-        target,
-        vectors_config={DENSE: models.VectorParams(size=int(vectors.shape[1]), distance=models.Distance.COSINE)},
-        sparse_vectors_config={SPARSE: models.SparseVectorParams(modifier=models.Modifier.IDF)},
-        hnsw_config=models.HnswConfigDiff(m=hnsw_m, ef_construct=ef_construct),
-        metadata=full_meta,
-    )
-    create_payload_indexes(client, target, meta.get("fields") or {})
-    for parts in point_batches(chunks, vectors, embedding_texts, batch, models.SparseVector):
-        points = [models.PointStruct(id=pid, vector=vec, payload=payload) for pid, vec, payload in parts]
-        client.upsert(target, points=points, wait=True)
-    stored = client.count(target, exact=True).count
-    if stored != len(chunks):
-        raise IndexLoadError(f"Qdrant collection {target} holds {stored} points after upload, expected {len(chunks)}")
-    ops: list[Any] = []
-    if current is not None:
-        ops.append(models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=name)))
-    ops.append(models.CreateAliasOperation(create_alias=models.CreateAlias(collection_name=target, alias_name=name)))
-    client.update_collection_aliases(change_aliases_operations=ops)  # one atomic switch
-    # Keep the previous version (servers may still be reading it); drop anything older.
-    for coll in client.get_collections().collections:
-        cname = str(coll.name)
-        if cname.startswith(f"{name}_v") and cname not in (target, current):
-            client.delete_collection(cname)
-    return target, version
 
 
 def published_identity(where: str, meta: dict[str, Any]) -> str:

@@ -27,10 +27,10 @@ from ragserve.index.qdrant_index import (
     SPARSE,
     PublishedMeta,
     _chunk_of,
-    point_batches,
     published_identity,
     query_term_indices,
 )
+from ragserve.index.qdrant_write import point_batches
 from ragserve.types import Chunk
 
 META_FILE = "ragserve_meta.json"
