@@ -1,7 +1,7 @@
 """The HNSW graph in a helper process, so loading a big version never stalls the serving process.
 
-The helper (`python -m ragserve.index.graph_process FD PATH DIM COUNT NICE`) loads the file with
-hnswlib (graph.load_graph; during a hot reload on a thread of lower priority), says it is ready,
+The helper (`python -m ragserve.index.graph_process FD PATH DIM COUNT NICE`, graph_helper.py) loads
+the file with hnswlib (graph.load_graph; during a hot reload on a thread of lower priority), says it is ready,
 then answers one search at a time over a socket pair: pickled tuples between two processes of this
 program. A search costs one round trip beside the walk itself (BENCHMARKS.md, "A million
 passages"). The serving process verifies the file's checksum first; the helper bounds-checks it
@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -35,9 +34,8 @@ import numpy as np
 
 from ragserve import metrics
 from ragserve.errors import IndexLoadError
-from ragserve.index.graph import GraphFile, LoadedGraph, load_graph
-from ragserve.index.vector_file import VectorFile
-from ragserve.priority import BACKGROUND_NICE, at_lower_priority, start_at_lower_priority
+from ragserve.index.graph import GraphFile
+from ragserve.priority import BACKGROUND_NICE
 
 log = logging.getLogger(__name__)
 
@@ -308,89 +306,7 @@ def _grown(file: GraphFile) -> GraphProcess | None:
     return graph
 
 
-# --- the helper process ---------------------------------------------------------------------------
+if __name__ == "__main__":  # the helper's command line names this module (operators and tests look for it)
+    from ragserve.index.graph_helper import serve
 
-
-def _answer(graph: LoadedGraph, growth: _Growth, request: tuple[Any, ...]) -> tuple[str, Any]:
-    try:
-        if request[0] == "knn":
-            _, vector, k, ef, packed, rows = request
-            allowed = None if packed is None else np.unpackbits(packed, count=rows).view(bool)
-            if rows > graph.capacity:  # loaded again from a smaller version's file
-                return "error", f"the graph holds {graph.capacity} rows, not {rows}"
-            # A graph with room for more rows than the view's may be growing: keep to the view's.
-            return "ok", graph.knn(vector, k, ef, allowed, rows if rows < graph.capacity else None)
-        if request[0] == "items":
-            return "ok", graph.items(request[1])
-        if request[0] == "grow":
-            return growth.start(graph, Path(request[1]), request[2], request[3], request[4])
-        if request[0] == "growth":
-            return "ok", growth.state
-        return "error", f"unknown request {request[0]!r}"
-    except RuntimeError as exc:  # hnswlib: fewer than k pass the filter
-        return "runtime", str(exc)
-    except Exception as exc:
-        return "error", f"{type(exc).__name__}: {exc}"
-
-
-class _Growth:
-    """The graph growing on a thread of its own: "none", "running", "done" or why it failed."""
-
-    def __init__(self) -> None:
-        self.state = "none"
-
-    def start(self, graph: LoadedGraph, vectors: Path, rows: int, count: int, nice: int) -> tuple[str, Any]:
-        if self.state == "running":
-            return "error", "the graph is growing already"
-        if graph.count != rows:
-            return "error", f"the graph holds {graph.count} rows, not {rows}"
-        graph.make_room(count)  # before the thread starts: nothing searches meanwhile
-        self.state = "running"
-        start_at_lower_priority(lambda: self._grow(graph, vectors, count), nice)
-        return "ok", None
-
-    def _grow(self, graph: LoadedGraph, path: Path, count: int) -> None:
-        try:
-            with VectorFile(path) as vectors:
-                if vectors.shape != (count, graph.dim):
-                    raise IndexLoadError(f"{path} has shape {vectors.shape}, not {(count, graph.dim)}")
-                for first, slab in vectors.slabs(start=graph.count):
-                    graph.append(slab, first)
-            self.state = "done"
-        except Exception as exc:
-            self.state = f"{type(exc).__name__}: {exc}"
-
-
-def _exit_when_orphaned(parent: int) -> None:
-    """EOF alone does not say the server is gone (a process it forked may hold the socket)."""
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os._exit(0)
-
-
-def serve(fd: int, path: Path, dim: int, count: int, nice: int) -> int:
-    # A Ctrl-C or a service manager's SIGTERM reaches the whole process group: the server decides
-    # when its graph goes (it may still drain requests), and this process follows it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
-    conn = Connection(fd)
-    try:
-        graph = at_lower_priority(lambda: load_graph(path, dim, count), nice)
-    except Exception as exc:
-        conn.send(("error", str(exc)))
-        return 1
-    conn.send(("ready", graph.count))
-    growth = _Growth()
-    while True:
-        try:
-            request = conn.recv()
-        except (EOFError, OSError):
-            return 0
-        if request[0] == "exit":
-            return 0
-        conn.send(_answer(graph, growth, request))
-
-
-if __name__ == "__main__":
     sys.exit(serve(int(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])))

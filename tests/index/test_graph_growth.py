@@ -24,7 +24,8 @@ from ragserve.embed.torch_backend import SentenceTransformerEmbedder
 from ragserve.errors import IndexLoadError
 from ragserve.index.bm25 import Bm25Index
 from ragserve.index.format import HNSW_FILE, Manifest, resolve_current
-from ragserve.index.graph_process import GraphProcess, _answer, _Growth, _Helpers
+from ragserve.index.graph_helper import _answer, _Growth
+from ragserve.index.graph_process import GraphProcess, _Helpers
 from ragserve.index.hnsw import HnswIndex
 from ragserve.index.reload import FolderWatch, IndexReloader
 from ragserve.server.app import RagServer

@@ -13,7 +13,7 @@ import hnswlib
 import numpy as np
 
 from ragserve.index.graph import LoadedGraph
-from ragserve.index.graph_process import _answer, _Growth
+from ragserve.index.graph_helper import _answer, _Growth
 
 DIM = 8
 
