@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import Annotated, TypeVar
 
 import typer
 
@@ -15,15 +15,11 @@ from indexer.root_lock import IndexRootLocked
 from indexer.tune.generator_model import GeneratorTrainOptions
 from indexer.tune.reader_model import ReaderTrainOptions
 from indexer.tune.reranker_model import RerankTrainOptions
+from indexer.tune.summaries import reader_summary, rerank_summary, tune_summary
 from ragserve.config import IndexSettings
 from ragserve.errors import RagError
 from ragserve.logs import setup_cli_logging
 from ragserve.read.folder import MIN_MAX_LENGTH
-
-if TYPE_CHECKING:
-    from indexer.tune.embedder import TuneReport
-    from indexer.tune.reader import ReaderTuneReport
-    from indexer.tune.reranker import RerankTuneReport
 
 T = TypeVar("T")
 _RERANK_TRAIN = RerankTrainOptions()  # the tune-reranker CLI's defaults are the trainer's
@@ -130,7 +126,7 @@ def tune(
         train=TrainOptions(epochs=epochs, batch_size=batch_size, lr=lr, checkpoint_every=checkpoint_every),
     )
     report = _run_tuner(lambda: run_tune(job, say=typer.echo))
-    typer.echo(_tune_summary(report))
+    typer.echo(tune_summary(report))
 
 
 def tune_reranker(
@@ -174,7 +170,7 @@ def tune_reranker(
         train=RerankTrainOptions(layers=layers, epochs=epochs, lr=lr, head_lr=head_lr),
     )
     report = _run_tuner(lambda: run_tune_reranker(job, say=typer.echo))
-    typer.echo(_rerank_summary(report))
+    typer.echo(rerank_summary(report))
 
 
 def tune_reader(
@@ -232,7 +228,7 @@ def tune_reader(
         training=_reader_training(epochs, batch_size, lr, train_length, max_seconds, max_steps, seed),
     )
     report = _run_tuner(lambda: run_tune_reader(job, say=typer.echo))
-    typer.echo(_reader_summary(report))
+    typer.echo(reader_summary(report))
 
 
 def _reader_training(
@@ -334,47 +330,3 @@ def _run_tuner(run: Callable[[], T]) -> T:
     except (TuneInputError, RagError, ValueError, OSError, IndexRootLocked) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-
-
-def _tune_summary(report: TuneReport) -> str:
-    fit = ""
-    if report.fit_after is not None:
-        fit = (
-            f"; held-back {report.fit_queries} queries nDCG@10 {report.fit_before:.4f} "
-            f"(untuned, w={report.weight_before}) -> {report.fit_after:.4f} (tuned, fitted w={report.weight_after})"
-        )
-    what = f"published version {report.version} at {report.folder}" if report.published else "not published"
-    return (
-        f"{what}: {report.examples} examples ({report.method}), training {report.train_seconds:.0f} s, "
-        f"re-embedding {report.reembed_seconds:.0f} s, total {report.seconds:.0f} s{fit}"
-    )
-
-
-def _rerank_summary(report: RerankTuneReport) -> str:
-    depths = ", ".join(f"depth {d} {v:.4f}" for d, v in report.by_depth.items())
-    verdict = (
-        f"beats the fused order (mean gain {report.mean_gain:+.4f}): on by default"
-        if report.beats_fused
-        else f"mean gain {report.mean_gain:+.4f} over the fused order is not enough: off by default "
-        "(RAGSERVE_RERANK_MODE=tuned turns it on)"
-    )
-    return (
-        f"published version {report.version} at {report.folder}: {report.groups} groups, training "
-        f"{report.train_seconds:.0f} s, total {report.seconds:.0f} s; held-back {report.fit_queries} queries "
-        f"nDCG@10 fused {report.fused:.4f}, blended (ce_weight {report.ce_weight}) {depths}; {verdict}"
-    )
-
-
-def _reader_summary(report: ReaderTuneReport) -> str:
-    held = ""
-    if report.int8 is not None:
-        f = report.int8
-        held = (
-            f"; held-out ({f.answerable} answerable, {f.unanswerable} unanswerable): EM {f.exact_match:.3f}, "
-            f"F1 {f.f1:.3f}, no-answer AUC {f.no_answer_auc}, threshold {report.threshold:.3f} declines "
-            f"{f.declined_answerable:.1%} / {f.declined_unanswerable:.1%}"
-        )
-    return (
-        f"wrote reader {report.out} ({report.size_bytes / 1e6:.1f} MB): {report.stats.examples} examples, "
-        f"{report.stats.steps} steps, training {report.stats.seconds:.0f} s, total {report.seconds:.0f} s{held}"
-    )
