@@ -24,7 +24,7 @@ from ragserve.config import CacheSettings
 from ragserve.errors import ConfigError
 from ragserve.events import Usage
 from ragserve.factory import make_answer_cache, make_cache
-from ragserve.metrics import ANSWER_CACHE_REJECTED, CACHE_REJECTED, CACHE_REQUESTS
+from ragserve.metrics import ANSWER_CACHE_REJECTED, CACHE_ERRORS, CACHE_REJECTED, CACHE_REQUESTS
 from ragserve.types import Chunk, Passage
 from tests.cache.redis_proc import RedisProcess
 
@@ -39,9 +39,10 @@ def settings(request: pytest.FixtureRequest) -> Iterator[Callable[..., CacheSett
         yield lambda **kw: CacheSettings(backend="memory", **kw)
         return
     server: RedisProcess = request.getfixturevalue("redis_server")
-    # Unsigned entries allowed: the tests set a key where they mean one.
+    # Unsigned entries allowed: the tests set a key where they mean one. A generous timeout: these
+    # tests are about what is refused, and a 1 MiB GET on a loaded two-core host once took over 1 s.
     yield lambda **kw: CacheSettings(
-        backend="redis", redis_url=server.url, redis_timeout_ms=1000.0, **{"allow_unsigned": True, **kw}
+        backend="redis", redis_url=server.url, redis_timeout_ms=10_000.0, **{"allow_unsigned": True, **kw}
     )
 
 
@@ -72,6 +73,16 @@ def _retrieval_cache(settings: CacheSettings) -> StoreBackedCache:
 
 def _rejected(reason: str) -> float:
     return sum(CACHE_REJECTED.labels(b, reason)._value.get() for b in ("memory", "redis"))
+
+
+def _errors(backend: str) -> float:
+    """Store failures so far (any kind): a read that failed was never refused."""
+    return sum(
+        sample.value
+        for metric in CACHE_ERRORS.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total") and sample.labels.get("backend") == backend
+    )
 
 
 def _valid_row(**fields: object) -> bytes:
@@ -114,8 +125,9 @@ def test_a_planted_retrieval_entry_is_refused_as_a_miss(settings, case: str) -> 
         await cache.store.set(key.storage_key, raw, ttl_s=60)
         backend = cache.backend
         misses, before = CACHE_REQUESTS.labels(backend, "miss"), _rejected(reason)
-        misses_before = misses._value.get()
+        misses_before, errors_before = misses._value.get(), _errors(backend)
         assert await cache.get(key) is None
+        assert _errors(backend) == errors_before, "the store failed the read; nothing was refused"
         assert _rejected(reason) == before + 1
         assert misses._value.get() == misses_before + 1  # a miss to the caller, not an error
         assert cache.breaker.allow()  # and not held against the backend
