@@ -21,6 +21,7 @@ class FakeVllmServer:
     words: list[str] = field(default_factory=lambda: ["The", " answer", "."])
     first_token_delay_s: float = 0.0
     token_delay_s: float = 0.0
+    gate: asyncio.Event | None = None  # when given, each stream waits for it after its first word
     status: int = 200  # anything else: /v1/completions answers this status
     die_after_words: int | None = None  # drop the connection after this many words
     healthy: bool = True
@@ -150,6 +151,8 @@ class FakeVllmServer:
                     assert request.transport is not None
                     request.transport.close()
                     return response
+                if i == 1 and self.gate is not None:
+                    await self.gate.wait()
                 if i:
                     await asyncio.sleep(self.token_delay_s)
                 finish = "stop" if i == len(words) - 1 else None

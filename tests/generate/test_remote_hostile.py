@@ -202,13 +202,19 @@ def test_probes_have_their_own_connections_and_a_busy_server_is_busy_not_down() 
 
 def test_sixty_four_calls_streaming_from_one_url_keep_it_healthy() -> None:
     async def test(generator: RemoteVllmGenerator, fakes: list[FakeVllmServer]) -> None:
-        fakes[0].token_delay_s = 0.3
+        # Every stream held open after its first word until the probes are done: on a loaded host
+        # a fixed sleep did not see all 64 started.
+        fakes[0].gate = gate = asyncio.Event()
         calls = [asyncio.create_task(collect(generator.stream(bees_prompt(), PARAMS, "t"))) for _ in range(64)]
-        await asyncio.sleep(0.5)
-        assert generator.unfinished_requests() == 64
+        for _ in range(400):  # up to 20 s, within the 30 s stall limit
+            if fakes[0].running == 64 and generator.unfinished_requests() == 64:
+                break
+            await asyncio.sleep(0.05)
         for _ in range(3):
             await generator.check_health()
         assert generator.servers[0].up
+        assert generator.unfinished_requests() == 64
+        gate.set()
         results = await asyncio.gather(*calls)
         assert all(r[-1].finished for r in results)
 
