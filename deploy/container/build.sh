@@ -44,6 +44,9 @@ export CONTAINERS_CONF=${CONTAINERS_CONF:-$PWD/deploy/container/containers.conf}
 need=()
 command -v podman >/dev/null 2>&1 || need+=(podman)
 command -v runc >/dev/null 2>&1 || need+=(runc)
+# A pod's infra container runs podman's pause image, built locally around catatonit: podman only
+# recommends it, so a podman installed without recommends cannot play a pod.
+command -v catatonit >/dev/null 2>&1 || need+=(catatonit)
 if [ "$local_base" = 1 ] && ! command -v mmdebstrap >/dev/null 2>&1; then
   need+=(mmdebstrap)
 fi

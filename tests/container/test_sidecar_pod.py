@@ -56,7 +56,7 @@ asyncio.run(main())
 def _unavailable() -> str | None:
     """Why this host cannot run the pod, or None."""
     if shutil.which("podman") is None and os.geteuid() != 0:
-        return "podman is not installed and installing it (apt-get install podman runc mmdebstrap) needs root"
+        return "podman is not installed and installing it (apt-get install podman runc catatonit mmdebstrap) needs root"
     if shutil.which("apt-get") is None and shutil.which("podman") is None:
         return "podman is not installed and there is no apt-get to install it"
     return None
