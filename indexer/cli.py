@@ -45,7 +45,7 @@ def _root(
             min=0,
             max=19,
             envvar="RAGSERVE_INDEXER_NICE",
-            help="Lower CPU priority by this much (default: measured; 0 on an idle host, 10 beside other work)",
+            help="Lower CPU priority by this much (default: 10, which costs nothing on an idle host)",
             show_default=False,
         ),
     ] = None,
@@ -58,9 +58,9 @@ def _root(
         ),
     ] = 0,
 ) -> None:
-    """Build ragserve indexes. Uses the host as it finds it: every CPU at the normal priority when
-    nothing else keeps them busy, fewer threads at a lower priority beside a server or other work,
-    re-read while a build runs (--threads and --nice pin either)."""
+    """Build ragserve indexes. Uses the host as it finds it, at a lower priority: every CPU when
+    nothing else keeps them busy, fewer threads beside a server or other work, re-read while a
+    build runs (--threads and --nice pin either)."""
     host_share.share_host(nice, threads)
 
 
@@ -226,7 +226,7 @@ def _run_build(job: _BuildJob, qdrant: _QdrantTarget) -> tuple[BuildReport, str]
         # Loaded once there is something to embed: no documents, or none changed, costs no model.
         model = LazyEmbedder(reported_model_id(job.embedder), lambda: _quiet_embedder(job))
         _warn_if_the_embedder_changes(job.target, model.model_id)
-        with host_share.watching():  # others' load re-read while it runs: threads and priority follow
+        with host_share.watching():  # others' load re-read while it runs: threads follow
             report = _build(job, model, chunking)
         qdrant_line = ""
         if qdrant.url:

@@ -1,6 +1,6 @@
-"""The indexer's share of the host, decided by measurement: every usable CPU at the normal priority
-when nothing else keeps them busy (a machine of its own, CI, a Kubernetes Job), fewer threads and a
-lower priority when a server or other work runs beside it (BENCHMARKS.md, "A busy neighbour").
+"""The indexer's share of the host, decided by measurement: every usable CPU when nothing else keeps
+them busy (a machine of its own, CI, a Kubernetes Job), fewer threads when a server or other work
+runs beside it, always at a lower priority (BENCHMARKS.md, "A busy neighbour").
 Others' load is read as the server's host share reads it (ragserve/generate/host_share.py: the
 CPUs' counters less this process's own time), once at start and then while the build runs.
 --threads and --nice pin either choice."""
@@ -25,10 +25,11 @@ log = logging.getLogger(__name__)
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS")
 
 threads = 0  # the count chosen by `share_host` (0: not called; each library's own default)
-DEFAULT_NICE = 10  # the priority beside other work (--nice pins one)
-# Others busy on this share of a CPU or more: something runs beside the build (a server answering,
-# a test run), so the build steps back to DEFAULT_NICE. Below it: noise (an idle sidecar, a shell).
-BESIDE_FROM_CPUS = 0.25
+# The priority unless --nice pins one. Always, not only once a neighbour is seen: alone it costs the
+# build nothing, and a sidecar answering ten Retrieves a second reads as busy as an idle one (0.0 to
+# 0.23 CPUs against 0.0 to 0.14 on a Zen 5), so no reading of the load tells them apart in time
+# (BENCHMARKS.md, "On a quiet Zen 5, the issue's host").
+DEFAULT_NICE = 10
 MEASURE_S = 0.3  # the reading at start: long enough for the kernel's tick counters to move
 WATCH_EVERY_S = 1.0
 
@@ -38,11 +39,10 @@ _state: _Share | None = None
 class _Share:
     """What `share_host` chose, and what the watch changes while a build runs."""
 
-    def __init__(self, cpus: int, threads: EngineThreads, nice: int, nice_pinned: bool) -> None:
+    def __init__(self, cpus: int, threads: EngineThreads, nice: int) -> None:
         self.cpus = cpus
         self.threads = threads
         self.nice = nice
-        self.nice_pinned = nice_pinned
 
 
 def usable_cpus() -> int:
@@ -66,12 +66,12 @@ def measure_neighbour(window_s: float = MEASURE_S) -> float | None:
 
 
 def decide(cpus: int, neighbour: float | None, nice: int | None, thread_cap: int) -> tuple[int, int]:
-    """(niceness to add, threads): the flags when given; else every CPU at nice 0 on an idle host,
-    one thread fewer per core others keep busy (the engine's rule) and DEFAULT_NICE beside them.
-    Unreadable load (no /proc/stat): the old default, as if a server ran beside it."""
+    """(niceness to add, threads): the flags when given; else DEFAULT_NICE, and every CPU on an idle
+    host, one thread fewer per core others keep busy (the engine's rule). Unreadable load (no
+    /proc/stat): one CPU fewer, as if a server ran beside it."""
+    chosen_nice = DEFAULT_NICE if nice is None else nice
     if neighbour is None:
-        return (DEFAULT_NICE if nice is None else nice), thread_cap or max(1, cpus - 1)
-    chosen_nice = nice if nice is not None else (DEFAULT_NICE if neighbour >= BESIDE_FROM_CPUS else 0)
+        return chosen_nice, thread_cap or max(1, cpus - 1)
     return chosen_nice, thread_cap or EngineThreads(cpus).update(neighbour)
 
 
@@ -80,7 +80,7 @@ def share_host(nice: int | None, thread_cap: int, neighbour: float | None = None
     measured) and apply them before any model library loads; returns the thread count."""
     global threads, _state
     cpus = usable_cpus()
-    if neighbour is None and measure and (nice is None or not thread_cap):
+    if neighbour is None and measure and not thread_cap:
         neighbour = measure_neighbour()
     chosen_nice, threads = decide(cpus, neighbour, nice, thread_cap)
     if chosen_nice > 0:
@@ -90,7 +90,7 @@ def share_host(nice: int | None, thread_cap: int, neighbour: float | None = None
             log.warning("could not lower the indexer's CPU priority (--nice %d): %s", chosen_nice, exc)
     counts = EngineThreads(cpus, thread_cap)
     counts.wanted = threads
-    _state = _Share(cpus, counts, chosen_nice, nice is not None)
+    _state = _Share(cpus, counts, chosen_nice)
     for name in _THREAD_VARIABLES:
         os.environ.setdefault(name, str(threads))  # an explicit variable still wins
     log.info("indexer: %d of %d CPUs at nice +%d (others busy: %s CPUs)", threads, cpus, chosen_nice, neighbour)
@@ -111,38 +111,19 @@ def most_threads() -> int:
 
 def step(share: _Share, neighbour: float) -> None:
     """One reading while the build runs: threads follow others' load as the engine's do (fewer at
-    once, more after agreeing samples); the first neighbour lowers the priority (never raised back:
-    an unprivileged process cannot)."""
+    once, more after agreeing samples)."""
     before = share.threads.wanted
     share.threads.update(neighbour)
     if share.threads.wanted != before:
         log.info("indexer threads %d -> %d: others keep %.1f CPUs busy", before, share.threads.wanted, neighbour)
-    if not share.nice_pinned and share.nice < DEFAULT_NICE and neighbour >= BESIDE_FROM_CPUS:
-        _lower_every_thread(DEFAULT_NICE - share.nice)
-        share.nice = DEFAULT_NICE
-        log.info("indexer priority lowered to nice +%d: others keep %.1f CPUs busy", DEFAULT_NICE, neighbour)
-
-
-def _lower_every_thread(by: int) -> None:
-    """Linux keeps a nice value per thread: each running one is lowered (threads started later
-    inherit their starter's)."""
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = [0]
-    for tid in tids:
-        try:
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
-        except OSError:
-            continue  # ended meanwhile
 
 
 @contextmanager
 def watching(every_s: float = WATCH_EVERY_S) -> Iterator[None]:
-    """Re-reads others' load on a daemon thread while the block runs (nothing to watch when both
-    flags pinned the share, or before `share_host`)."""
+    """Re-reads others' load on a daemon thread while the block runs (nothing to watch when
+    --threads pinned the count, or before `share_host`)."""
     share = _state
-    if share is None or (share.threads.fixed and share.nice_pinned) or not Path("/proc/stat").exists():
+    if share is None or share.threads.fixed or not Path("/proc/stat").exists():
         yield
         return
     stop = threading.Event()

@@ -1,5 +1,5 @@
-"""The indexer's share of the host: measured at start (every CPU at nice 0 when idle, fewer threads
-at a lower priority beside other work), re-read while a build runs; flags pin either."""
+"""The indexer's share of the host: always at a lower priority, its threads measured at start (every
+CPU when idle, fewer beside other work) and re-read while a build runs; flags pin either."""
 
 from __future__ import annotations
 
@@ -36,9 +36,8 @@ def _probe(nice: str, threads: int, neighbour: float, env: dict[str, str] | None
 @pytest.mark.parametrize(
     ("cpus", "neighbour", "expected"),
     [
-        (2, 0.0, (0, 2)),  # idle: every CPU, normal priority
-        (2, 0.1, (0, 2)),  # an idle sidecar's ticks are noise
-        (2, 0.3, (DEFAULT_NICE, 2)),  # something runs beside it: lower priority first
+        (2, 0.0, (DEFAULT_NICE, 2)),  # idle: every CPU, at the lower priority (free when alone)
+        (2, 0.2, (DEFAULT_NICE, 2)),  # a sidecar answering, or an idle one: the same
         (2, 0.7, (DEFAULT_NICE, 1)),  # a core's worth taken: one thread fewer
         (2, 2.0, (DEFAULT_NICE, 1)),  # never fewer than one
         (16, 3.5, (DEFAULT_NICE, 13)),  # 3.5 busy: three and a half cores, three taken
@@ -58,29 +57,25 @@ def test_flags_pin_the_share() -> None:
 def test_the_process_takes_its_share() -> None:
     base = os.getpriority(os.PRIO_PROCESS, 0)
     cpus = len(os.sched_getaffinity(0))
-    assert _probe("auto", 0, 0.0) == [cpus, base, cpus]
+    assert _probe("auto", 0, 0.0) == [cpus, min(19, base + DEFAULT_NICE), cpus]
     threads, niceness, omp = _probe("auto", 0, cpus + 1.0)
     assert threads == omp == 1 and niceness == min(19, base + DEFAULT_NICE)
     assert _probe("0", 3, 5.0) == [3, base, 3]
     assert _probe("0", 1, 0.0, {"OMP_NUM_THREADS": "2"})[2] == 2  # the operator's variable is left alone
 
 
-def test_the_watch_follows_a_neighbour(monkeypatch: pytest.MonkeyPatch) -> None:
-    lowered: list[int] = []
-    monkeypatch.setattr(host_share, "_lower_every_thread", lowered.append)
-    share = host_share._Share(2, EngineThreads(2), nice=0, nice_pinned=False)
+def test_the_watch_follows_a_neighbour() -> None:
+    share = host_share._Share(2, EngineThreads(2), nice=DEFAULT_NICE)
     host_share.step(share, 0.1)
-    assert share.threads.wanted == 2 and not lowered
-    host_share.step(share, 1.0)  # a server starts answering: a thread fewer at once, priority lowered
-    assert share.threads.wanted == 1 and lowered == [DEFAULT_NICE] and share.nice == DEFAULT_NICE
-    for _ in range(3):  # it stops: the thread comes back after agreeing samples, the priority stays
+    assert share.threads.wanted == 2
+    host_share.step(share, 1.0)  # a server starts answering: a thread fewer at once
+    assert share.threads.wanted == 1
+    for _ in range(3):  # it stops: the thread comes back after agreeing samples
         host_share.step(share, 0.0)
-    assert share.threads.wanted == 2 and lowered == [DEFAULT_NICE]
+    assert share.threads.wanted == 2
 
 
-def test_pinned_flags_are_kept_by_the_watch(monkeypatch: pytest.MonkeyPatch) -> None:
-    lowered: list[int] = []
-    monkeypatch.setattr(host_share, "_lower_every_thread", lowered.append)
-    share = host_share._Share(2, EngineThreads(2, fixed=2), nice=0, nice_pinned=True)
+def test_a_pinned_thread_count_is_kept_by_the_watch() -> None:
+    share = host_share._Share(2, EngineThreads(2, fixed=2), nice=0)
     host_share.step(share, 2.0)
-    assert share.threads.wanted == 2 and not lowered
+    assert share.threads.wanted == 2
