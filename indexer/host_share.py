@@ -26,8 +26,8 @@ _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS
 
 threads = 0  # the count chosen by `share_host` (0: not called; each library's own default)
 # The priority unless --nice pins one. Always, not only once a neighbour is seen: alone it costs the
-# build nothing, and a sidecar answering ten Retrieves a second reads as busy as an idle one (0.0 to
-# 0.23 CPUs against 0.0 to 0.14 on a Zen 5), so no reading of the load tells them apart in time
+# build nothing, and a sidecar answering ten Retrieves a second reads as 0.13 to 0.23 CPUs on a Zen 5,
+# within a tick or two of an idle host over the start's reading, so waiting to see it cost its p99
 # (BENCHMARKS.md, "On a quiet Zen 5, the issue's host").
 DEFAULT_NICE = 10
 MEASURE_S = 0.3  # the reading at start: long enough for the kernel's tick counters to move
