@@ -130,12 +130,12 @@ def query_vectors(data: Path, limit: int) -> np.ndarray:
 def recall_at_10(index_root: Path, queries: np.ndarray, efs: list[int]) -> dict[str, float]:
     """HNSW top 10 against an exact search over the version's own vectors, per ef, and at the ef a
     server searches it with for top_k 10 (the setting's 64, or the breadth the version measured)."""
-    from ragserve.index.hnsw import HnswIndex, exact_top
+    from ragserve.index import hnsw, hnsw_build
 
-    index = HnswIndex.load(index_root)
+    index = hnsw.HnswIndex.load(index_root)
     served = max(64, int(index.manifest.hnsw.get("ef_search", 0)))
     efs = sorted({*efs, served})
-    best = exact_top(queries, np.load(index.folder / "vectors.npy", mmap_mode="r"), 10)
+    best = hnsw_build.exact_top(queries, np.load(index.folder / "vectors.npy", mmap_mode="r"), 10)
     out: dict[str, float] = {}
     for ef in efs:
         hits = 0

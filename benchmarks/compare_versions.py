@@ -25,7 +25,7 @@ from benchmarks.workloads import load_queries  # noqa: E402
 from ragserve.index.bm25 import BM25_DIR, Bm25Index  # noqa: E402
 from ragserve.index.format import CHUNKS_FILE, DOCUMENTS_FILE, HNSW_FILE, VECTORS_FILE, resolve_current  # noqa: E402
 from ragserve.index.graph import load_graph  # noqa: E402
-from ragserve.index.hnsw import exact_top  # noqa: E402
+from ragserve.index.hnsw_build import exact_top  # noqa: E402
 from ragserve.index.vector_file import VectorFile  # noqa: E402
 
 

@@ -46,7 +46,7 @@ from ragserve.index.format import (
     resolve_current,
 )
 from ragserve.index.graph import load_graph
-from ragserve.index.hnsw import DEFAULT_EF_CONSTRUCTION, DEFAULT_M
+from ragserve.index.hnsw_build import DEFAULT_EF_CONSTRUCTION, DEFAULT_M
 from ragserve.index.metadata import FIELDS_FILE, FieldColumns
 from ragserve.index.vector_file import VectorFile
 

@@ -30,7 +30,7 @@ from ragserve.index.format import (
     read_verified_version,
     resolve_current,
 )
-from ragserve.index.hnsw import measure_ef
+from ragserve.index.hnsw_build import measure_ef
 from ragserve.index.hnsw_file import check_hnsw_file
 from ragserve.index.vector_file import VectorFile
 

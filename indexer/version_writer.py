@@ -20,7 +20,7 @@ from indexer.previous import Previous, extend_graph
 from ragserve.index.bm25_build import Bm25Builder
 from ragserve.index.chunk_store import chunk_record, record_text, relabeled_record
 from ragserve.index.format import CHUNKS_FILE, DOCUMENTS_FILE, HNSW_FILE, VECTORS_FILE
-from ragserve.index.hnsw import build_hnsw
+from ragserve.index.hnsw_build import build_hnsw
 from ragserve.index.metadata import FIELDS_FILE, FieldColumns
 from ragserve.index.vector_file import VectorFile, VectorWriter
 from ragserve.json_bytes import kept_json

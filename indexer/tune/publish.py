@@ -18,7 +18,8 @@ from ragserve.digests import sha256_file
 from ragserve.embed.onnx_backend import INT8_FILE, OnnxEmbedder, export_onnx
 from ragserve.embed.tuned import TUNED_DIR, TUNED_ONNX, tuned_model_id
 from ragserve.index.format import HNSW_FILE, MANIFEST, VECTORS_FILE, Manifest, new_build_dir
-from ragserve.index.hnsw import HnswIndex, build_hnsw
+from ragserve.index.hnsw import HnswIndex
+from ragserve.index.hnsw_build import build_hnsw
 from ragserve.rerank.tuned import TUNED_DIR as TUNED_RERANKER_DIR
 
 # What the tokenizer and the ONNX embedder read from a model folder (whichever exist).

@@ -52,7 +52,7 @@ class VectorWriter:
 
 class VectorFile:
     """Rows of a `.npy` float32 matrix, read on demand: `len`, a slice, or an array of row numbers
-    (what `hnsw.measure_ef` and `exact_top` ask of a matrix) each cost only the rows asked for."""
+    (what `hnsw_build.measure_ef` and `exact_top` ask of a matrix) each cost only the rows asked for."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -9,7 +9,7 @@ import hnswlib
 import numpy as np
 
 from ragserve.index.fusion import RetrievalOptions, plan_breadth
-from ragserve.index.hnsw import EF_RECALL_TARGET, EF_STEPS, build_hnsw, exact_top
+from ragserve.index.hnsw_build import EF_RECALL_TARGET, EF_STEPS, build_hnsw, exact_top
 
 
 def _recall(index: hnswlib.Index, probes: np.ndarray, vectors: np.ndarray, ef: int) -> float:

@@ -24,7 +24,7 @@ from ragserve.index.format import (
     publish,
     resolve_current,
 )
-from ragserve.index.hnsw import build_hnsw
+from ragserve.index.hnsw_build import build_hnsw
 from ragserve.types import Chunk
 from tests import fakes
 
