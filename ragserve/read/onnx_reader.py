@@ -1,14 +1,13 @@
 """The extractive reader on ONNX Runtime (int8 dynamic quantization, CPU).
 
 (question, passage) pairs are tokenized as [CLS] question [SEP] passage [SEP] by the folder's fast
-tokenizer, the passage truncated to the model's `max_length`; each batch is padded to its longest
-pair. The tokenizer's offsets are Python str indices, i.e. code points, so a span maps straight
-back to `passage[start:end]`.
+tokenizer (read/tokenizing.py), the passage truncated to the model's `max_length`; each batch is
+padded to its longest pair. The tokenizer's offsets are Python str indices, i.e. code points, so a
+span maps straight back to `passage[start:end]`.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ragserve.onnx_export import BERT_INPUTS
-from ragserve.pretrained import check_model_file_size, load_options
+from ragserve.pretrained import check_model_file_size
 from ragserve.read.base import ReadSpan
 from ragserve.read.cost import CostSample, ReadCost
 from ragserve.read.folder import (
@@ -29,6 +28,7 @@ from ragserve.read.folder import (
     read_spec,
 )
 from ragserve.read.spans import best_token_span
+from ragserve.read.tokenizing import PairBatch, ReaderTokenizer
 
 # Passages per ONNX Runtime call.
 BATCH_SIZE = 4
@@ -40,11 +40,9 @@ _PROBE_ROUNDS = 3
 class OnnxReader:
     """A `Reader` over a reader folder (see folder.py). Thread-safe: calls share one session."""
 
-    def __init__(self, spec: ReaderSpec, tokenizer: Any, session: Any, measure_cost: bool = True) -> None:
+    def __init__(self, spec: ReaderSpec, tokenizer: ReaderTokenizer, session: Any, measure_cost: bool = True) -> None:
         self._spec = spec
         self._tokenizer = tokenizer
-        # A fast tokenizer sets its truncation state per call: concurrent calls fail with "Already borrowed".
-        self._tokenizer_lock = threading.Lock()
         self._session = session
         self._inputs = {i.name for i in session.get_inputs()}
         self._model_id = f"{spec.name}+{spec.onnx_sha256[:16]}"
@@ -60,7 +58,7 @@ class OnnxReader:
         spec = read_spec(folder)
         try:
             check_model_file_size(spec.onnx)
-            tokenizer = _tokenizer(folder)
+            tokenizer = ReaderTokenizer(folder, spec.max_length)
             session = _session(spec.onnx, threads)
         except ReaderLoadError:
             raise
@@ -111,20 +109,10 @@ class OnnxReader:
         self._cost.observe(len(passages), (time.perf_counter() - started) * 1000)
         return out
 
-    def logits(self, question: str, passages: Sequence[str]) -> tuple[Any, np.ndarray]:
+    def logits(self, question: str, passages: Sequence[str]) -> tuple[PairBatch, np.ndarray]:
         """The tokenized batch and its (batch, seq, 2) span logits; for evaluation and tests."""
-        with self._tokenizer_lock:
-            enc = self._tokenizer(
-                [question] * len(passages),
-                list(passages),
-                truncation="only_second",
-                max_length=self._spec.max_length,
-                padding="longest",
-                return_offsets_mapping=True,
-                return_token_type_ids=True,
-                return_tensors="np",
-            )
-        feed = {name: np.asarray(enc[name], dtype=np.int64) for name in BERT_INPUTS if name in self._inputs}
+        enc = self._tokenizer.pairs(question, passages)
+        feed = {name: enc.inputs[name] for name in BERT_INPUTS if name in self._inputs}
         (span_logits,) = self._session.run([OUTPUT], feed)
         return enc, np.asarray(span_logits, dtype=np.float32)
 
@@ -141,15 +129,13 @@ class OnnxReader:
             if best.score == float("-inf"):
                 spans.append(ReadSpan(first_index + row, 0, 0, "", best.score, best.null_score))
                 continue
-            offsets = enc["offset_mapping"][row]
-            start, end = int(offsets[best.first][0]), int(offsets[best.last][1])
+            offsets = enc.offsets(row)
+            start, end = offsets[best.first][0], offsets[best.last][1]
             spans.append(ReadSpan(first_index + row, start, end, passage[start:end], best.score, best.null_score))
         return spans
 
     def _cut_question(self, question: str) -> str:
-        with self._tokenizer_lock:
-            enc = self._tokenizer(question, add_special_tokens=False, return_offsets_mapping=True)
-        offsets = enc["offset_mapping"]
+        offsets = self._tokenizer.offsets(question)
         if len(offsets) <= MAX_QUESTION_TOKENS:
             return question
         return question[: offsets[MAX_QUESTION_TOKENS - 1][1]]
@@ -162,15 +148,6 @@ class OnnxReader:
                 self._read_batch("What did the committee discuss?", [_PROBE_PASSAGE] * n, 0)
                 samples.append(CostSample(n, (time.perf_counter() - started) * 1000))
         return ReadCost.fit(samples)
-
-
-def _tokenizer(folder: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), **load_options(folder))
-    if not getattr(tokenizer, "is_fast", False):
-        raise ReaderLoadError(f"reader at {folder}: needs a fast tokenizer (tokenizer.json) for character offsets")
-    return tokenizer
 
 
 def _session(path: Path, threads: int) -> Any:
