@@ -9,14 +9,8 @@ from typing import BinaryIO
 
 import orjson
 
-from indexer.loaders import (
-    Document,
-    FileRejected,
-    LoadLimits,
-    Skipped,
-    _capped_title,
-    _check_text_size,
-)
+from indexer.formats import FileRejected, LoadLimits, check_text_size
+from indexer.loaders import Document, Skipped, capped_title
 from indexer.metadata import MetadataError, check_names, derived_fields
 
 _DRAIN_BYTES = 1 << 20
@@ -52,12 +46,12 @@ def _beir_record(line: bytes, where: str, limits: LoadLimits) -> Document | Skip
     except MetadataError as exc:
         return Skipped(where, f"unreadable metadata: {exc}")
     try:
-        _check_text_size(len(text), limits)  # a record is one document: a file's text cap
+        check_text_size(len(text), limits)  # a record is one document: a file's text cap
     except FileRejected as exc:
         return Skipped(where, f"too large: {exc}")
     if not text.strip() and not title.strip():
         return Skipped(where, "empty")
-    title = _capped_title(title)
+    title = capped_title(title)
     return Document(doc_id, title, text, where, metadata={**supplied, **derived_fields(doc_id, None, title)})
 
 

@@ -24,7 +24,8 @@ from typing import Any
 from indexer.checkpoint import Checkpoints, clear_checkpoints
 from indexer.chunking import ChunkingConfig
 from indexer.embedding import GROUP_CHUNKS, IndexingEmbedder, RowStream
-from indexer.loaders import LoadLimits, Skipped
+from indexer.formats import LoadLimits
+from indexer.loaders import Skipped
 from indexer.previous import Previous, chunking_dict, load_previous
 from indexer.progress import EmbedProgress, stage
 from indexer.root_lock import index_root_lock

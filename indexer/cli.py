@@ -13,15 +13,14 @@ from indexer import host_share
 from indexer.build import BuildReport, build_index
 from indexer.chunking import ChunkingConfig
 from indexer.embedding import BEST_BATCH, IndexingEmbedder, LazyEmbedder, load_embedder
-from indexer.loaders import (
+from indexer.formats import (
     DEFAULT_MAX_FILE_MB,
     DEFAULT_MAX_TEXT_CHARS,
     DEFAULT_PARSE_MEMORY_MB,
     DEFAULT_PARSE_TIMEOUT_S,
     LoadLimits,
-    Skipped,
-    SourceError,
 )
+from indexer.loaders import Skipped, SourceError
 from indexer.metadata import parse_declared
 from indexer.root_lock import IndexRootLocked, index_root_lock
 from indexer.tune.commands import register as register_tune_commands

@@ -14,7 +14,8 @@ from typing import Any
 
 import orjson
 
-from indexer.loaders import Document, LoadLimits, Skipped, SourceError
+from indexer.formats import LoadLimits
+from indexer.loaders import Document, Skipped, SourceError
 from indexer.metadata import Fields, MetadataError, choose_fields, normalized
 from indexer.outline import Outline
 from indexer.sources import iter_source

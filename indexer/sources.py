@@ -7,15 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from indexer.beir import iter_beir
-from indexer.loaders import (
-    SUPPORTED_SUFFIXES,
-    Document,
-    LoadLimits,
-    Skipped,
-    SourceError,
-    iter_folder,
-    iter_folder_files,
-)
+from indexer.formats import SUPPORTED_SUFFIXES, LoadLimits
+from indexer.loaders import Document, Skipped, SourceError, iter_folder, iter_folder_files
 
 
 def iter_source(source: Path, limits: LoadLimits | None = None) -> Iterator[Document | Skipped]:

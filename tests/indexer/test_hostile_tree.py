@@ -21,7 +21,7 @@ from indexer.sources import iter_source
 from tests.helpers import pdf_file
 
 if TYPE_CHECKING:
-    from indexer.loaders import LoadLimits
+    from indexer.formats import LoadLimits
 
 # A slow parse is cut at this; the bound asserted below is generous for a loaded 2-core host
 # (spawning the parse worker takes a second or two there) and far below the reader's sleep.
@@ -110,7 +110,8 @@ def test_a_pdf_bomb_is_cut_at_the_text_cap(tmp_path: Path) -> None:
 
 @pytest.mark.slow  # a second or more of fault waits or child processes (CI runs it)
 def test_a_parse_that_overruns_is_killed_and_the_next_file_still_parses(tmp_path: Path) -> None:
-    from indexer.loaders import LoadLimits, iter_folder_files
+    from indexer.formats import LoadLimits
+    from indexer.loaders import iter_folder_files
     from tests.indexer.test_loaders import tiny_pdf
 
     (tmp_path / "slow.html").write_text("<p>never parsed in time</p>")
@@ -127,7 +128,8 @@ def test_a_parse_that_overruns_is_killed_and_the_next_file_still_parses(tmp_path
 
 @pytest.mark.slow  # a child process parses up to its memory cap
 def test_a_parse_that_needs_too_much_memory_is_stopped_and_the_next_file_still_parses(tmp_path: Path) -> None:
-    from indexer.loaders import LoadLimits, iter_folder_files
+    from indexer.formats import LoadLimits
+    from indexer.loaders import iter_folder_files
     from tests.indexer.test_loaders import tiny_pdf
 
     # 1 MB of tiny tags: html.parser's tree would take some 135 MB, past a 128 MB worker.
@@ -149,9 +151,10 @@ def unsendable_reader(data: bytes, limits: object) -> tuple[object, str]:
 
 
 def test_a_result_that_cannot_be_sent_back_skips_the_file_and_replaces_the_worker(tmp_path: Path) -> None:
-    from indexer.loaders import FileRejected, LoadLimits, _IsolatedParser
+    from indexer.formats import FileRejected, LoadLimits
+    from indexer.parse_worker import IsolatedParser
 
-    parser = _IsolatedParser()
+    parser = IsolatedParser()
     try:
         with pytest.raises(FileRejected, match="could not be sent back"):
             parser.parse(unsendable_reader, b"<p>x</p>", LoadLimits())  # type: ignore[arg-type]

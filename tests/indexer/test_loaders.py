@@ -8,7 +8,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from indexer.loaders import MAX_TITLE_CHARS, Document, LoadLimits, Skipped
+from indexer.formats import LoadLimits
+from indexer.loaders import MAX_TITLE_CHARS, Document, Skipped
 from indexer.sources import iter_source
 from tests.helpers import pdf_file
 
