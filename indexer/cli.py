@@ -250,9 +250,11 @@ def _build(job: _BuildJob, model: IndexingEmbedder, chunking: ChunkingConfig) ->
 
 
 def _quiet_embedder(job: _BuildJob) -> IndexingEmbedder:
-    from transformers.utils import logging as hf_logging
+    from huggingface_hub.utils.tqdm import disable_progress_bars
 
-    hf_logging.disable_progress_bar()  # one bar: the embedding's
+    # One bar: the embedding's. transformers follows the hub's switch when it loads, and importing
+    # it here only to say so cost every build 0.7 s.
+    disable_progress_bars()
     return load_embedder(job.embedder, job.backend, job.device, job.int8)
 
 
