@@ -39,10 +39,9 @@ _state: _Share | None = None
 class _Share:
     """What `share_host` chose, and what the watch changes while a build runs."""
 
-    def __init__(self, cpus: int, threads: EngineThreads, nice: int) -> None:
+    def __init__(self, cpus: int, threads: EngineThreads) -> None:
         self.cpus = cpus
         self.threads = threads
-        self.nice = nice
 
 
 def usable_cpus() -> int:
@@ -90,7 +89,7 @@ def share_host(nice: int | None, thread_cap: int, neighbour: float | None = None
             log.warning("could not lower the indexer's CPU priority (--nice %d): %s", chosen_nice, exc)
     counts = EngineThreads(cpus, thread_cap)
     counts.wanted = threads
-    _state = _Share(cpus, counts, chosen_nice)
+    _state = _Share(cpus, counts)
     for name in _THREAD_VARIABLES:
         os.environ.setdefault(name, str(threads))  # an explicit variable still wins
     log.info("indexer: %d of %d CPUs at nice +%d (others busy: %s CPUs)", threads, cpus, chosen_nice, neighbour)

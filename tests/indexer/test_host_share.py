@@ -65,7 +65,7 @@ def test_the_process_takes_its_share() -> None:
 
 
 def test_the_watch_follows_a_neighbour() -> None:
-    share = host_share._Share(2, EngineThreads(2), nice=DEFAULT_NICE)
+    share = host_share._Share(2, EngineThreads(2))
     host_share.step(share, 0.1)
     assert share.threads.wanted == 2
     host_share.step(share, 1.0)  # a server starts answering: a thread fewer at once
@@ -76,6 +76,6 @@ def test_the_watch_follows_a_neighbour() -> None:
 
 
 def test_a_pinned_thread_count_is_kept_by_the_watch() -> None:
-    share = host_share._Share(2, EngineThreads(2, fixed=2), nice=0)
+    share = host_share._Share(2, EngineThreads(2, fixed=2))
     host_share.step(share, 2.0)
     assert share.threads.wanted == 2
